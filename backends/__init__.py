@@ -1,0 +1,1 @@
+"""Built-in state backends: heap (Python dicts) and RocksDB."""

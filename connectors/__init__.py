@@ -1,0 +1,1 @@
+"""Sources and sinks: collections, files (and later Kafka and the PySpark bridge)."""

@@ -1,0 +1,282 @@
+"""The checkpoint coordinator (Flink's ``CheckpointCoordinator`` / ``PendingCheckpoint``).
+
+It triggers checkpoint n by posting a barrier-injection action into every source task's
+mailbox, collects one acknowledgement per task (sent when the task's asynchronous part has
+written its files), and completes the checkpoint by writing the metadata atomically; only
+then does it notify every task (``notify_checkpoint_complete``), which commits pending side
+effects. A checkpoint that times out or is declined is aborted; after
+``tolerable_failed_checkpoints`` consecutive failures the job fails. Source: Carbone et
+al., "Lightweight Asynchronous Snapshots for Distributed Dataflows" (2015), section 3, and
+the thesis, section 4.5.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..config import CheckpointConfig
+from ..errors import CheckpointError
+from ..runtime.events import CheckpointBarrier
+from .stats import CheckpointStats
+from .storage import CheckpointStorage, CompletedCheckpoint
+
+if TYPE_CHECKING:
+    from ..runtime.task import StreamTask
+
+__all__ = ["CheckpointCoordinator", "OperatorInfo", "PendingCheckpoint"]
+
+log = logging.getLogger("reactive.checkpoint")
+
+
+@dataclass(frozen=True)
+class OperatorInfo:
+    """What the metadata records of an operator besides its state."""
+
+    uid: str
+    name: str
+    parallelism: int
+    keyed: bool
+
+
+@dataclass
+class PendingCheckpoint:
+    """A triggered checkpoint waiting for acknowledgements."""
+
+    checkpoint_id: int
+    kind: str
+    deadline: float
+    started: float
+    waiting_for: set[str]
+    stats: CheckpointStats
+    operators: dict[str, dict[str, Any]] = field(default_factory=dict)
+    done: asyncio.Future[CompletedCheckpoint] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class CheckpointCoordinator:
+    """Triggers, tracks, completes and aborts the checkpoints of one job attempt.
+
+    Args:
+        config: the checkpoint configuration.
+        storage: where checkpoints are written.
+        job_name: the dataflow's name.
+        max_parallelism: stored in the metadata; a restore checks it.
+        operators: every operator of the job.
+        first_id: id of the first checkpoint of this attempt (ids never repeat per job).
+        history: list the statistics of each checkpoint are appended to.
+    """
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        storage: CheckpointStorage,
+        job_name: str,
+        max_parallelism: int,
+        operators: Sequence[OperatorInfo],
+        first_id: int,
+        history: list[CheckpointStats],
+    ) -> None:
+        self.config = config
+        self.storage = storage
+        self.job_name = job_name
+        self.max_parallelism = max_parallelism
+        self.operators = {op.uid: op for op in operators}
+        self.next_id = first_id
+        self.history = history
+        self.tasks: list[StreamTask] = []
+        self.sources: list[StreamTask] = []
+        self.pending: dict[int, PendingCheckpoint] = {}
+        self.consecutive_failures = 0
+        self.latest_completed: CompletedCheckpoint | None = None
+        self._periodic = config.interval is not None
+        self._stopped = asyncio.Event()
+        self._failure: CheckpointError | None = None
+        self._slot_free = asyncio.Event()
+        self._slot_free.set()
+
+    def attach(self, tasks: list[StreamTask]) -> None:
+        """Register the job's tasks (sources are those with a source operator)."""
+        self.tasks = tasks
+        self.sources = [t for t in tasks if t.source is not None]
+
+    # ------------------------------------------------------------------ triggering
+    async def run(self) -> None:
+        """Trigger periodic checkpoints and enforce timeouts until :meth:`stop`.
+
+        Raises:
+            CheckpointError: after too many consecutive failed checkpoints.
+        """
+        interval = self.config.interval
+        next_trigger = time.monotonic() + (interval or 0.0)
+        tick = min(0.05, interval) if interval else 0.05
+        while not self._stopped.is_set():
+            if self._failure is not None:
+                raise self._failure
+            now = time.monotonic()
+            for p in list(self.pending.values()):
+                if now >= p.deadline:
+                    self.abort(p.checkpoint_id, f"timed out after {self.config.timeout} s")
+            if self._periodic and interval and now >= next_trigger:
+                if len(self.pending) < self.config.max_concurrent:
+                    self.trigger()
+                next_trigger = now + interval
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), tick)
+        if self._failure is not None:
+            raise self._failure
+
+    def stop(self) -> None:
+        """Stop triggering; pending checkpoints are left to finish or be dropped."""
+        self._periodic = False
+        self._stopped.set()
+
+    def stop_periodic(self) -> None:
+        """Stop periodic triggers (the job is finishing) but keep enforcing timeouts."""
+        self._periodic = False
+
+    def trigger(self, kind: str = "checkpoint") -> PendingCheckpoint:
+        """Inject barrier n into every source task and return the pending checkpoint."""
+        cid = self.next_id
+        self.next_id += 1
+        now = time.monotonic()
+        stats = CheckpointStats(cid, kind=kind, trigger_time=time.time())
+        pending = PendingCheckpoint(
+            cid, kind, now + self.config.timeout, time.perf_counter(),
+            {t.task_id for t in self.tasks}, stats,
+        )
+        self.pending[cid] = pending
+        self.history.append(stats)
+        if len(self.pending) >= self.config.max_concurrent:
+            self._slot_free.clear()
+        barrier = CheckpointBarrier(cid, stats.trigger_time, "savepoint" if kind == "savepoint"
+                                    else "checkpoint")
+        for task in self.sources:
+            task.gate.post(functools.partial(task.trigger_checkpoint, barrier))
+        return pending
+
+    async def checkpoint(self, kind: str = "checkpoint") -> CompletedCheckpoint:
+        """Trigger a checkpoint (when a concurrency slot is free) and wait for completion.
+
+        Raises:
+            CheckpointError: if it is aborted.
+        """
+        if self._stopped.is_set():
+            raise CheckpointError("the job is finishing or stopped: no more checkpoints")
+        while len(self.pending) >= self.config.max_concurrent:
+            self._slot_free.clear()
+            await self._slot_free.wait()
+        return await self.trigger(kind).done
+
+    # ------------------------------------------------------------------ acknowledgements
+    async def acknowledge(
+        self,
+        checkpoint_id: int,
+        task: StreamTask,
+        states: dict[str, dict[str, Any]],
+        stats: dict[str, float],
+    ) -> None:
+        """A task finished its snapshot for ``checkpoint_id``; complete when it is the last."""
+        p = self.pending.get(checkpoint_id)
+        if p is None or task.task_id not in p.waiting_for:
+            return  # aborted meanwhile, or a duplicate
+        p.waiting_for.discard(task.task_id)
+        for uid, entry in states.items():
+            op = self.operators[uid]
+            rec = p.operators.setdefault(
+                uid, {"name": op.name, "parallelism": op.parallelism, "keyed": op.keyed,
+                      "subtasks": {}},
+            )
+            rec["subtasks"][str(task.subtask)] = entry
+        s = p.stats
+        s.alignment = max(s.alignment, stats["alignment"])
+        s.sync = max(s.sync, stats["sync"])
+        s.async_ = max(s.async_, stats["async"])
+        s.size += int(stats["size"])
+        s.tasks[task.task_id] = stats
+        if not p.waiting_for:
+            await self._complete(p)
+
+    async def _complete(self, p: PendingCheckpoint) -> None:
+        self.pending.pop(p.checkpoint_id, None)
+        p.stats.duration = time.perf_counter() - p.started
+        p.stats.status = "completed"
+        body = {
+            "job": self.job_name,
+            "checkpoint_id": p.checkpoint_id,
+            "kind": p.kind,
+            "timestamp": p.stats.trigger_time,
+            "max_parallelism": self.max_parallelism,
+            "mode": self.config.mode,
+            "operators": p.operators,
+            "stats": {k: v for k, v in p.stats.to_dict().items() if k != "tasks"},
+        }
+        try:
+            path = await asyncio.to_thread(self.storage.write_metadata, p.checkpoint_id, body)
+        except OSError as exc:
+            self._fail_pending(p, f"writing the metadata failed: {exc}")
+            return
+        p.stats.path = str(path)
+        completed = CompletedCheckpoint(p.checkpoint_id, path, body)
+        self.latest_completed = completed
+        self.consecutive_failures = 0
+        for older in [cid for cid in self.pending if cid < p.checkpoint_id]:
+            self.abort(older, f"subsumed by checkpoint {p.checkpoint_id}", count_failure=False)
+        for task in self.tasks:
+            task.gate.post(functools.partial(task.notify_checkpoint_complete, p.checkpoint_id))
+        # resolved after the notifications are queued, so whoever waits for this checkpoint
+        # (e.g. the final one) acts after every task was told to commit
+        if not p.done.done():
+            p.done.set_result(completed)
+        self._free_slot()
+        log.debug("completed checkpoint %d in %.3f s (%d bytes)", p.checkpoint_id,
+                  p.stats.duration, p.stats.size)
+        try:
+            await asyncio.to_thread(self.storage.apply_retention, self.config.retained)
+        except OSError as exc:  # retention is housekeeping: never fail the job for it
+            log.warning("checkpoint retention failed: %s", exc)
+
+    def decline(self, checkpoint_id: int, task: StreamTask, reason: BaseException) -> None:
+        """A task could not snapshot: abort the checkpoint."""
+        log.warning("task %s declined checkpoint %d: %r", task.task_id, checkpoint_id, reason)
+        self.abort(checkpoint_id, f"declined by {task.task_id}: {type(reason).__name__}: {reason}")
+
+    def abort(self, checkpoint_id: int, reason: str, count_failure: bool = True) -> None:
+        """Abort a pending checkpoint: drop its files and tell the tasks."""
+        p = self.pending.get(checkpoint_id)
+        if p is None:
+            return
+        self._fail_pending(p, reason, count_failure)
+
+    def _fail_pending(self, p: PendingCheckpoint, reason: str, count_failure: bool = True) -> None:
+        self.pending.pop(p.checkpoint_id, None)
+        p.stats.status = "aborted"
+        p.stats.failure = reason
+        p.stats.duration = time.perf_counter() - p.started
+        if not p.done.done():
+            p.done.set_exception(CheckpointError(f"checkpoint {p.checkpoint_id} aborted: {reason}"))
+            p.done.exception()  # mark retrieved: nobody may be waiting for a periodic one
+        self.storage.discard(p.checkpoint_id)
+        self._free_slot()
+        for task in self.tasks:
+            task.gate.post(functools.partial(task.notify_checkpoint_aborted, p.checkpoint_id))
+        log.warning("checkpoint %d aborted: %s", p.checkpoint_id, reason)
+        if count_failure:
+            self.consecutive_failures += 1
+            if self.consecutive_failures > self.config.tolerable_failed_checkpoints:
+                self._failure = CheckpointError(
+                    f"{self.consecutive_failures} consecutive checkpoints failed (tolerable: "
+                    f"{self.config.tolerable_failed_checkpoints}); last: {reason}"
+                )
+                self._stopped.set()
+
+    def _free_slot(self) -> None:
+        if len(self.pending) < self.config.max_concurrent:
+            self._slot_free.set()

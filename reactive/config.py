@@ -1,0 +1,91 @@
+"""Run options: checkpointing and restart strategies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .errors import ConfigurationError
+
+__all__ = ["CheckpointConfig", "CheckpointingMode", "RestartStrategy"]
+
+CheckpointingMode = Literal["exactly_once", "at_least_once"]
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """How and where the job takes checkpoints (Flink's ``CheckpointConfig``).
+
+    Args:
+        interval: seconds between periodic checkpoint triggers (> 0); ``None`` takes only
+            the checkpoints asked for with ``job.checkpoint()`` and the final one.
+        directory: checkpoint storage root; checkpoints go to ``<directory>/<job>/chk-<n>``.
+        mode: ``"exactly_once"`` aligns barriers (Algorithm 1 of the ABS paper);
+            ``"at_least_once"`` does not block channels, so state may count replayed records.
+        timeout: seconds after which a pending checkpoint is aborted.
+        max_concurrent: how many checkpoints may be pending at once (>= 1).
+        retained: how many completed checkpoints are kept on disk (>= 1).
+        tolerable_failed_checkpoints: consecutive failed checkpoints after which the job fails.
+
+    Raises:
+        ConfigurationError: on a non-positive interval, timeout, max_concurrent or retained,
+            or an unknown mode.
+    """
+
+    interval: float | None = 1.0
+    directory: str | Path = "checkpoints"
+    mode: CheckpointingMode = "exactly_once"
+    timeout: float = 60.0
+    max_concurrent: int = 1
+    retained: int = 3
+    tolerable_failed_checkpoints: int = 3
+
+    def __post_init__(self) -> None:
+        if self.interval is not None and not self.interval > 0:
+            raise ConfigurationError(f"checkpoint interval must be > 0 seconds, got {self.interval}")
+        if self.mode not in ("exactly_once", "at_least_once"):
+            raise ConfigurationError(
+                f"checkpointing mode must be 'exactly_once' or 'at_least_once', got {self.mode!r}"
+            )
+        if not self.timeout > 0:
+            raise ConfigurationError(f"checkpoint timeout must be > 0 seconds, got {self.timeout}")
+        if self.max_concurrent < 1:
+            raise ConfigurationError(f"max_concurrent must be >= 1, got {self.max_concurrent}")
+        if self.retained < 1:
+            raise ConfigurationError(f"retained must be >= 1, got {self.retained}")
+        if self.tolerable_failed_checkpoints < 0:
+            raise ConfigurationError("tolerable_failed_checkpoints must be >= 0")
+
+
+@dataclass(frozen=True)
+class RestartStrategy:
+    """What to do when a task fails (Flink's fixed-delay restart strategy).
+
+    Use :meth:`fixed` or :meth:`none`. After a failure the whole job restarts from the latest
+    completed checkpoint, up to ``attempts`` times, waiting ``delay`` seconds before each.
+    """
+
+    attempts: int = 0
+    delay: float = 0.0
+
+    @staticmethod
+    def fixed(attempts: int, delay: float = 1.0) -> RestartStrategy:
+        """Restart at most ``attempts`` times, ``delay`` seconds apart.
+
+        Raises:
+            ConfigurationError: if attempts < 0 or delay < 0.
+        """
+        if attempts < 0 or delay < 0:
+            raise ConfigurationError("restart attempts and delay must be >= 0")
+        return RestartStrategy(attempts, delay)
+
+    @staticmethod
+    def none() -> RestartStrategy:
+        """Never restart: the first failure fails the job."""
+        return RestartStrategy(0, 0.0)
+
+    @staticmethod
+    def default(checkpointing: bool) -> RestartStrategy:
+        """Three restarts one second apart with checkpointing on, none without."""
+        return RestartStrategy(3, 1.0) if checkpointing else RestartStrategy(0, 0.0)

@@ -1,0 +1,302 @@
+"""The fluent API: build a dataflow, then run it.
+
+```python
+flow = Dataflow("wordcount", parallelism=2, max_parallelism=128)
+(flow.from_collection(words)
+     .key_by(lambda w: w)
+     .process(Count())
+     .sink(results))
+await flow.run(checkpoints=CheckpointConfig(interval=1.0, directory="chk"))
+```
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .config import CheckpointConfig, RestartStrategy
+from .errors import ConfigurationError
+from .functions import KeyedProcessFunction, ProcessFunction
+from .graph import Edge, Partitioning, Transformation
+from .runtime import operators as ops
+from .sinks import Sink
+from .sources import Source
+
+if TYPE_CHECKING:
+    from .runtime.job import Job
+    from .state.backend import StateBackend
+
+__all__ = ["Dataflow", "KeyedStream", "Stream"]
+
+
+class Dataflow:
+    """A named dataflow program (a logical graph) and its runtime defaults.
+
+    Args:
+        name: the job name; checkpoints go to ``<directory>/<name>``.
+        parallelism: default parallelism of operators (>= 1).
+        max_parallelism: number of key groups; the upper bound of any keyed operator's
+            parallelism, fixed for the life of the job's state (default 128).
+        batch_size: records per channel batch.
+        buffer_timeout: seconds after which a partial batch is sent downstream.
+        channel_capacity: batches (and events) a channel holds before the producer waits.
+
+    Raises:
+        ConfigurationError: on values out of range.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        parallelism: int = 1,
+        max_parallelism: int = 128,
+        batch_size: int = 1024,
+        buffer_timeout: float = 0.05,
+        channel_capacity: int = 8,
+    ) -> None:
+        if not name or any(c in name for c in "/\\"):
+            raise ConfigurationError(f"job name {name!r} must be non-empty and contain no '/'")
+        if parallelism < 1:
+            raise ConfigurationError(f"parallelism must be >= 1, got {parallelism}")
+        if not 1 <= max_parallelism <= 32768:
+            raise ConfigurationError(f"max_parallelism must be in 1..32768, got {max_parallelism}")
+        if batch_size < 1 or channel_capacity < 1 or buffer_timeout < 0:
+            raise ConfigurationError("batch_size and channel_capacity must be >= 1, "
+                                     "buffer_timeout >= 0")
+        self.name = name
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self.batch_size = batch_size
+        self.buffer_timeout = buffer_timeout
+        self.channel_capacity = channel_capacity
+        self.transformations: list[Transformation] = []
+
+    # ------------------------------------------------------------------ building
+    def _add(
+        self,
+        kind: str,
+        name: str | None,
+        factory: Callable[[Transformation], ops.StreamOperator],
+        inputs: list[Edge],
+        max_parallelism: int | None = None,
+    ) -> Transformation:
+        t = Transformation(len(self.transformations), kind, name or kind,
+                           lambda: ops.StreamOperator("", ""), inputs,
+                           max_parallelism=max_parallelism)
+        t.factory = lambda: factory(t)
+        self.transformations.append(t)
+        return t
+
+    def source(self, source: Source, name: str | None = None, uid: str | None = None) -> Stream:
+        """Add a source; returns its stream."""
+        t = self._add(
+            "source", name or type(source).__name__,
+            lambda t: ops.SourceOperator(t.name, t.resolved_uid, source), [],
+            max_parallelism=source.max_source_parallelism,
+        )
+        t.uid = uid
+        if source.max_source_parallelism is not None:
+            t.parallelism = min(self.parallelism, source.max_source_parallelism)
+        return Stream(self, t)
+
+    def from_collection(self, items: Iterable[Any], name: str | None = None,
+                        uid: str | None = None) -> Stream:
+        """A non-parallel source over an in-memory collection (position = index)."""
+        from .defaults import collection_source
+
+        return self.source(collection_source(items), name=name or "collection", uid=uid)
+
+    def read_text_file(self, path: str | os.PathLike[str], name: str | None = None,
+                       uid: str | None = None, with_offsets: bool = False) -> Stream:
+        """A source of the lines of a file (or of the files of a directory), without the
+        line ending; the position is a byte offset. With ``with_offsets`` records are
+        ``(byte_offset, line)``."""
+        from .defaults import line_file_source
+
+        return self.source(line_file_source(Path(path), with_offsets), name=name or "file",
+                           uid=uid)
+
+    # ------------------------------------------------------------------ running
+    async def start(
+        self,
+        checkpoints: CheckpointConfig | None = None,
+        restart: RestartStrategy | None = None,
+        state_backend: StateBackend | None = None,
+        resume: bool = False,
+        restore_from: str | os.PathLike[str] | None = None,
+        allow_non_restored_state: bool = False,
+    ) -> Job:
+        """Start the job on the running event loop and return its handle at once.
+
+        Args:
+            checkpoints: checkpointing configuration; None disables checkpoints.
+            restart: restart strategy (default: three restarts with checkpointing, none
+                without).
+            state_backend: keyed state backend (default: heap).
+            resume: restore the latest completed checkpoint of the checkpoint directory
+                (start fresh when there is none).
+            restore_from: restore this checkpoint or savepoint directory.
+            allow_non_restored_state: accept a checkpoint with state of operators that the
+                program no longer has.
+
+        Raises:
+            ConfigurationError: for an invalid program or options, before anything runs.
+        """
+        from .runtime.job import Job, JobOptions
+
+        if (resume or restore_from) and checkpoints is None and restore_from is None:
+            raise ConfigurationError("resume=True needs checkpoints=CheckpointConfig(directory=...)")
+        options = JobOptions(
+            checkpoints=checkpoints,
+            restart=restart or RestartStrategy.default(checkpoints is not None),
+            state_backend=state_backend,
+            resume=resume,
+            restore_from=Path(restore_from) if restore_from is not None else None,
+            allow_non_restored_state=allow_non_restored_state,
+        )
+        job = Job(self, options)
+        job.start()
+        return job
+
+    async def run(self, **options: Any) -> Job:
+        """``start`` then ``wait``: run to the end of input; returns the finished handle.
+
+        Raises:
+            JobFailedError: when the job failed and its restart strategy gave up.
+        """
+        job = await self.start(**options)
+        await job.wait()
+        return job
+
+    def execute(self, **options: Any) -> Job:
+        """Run the job to completion on a new event loop (uvloop when installed)."""
+        from .runtime.loop import run_coroutine
+
+        return run_coroutine(self.run(**options))
+
+
+class Stream:
+    """A stream of records produced by one transformation; methods add operators."""
+
+    def __init__(self, flow: Dataflow, transformation: Transformation,
+                 partitioning: Partitioning = "forward") -> None:
+        self.flow = flow
+        self.transformation = transformation
+        self._partitioning: Partitioning = partitioning
+
+    def _edge(self) -> Edge:
+        return Edge(self.transformation, self._partitioning)
+
+    def _then(self, kind: str, name: str | None,
+              factory: Callable[[Transformation], ops.StreamOperator]) -> Stream:
+        return Stream(self.flow, self.flow._add(kind, name, factory, [self._edge()]))
+
+    # configuration of the last operator
+    def name(self, name: str) -> Stream:
+        """Set the operator's display name."""
+        self.transformation.name = name
+        return self
+
+    def uid(self, uid: str) -> Stream:
+        """Set the operator's stable id (snapshots are keyed by it); set it on every stateful
+        operator of a program that will evolve."""
+        self.transformation.uid = uid
+        return self
+
+    def set_parallelism(self, parallelism: int) -> Stream:
+        """Set the operator's parallelism.
+
+        Raises:
+            ConfigurationError: if < 1, or above what the operator supports.
+        """
+        t = self.transformation
+        if parallelism < 1:
+            raise ConfigurationError(f"parallelism must be >= 1, got {parallelism}")
+        if t.max_parallelism is not None and parallelism > t.max_parallelism:
+            raise ConfigurationError(
+                f"operator {t.name!r} supports parallelism <= {t.max_parallelism}"
+            )
+        t.parallelism = parallelism
+        return self
+
+    # transformations
+    def map(self, fn: Callable[[Any], Any], name: str | None = None) -> Stream:
+        """One output per record: ``fn(record)``."""
+        return self._then("map", name, lambda t: ops.MapOperator(t.name, t.resolved_uid, fn))
+
+    def filter(self, fn: Callable[[Any], Any], name: str | None = None) -> Stream:
+        """Keep the records for which ``fn(record)`` is true."""
+        return self._then("filter", name,
+                          lambda t: ops.FilterOperator(t.name, t.resolved_uid, fn))
+
+    def flat_map(self, fn: Callable[[Any], Iterable[Any] | None], name: str | None = None
+                 ) -> Stream:
+        """Zero or more outputs per record: the items of ``fn(record)``."""
+        return self._then("flat_map", name,
+                          lambda t: ops.FlatMapOperator(t.name, t.resolved_uid, fn))
+
+    def process(self, fn: ProcessFunction, name: str | None = None) -> Stream:
+        """Run a :class:`ProcessFunction` (operator state via ``ctx.get_operator_state``)."""
+        if isinstance(fn, KeyedProcessFunction):
+            raise ConfigurationError("a KeyedProcessFunction needs key_by(...) before process()")
+        return self._then("process", name or type(fn).__name__,
+                          lambda t: ops.ProcessOperator(t.name, t.resolved_uid, fn))
+
+    def key_by(self, key_selector: Callable[[Any], Any]) -> KeyedStream:
+        """Partition by key: records with equal keys go to the same instance, and keyed
+        state is scoped to the key. Keys must be hashable and deterministic."""
+        return KeyedStream(self.flow, self.transformation, key_selector)
+
+    def rebalance(self) -> Stream:
+        """Distribute batches round robin over the next operator's instances."""
+        return Stream(self.flow, self.transformation, "rebalance")
+
+    def broadcast(self) -> Stream:
+        """Send every record to every instance of the next operator."""
+        return Stream(self.flow, self.transformation, "broadcast")
+
+    def union(self, *others: Stream) -> Stream:
+        """Merge streams (of the same record type) into one."""
+        edges = [self._edge(), *(o._edge() for o in others)]
+        for o in others:
+            if o.flow is not self.flow:
+                raise ConfigurationError("union() of streams of different dataflows")
+        t = self.flow._add("union", "union",
+                           lambda t: ops.StreamOperator(t.name, t.resolved_uid), edges)
+        return Stream(self.flow, t)
+
+    def sink(self, sink: Sink | Callable[[Any], Any], name: str | None = None) -> Stream:
+        """Send records to a :class:`Sink`, or call ``sink(record)`` for each (a callback
+        sink: at-least-once, it sees replayed records again after a recovery)."""
+        from .defaults import callback_sink
+
+        s: Sink = sink if isinstance(sink, Sink) else callback_sink(sink)
+        return self._then("sink", name or type(s).__name__,
+                          lambda t: ops.SinkOperator(t.name, t.resolved_uid, s))
+
+
+class KeyedStream(Stream):
+    """A stream partitioned by key (after ``key_by``)."""
+
+    def __init__(self, flow: Dataflow, transformation: Transformation,
+                 key_selector: Callable[[Any], Any]) -> None:
+        super().__init__(flow, transformation, "hash")
+        self.key_selector = key_selector
+
+    def _edge(self) -> Edge:
+        return Edge(self.transformation, "hash", self.key_selector)
+
+    def process(self, fn: ProcessFunction, name: str | None = None) -> Stream:
+        """Run a :class:`KeyedProcessFunction`; state is scoped to each record's key."""
+        k = self.key_selector
+        return self._then("process", name or type(fn).__name__,
+                          lambda t: ops.KeyedProcessOperator(t.name, t.resolved_uid, fn, k))
+
+    def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None) -> Stream:
+        """Emit the running ``fn(accumulated, record)`` per key (the first record as is)."""
+        k = self.key_selector
+        return self._then("reduce", name,
+                          lambda t: ops.ReduceOperator(t.name, t.resolved_uid, k, fn))

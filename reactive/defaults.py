@@ -1,0 +1,45 @@
+"""The one place where ``reactive`` reaches into ``backends`` and ``connectors``.
+
+Imports happen inside the functions, at call time, so that ``import reactive`` never imports
+the packages that depend on it (DESIGN.md, dependency direction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from .sinks import Sink
+from .sources import Source
+from .state.backend import StateBackend
+
+__all__ = ["callback_sink", "collection_source", "default_state_backend", "line_file_source"]
+
+
+def default_state_backend() -> StateBackend:
+    """The heap backend (``backends.heap.HeapStateBackend``)."""
+    from backends.heap import HeapStateBackend
+
+    return HeapStateBackend()
+
+
+def collection_source(items: Iterable[Any]) -> Source:
+    """``connectors.collections.CollectionSource(items)``."""
+    from connectors.collections import CollectionSource
+
+    return CollectionSource(items)
+
+
+def line_file_source(path: Path, with_offsets: bool) -> Source:
+    """``connectors.files.LineFileSource(path)``."""
+    from connectors.files import LineFileSource
+
+    return LineFileSource(path, with_offsets=with_offsets)
+
+
+def callback_sink(fn: Callable[[Any], Any]) -> Sink:
+    """``connectors.collections.CallbackSink(fn)``."""
+    from connectors.collections import CallbackSink
+
+    return CallbackSink(fn)

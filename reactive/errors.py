@@ -1,0 +1,106 @@
+"""Error types of the runtime.
+
+Every error the runtime raises on purpose derives from :class:`ReactiveError`, so an
+application can catch the whole family. Messages say what went wrong and what to do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CheckpointError",
+    "ConfigurationError",
+    "CorruptCheckpointError",
+    "JobCancelledError",
+    "JobFailedError",
+    "ReactiveError",
+    "RestoreError",
+    "StateAccessError",
+    "UserFunctionError",
+]
+
+
+def _preview(record: Any, limit: int = 200) -> str:
+    text = repr(record)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class ReactiveError(Exception):
+    """Base class of all errors raised by the runtime."""
+
+
+class ConfigurationError(ReactiveError, ValueError):
+    """A dataflow or run option is invalid; raised before the job starts."""
+
+
+class UserFunctionError(ReactiveError):
+    """A user function raised while processing a record.
+
+    Attributes:
+        operator: the operator's name.
+        uid: the operator's stable id.
+        subtask: index of the parallel instance that failed.
+        parallelism: the operator's parallelism.
+        record: the input record being processed when the function raised.
+        position: where the record came from when known (e.g. a source offset), else None.
+    """
+
+    def __init__(
+        self,
+        operator: str,
+        uid: str,
+        subtask: int,
+        parallelism: int,
+        record: Any,
+        cause: BaseException,
+        position: Any = None,
+    ) -> None:
+        self.operator = operator
+        self.uid = uid
+        self.subtask = subtask
+        self.parallelism = parallelism
+        self.record = record
+        self.position = position
+        where = f" at {position}" if position is not None else ""
+        super().__init__(
+            f"operator {operator!r} (uid {uid!r}, subtask {subtask}/{parallelism}) failed on "
+            f"record {_preview(record)}{where}: {type(cause).__name__}: {cause}"
+        )
+
+
+class StateAccessError(ReactiveError):
+    """Keyed state was used without a current key, or with an unknown state name."""
+
+
+class CheckpointError(ReactiveError):
+    """A checkpoint could not be taken (declined, timed out or failed while writing)."""
+
+
+class RestoreError(ReactiveError):
+    """A checkpoint could not be restored (missing, incomplete or incompatible)."""
+
+
+class CorruptCheckpointError(RestoreError):
+    """A checkpoint file's checksum or size does not match its metadata."""
+
+
+class JobFailedError(ReactiveError):
+    """The job failed and its restart strategy gave up; ``__cause__`` is the last failure.
+
+    Attributes:
+        attempts: how many times the job was started (1 + restarts).
+    """
+
+    def __init__(self, job: str, attempts: int, cause: BaseException) -> None:
+        self.job = job
+        self.attempts = attempts
+        super().__init__(
+            f"job {job!r} failed after {attempts} attempt(s): {type(cause).__name__}: {cause}. "
+            "Completed checkpoints stay on disk; run again with resume=True to continue "
+            "from the latest one."
+        )
+
+
+class JobCancelledError(ReactiveError):
+    """The job was cancelled through its handle before it finished."""

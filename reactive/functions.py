@@ -1,0 +1,96 @@
+"""User function interfaces (Flink's ``ProcessFunction`` / ``KeyedProcessFunction``).
+
+Plain callables serve ``map``, ``filter``, ``flat_map`` and ``reduce``; subclass these for
+state and lifecycle. ``process_element`` returns an iterable of outputs (a generator with
+``yield`` is the usual form) or None for no output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from .errors import StateAccessError
+from .state.api import State
+from .state.descriptors import StateDescriptor
+from .state.operator_state import OperatorListState, RedistributionMode
+
+if TYPE_CHECKING:
+    from .state.backend import KeyedStateBackend
+    from .state.operator_state import OperatorStateStore
+
+__all__ = ["KeyedProcessFunction", "ProcessFunction", "RuntimeContext"]
+
+
+class RuntimeContext:
+    """What a function sees of its operator instance; passed to ``open`` and to
+    ``process_element``.
+
+    Attributes:
+        operator_name: the operator's name.
+        uid: the operator's stable id.
+        subtask_index: this instance's index, ``0 <= subtask_index < parallelism``.
+        parallelism: the operator's parallelism.
+        max_parallelism: the job's number of key groups.
+    """
+
+    def __init__(
+        self,
+        operator_name: str,
+        uid: str,
+        subtask_index: int,
+        parallelism: int,
+        max_parallelism: int,
+        keyed_backend: KeyedStateBackend | None,
+        operator_state: OperatorStateStore,
+    ) -> None:
+        self.operator_name = operator_name
+        self.uid = uid
+        self.subtask_index = subtask_index
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self._keyed = keyed_backend
+        self._operator_state = operator_state
+
+    @property
+    def current_key(self) -> Any:
+        """The key of the record being processed (keyed operators only)."""
+        if self._keyed is None:
+            raise StateAccessError(f"operator {self.operator_name!r} is not keyed: no current key")
+        return self._keyed.current_key
+
+    def get_state(self, descriptor: StateDescriptor) -> Any:
+        """Return the keyed state described by ``descriptor``, scoped to the current key.
+
+        Raises:
+            StateAccessError: when the operator is not after a ``key_by``.
+        """
+        if self._keyed is None:
+            raise StateAccessError(
+                f"operator {self.operator_name!r} is not keyed: call key_by(...) before it to "
+                "use keyed state, or use get_operator_state"
+            )
+        state: State = self._keyed.get_state(descriptor)
+        return state
+
+    def get_operator_state(self, name: str, mode: RedistributionMode = "split") -> OperatorListState:
+        """Return this instance's operator list state ``name`` (restored after recovery)."""
+        return self._operator_state.get_list_state(name, mode)
+
+
+class ProcessFunction:
+    """A function over a (non-keyed) stream with lifecycle hooks."""
+
+    def open(self, ctx: RuntimeContext) -> None:
+        """Called once per instance before the first record (and after each restore)."""
+
+    def process_element(self, value: Any, ctx: RuntimeContext) -> Iterable[Any] | None:
+        """Process one record; return (or yield) the outputs."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Called once when the instance stops."""
+
+
+class KeyedProcessFunction(ProcessFunction):
+    """A function over a keyed stream: ``ctx.get_state`` is scoped to ``ctx.current_key``."""

@@ -1,0 +1,63 @@
+"""The logical graph a :class:`~reactive.dataflow.Dataflow` builds: transformations and edges.
+
+Each :class:`Transformation` is one logical operator with a name, a stable ``uid`` and a
+parallelism; its :class:`Edge` s say where its input comes from and how it is partitioned.
+The runtime expands it into the execution graph (``reactive.runtime.execution_graph``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .runtime.operators import StreamOperator
+
+__all__ = ["Edge", "Partitioning", "Transformation"]
+
+Partitioning = Literal["forward", "rebalance", "hash", "broadcast"]
+
+
+@dataclass
+class Edge:
+    """An input of a transformation.
+
+    Attributes:
+        upstream: the producing transformation.
+        partitioning: how records are routed to the consumer's instances.
+        key_selector: record -> key, for ``"hash"`` (key_by) edges.
+    """
+
+    upstream: Transformation
+    partitioning: Partitioning
+    key_selector: Callable[[Any], Any] | None = None
+
+
+@dataclass(eq=False)
+class Transformation:
+    """One logical operator.
+
+    Attributes:
+        id: position in the dataflow (construction order, so inputs come first).
+        kind: ``"source"``, ``"map"``, ``"process"``, ``"sink"`` ...
+        name: display name.
+        uid: stable id that snapshots are keyed by (defaults to ``<kind>-<id>``).
+        parallelism: None means the dataflow's default.
+        factory: ``factory()`` returns a fresh operator instance.
+        inputs: where records come from (empty for sources).
+        max_parallelism: a bound imposed by the operator (e.g. a non-parallel source).
+    """
+
+    id: int
+    kind: str
+    name: str
+    factory: Callable[[], StreamOperator]
+    inputs: list[Edge] = field(default_factory=list)
+    uid: str | None = None
+    parallelism: int | None = None
+    max_parallelism: int | None = None
+
+    @property
+    def resolved_uid(self) -> str:
+        """The uid, or the default derived from kind and position."""
+        return self.uid if self.uid is not None else f"{self.kind}-{self.id}"

@@ -1,0 +1,90 @@
+"""Key groups: the unit of keyed-state partitioning (Flink's ``KeyGroupRangeAssignment``).
+
+A key's key group is ``murmur3(stable_key_bytes(key)) mod max_parallelism``; operator
+instance ``i`` of parallelism ``p`` owns the contiguous range
+``[ceil(i*maxp/p), ceil((i+1)*maxp/p) - 1]``, and key group ``kg`` belongs to instance
+``kg * p // maxp``. Source: Carbone, "Scalable and Reliable Data Stream Processing",
+KTH 2018, section 4.2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import mmh3
+
+from .serialization import stable_key_bytes
+
+__all__ = [
+    "KeyGroupAssigner",
+    "KeyGroupRange",
+    "assign_to_key_group",
+    "key_group_range_for_operator",
+    "operator_index_for_key_group",
+]
+
+
+def assign_to_key_group(key: Any, max_parallelism: int) -> int:
+    """Return the key group (0 <= kg < max_parallelism) of ``key``; stable across processes."""
+    return mmh3.hash(stable_key_bytes(key), 0, signed=False) % max_parallelism
+
+
+def operator_index_for_key_group(key_group: int, parallelism: int, max_parallelism: int) -> int:
+    """Return the index of the operator instance that owns ``key_group``."""
+    return key_group * parallelism // max_parallelism
+
+
+@dataclass(frozen=True)
+class KeyGroupRange:
+    """An inclusive range ``[start, end]`` of key groups; empty when ``end < start``."""
+
+    start: int
+    end: int
+
+    def __len__(self) -> int:
+        return max(0, self.end - self.start + 1)
+
+    def __contains__(self, key_group: object) -> bool:
+        return isinstance(key_group, int) and self.start <= key_group <= self.end
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.end + 1))
+
+    def to_list(self) -> list[int]:
+        """Return ``[start, end]`` (the form stored in checkpoint metadata)."""
+        return [self.start, self.end]
+
+
+def key_group_range_for_operator(
+    index: int, parallelism: int, max_parallelism: int
+) -> KeyGroupRange:
+    """Return the contiguous key-group range owned by instance ``index`` of ``parallelism``."""
+    start = (index * max_parallelism + parallelism - 1) // parallelism
+    end = ((index + 1) * max_parallelism - 1) // parallelism
+    return KeyGroupRange(start, end)
+
+
+class KeyGroupAssigner:
+    """Memoizing ``key -> key group`` lookup (hashing costs ~0.2 us per key; a dict hit ~40 ns).
+
+    The cache is cleared when it exceeds ``cache_size`` entries, which bounds memory for key
+    spaces that never repeat while keeping hot keys cheap.
+    """
+
+    __slots__ = ("_cache", "cache_size", "max_parallelism")
+
+    def __init__(self, max_parallelism: int, cache_size: int = 200_000) -> None:
+        self.max_parallelism = max_parallelism
+        self.cache_size = cache_size
+        self._cache: dict[Hashable, int] = {}
+
+    def __call__(self, key: Any) -> int:
+        kg = self._cache.get(key)
+        if kg is None:
+            kg = mmh3.hash(stable_key_bytes(key), 0, signed=False) % self.max_parallelism
+            if len(self._cache) >= self.cache_size:
+                self._cache.clear()
+            self._cache[key] = kg
+        return kg

@@ -1,0 +1,1 @@
+"""The task/channel runtime: events, channels, partitioners, operators, tasks and jobs."""

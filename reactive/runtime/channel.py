@@ -1,0 +1,141 @@
+"""Bounded FIFO channels and the input gate a task reads them through.
+
+A :class:`Channel` connects one producer subtask to one consumer subtask and carries record
+batches (``list``) and control events in order. Its capacity is counted in items (batches or
+events): a producer awaiting ``put`` on a full channel is backpressure, as with anyio's
+``create_memory_object_stream(max_buffer_size)``. The :class:`InputGate` multiplexes a task's
+input channels, can *block* a channel (barrier alignment keeps its items queued, in order),
+and carries the task's mailbox (actions posted by the coordinator, run between batches).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Channel", "InputGate"]
+
+
+class Channel:
+    """A single-producer single-consumer bounded FIFO of batches and events.
+
+    Args:
+        capacity: maximum number of queued items (>= 1).
+        name: for diagnostics (``"producer->consumer"``).
+    """
+
+    __slots__ = (
+        "_gate",
+        "_items",
+        "_space_waiter",
+        "blocked",
+        "capacity",
+        "finished",
+        "index",
+        "max_seen",
+        "name",
+    )
+
+    def __init__(self, capacity: int, name: str = "") -> None:
+        self.capacity = capacity
+        self.name = name
+        self._items: deque[Any] = deque()
+        self._space_waiter: asyncio.Future[None] | None = None
+        self._gate: InputGate | None = None
+        self.index = -1
+        self.blocked = False
+        self.finished = False
+        self.max_seen = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    async def put(self, item: Any) -> None:
+        """Append ``item``; waits while the channel is full (backpressure)."""
+        items = self._items
+        while len(items) >= self.capacity:
+            waiter = asyncio.get_running_loop().create_future()
+            self._space_waiter = waiter
+            await waiter
+        items.append(item)
+        n = len(items)
+        if n > self.max_seen:
+            self.max_seen = n
+        gate = self._gate
+        if gate is not None and gate._waiter is not None and not self.blocked:
+            gate._wake()
+
+    def _take(self) -> Any:
+        item = self._items.popleft()
+        waiter = self._space_waiter
+        if waiter is not None:
+            self._space_waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+        return item
+
+
+class InputGate:
+    """A task's input channels plus its mailbox.
+
+    ``get()`` returns ``(channel_index, item)`` from an unblocked channel with data (round
+    robin, so no channel starves) or ``(-1, action)`` for a mailbox action, which takes
+    precedence. Blocking a channel leaves its queued items in place, in order.
+    """
+
+    def __init__(self, channels: list[Channel]) -> None:
+        self.channels = channels
+        for i, ch in enumerate(channels):
+            ch.index = i
+            ch._gate = self
+        self._next = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._mail: deque[Callable[[], Any]] = deque()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def post(self, action: Callable[[], Any]) -> None:
+        """Queue a mailbox action; it runs in the task between two batches."""
+        self._mail.append(action)
+        self._wake()
+
+    def block(self, index: int) -> None:
+        """Stop delivering items of channel ``index`` (alignment)."""
+        self.channels[index].blocked = True
+
+    def unblock_all(self) -> None:
+        """Deliver from every channel again."""
+        for ch in self.channels:
+            ch.blocked = False
+        self._wake()
+
+    def is_idle(self) -> bool:
+        """True when nothing deliverable is queued (the task would wait in ``get``)."""
+        if self._mail:
+            return False
+        return all(ch.blocked or not ch._items for ch in self.channels)
+
+    async def get(self) -> tuple[int, Any]:
+        """Return the next mailbox action or channel item; waits when there is none."""
+        channels = self.channels
+        n = len(channels)
+        while True:
+            if self._mail:
+                return -1, self._mail.popleft()
+            start = self._next
+            for k in range(n):
+                i = (start + k) % n
+                ch = channels[i]
+                if ch._items and not ch.blocked:
+                    self._next = (i + 1) % n
+                    return i, ch._take()
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            await waiter

@@ -1,0 +1,40 @@
+"""Control events that travel through channels in order with record batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["END_OF_INPUT", "MAX_WATERMARK", "CheckpointBarrier", "EndOfInput", "Watermark"]
+
+MAX_WATERMARK = float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointBarrier:
+    """Barrier ``checkpoint_id``: separates the records of epoch n from epoch n+1 (ABS).
+
+    Attributes:
+        checkpoint_id: the checkpoint's id, increasing per job.
+        timestamp: trigger time (seconds since the epoch).
+        kind: ``"checkpoint"`` or ``"savepoint"``.
+    """
+
+    checkpoint_id: int
+    timestamp: float
+    kind: Literal["checkpoint", "savepoint"] = "checkpoint"
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """Event-time progress: no record with a timestamp <= ``timestamp`` (seconds) follows."""
+
+    timestamp: float
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfInput:
+    """The channel's producer has finished; nothing follows on this channel."""
+
+
+END_OF_INPUT = EndOfInput()

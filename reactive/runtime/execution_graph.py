@@ -1,0 +1,194 @@
+"""Expanding the logical graph into tasks and channels (Flink's ``StreamingJobGraphGenerator``
+and ``ExecutionGraph`` in one step).
+
+Operators connected by a forward edge with equal parallelism, where the producer has exactly
+one consumer, are *chained* into one task. Every other edge becomes channels: point-wise for
+forward edges, all-to-all for rebalance, broadcast and key-group (``key_by``) edges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..checkpoint.state_assignment import StateAssignment
+from ..errors import ConfigurationError
+from ..graph import Edge, Transformation
+from ..keygroups import key_group_range_for_operator
+from ..state.backend import StateBackend
+from .channel import Channel, InputGate
+from .partitioner import (
+    BroadcastPartitioner,
+    ForwardPartitioner,
+    KeyGroupPartitioner,
+    Partitioner,
+    RebalancePartitioner,
+)
+from .record_writer import RecordWriter
+from .task import StreamTask, TaskEnvironment
+
+__all__ = ["ExecutionGraph", "validate"]
+
+
+@dataclass
+class _Chain:
+    transformations: list[Transformation]
+    parallelism: int
+
+    @property
+    def head(self) -> Transformation:
+        return self.transformations[0]
+
+    @property
+    def tail(self) -> Transformation:
+        return self.transformations[-1]
+
+    @property
+    def name(self) -> str:
+        return " -> ".join(t.name for t in self.transformations)
+
+
+def _parallelism(t: Transformation, default: int) -> int:
+    return t.parallelism if t.parallelism is not None else default
+
+
+def validate(transformations: list[Transformation], default_parallelism: int,
+             max_parallelism: int) -> None:
+    """Refuse an invalid program before anything runs.
+
+    Raises:
+        ConfigurationError: no source or no sink, duplicate uid, a parallelism above the max
+            parallelism or above what an operator supports.
+    """
+    if not any(t.kind == "source" for t in transformations):
+        raise ConfigurationError("the dataflow has no source")
+    if not any(t.kind == "sink" for t in transformations):
+        raise ConfigurationError("the dataflow has no sink: add .sink(...) to see its output")
+    seen: dict[str, Transformation] = {}
+    for t in transformations:
+        uid = t.resolved_uid
+        if uid in seen:
+            raise ConfigurationError(
+                f"duplicate uid {uid!r} (operators {seen[uid].name!r} and {t.name!r}); "
+                "every operator needs its own uid"
+            )
+        seen[uid] = t
+        p = _parallelism(t, default_parallelism)
+        if p > max_parallelism:
+            raise ConfigurationError(
+                f"operator {t.name!r} has parallelism {p} > max_parallelism {max_parallelism}"
+            )
+        if t.max_parallelism is not None and p > t.max_parallelism:
+            raise ConfigurationError(
+                f"operator {t.name!r} supports parallelism <= {t.max_parallelism}, got {p}"
+            )
+
+
+class ExecutionGraph:
+    """Tasks and channels of one job attempt.
+
+    Args:
+        transformations: the logical graph, in construction (topological) order.
+        default_parallelism, max_parallelism, batch_size, channel_capacity: dataflow settings.
+        env: shared by all tasks.
+        state_backend: creates each keyed operator's backend.
+        restore: the checkpoint state to install, or None for a fresh start.
+    """
+
+    def __init__(
+        self,
+        transformations: list[Transformation],
+        default_parallelism: int,
+        max_parallelism: int,
+        batch_size: int,
+        channel_capacity: int,
+        env: TaskEnvironment,
+        state_backend: StateBackend,
+        restore: StateAssignment | None,
+    ) -> None:
+        validate(transformations, default_parallelism, max_parallelism)
+        self.max_parallelism = max_parallelism
+        par = {t.id: _parallelism(t, default_parallelism) for t in transformations}
+        consumers: dict[int, list[tuple[Transformation, Edge]]] = {t.id: [] for t in transformations}
+        for t in transformations:
+            for e in t.inputs:
+                consumers[e.upstream.id].append((t, e))
+
+        # chaining
+        chain_of: dict[int, _Chain] = {}
+        chains: list[_Chain] = []
+        for t in transformations:
+            if len(t.inputs) == 1:
+                e = t.inputs[0]
+                up = e.upstream
+                if (e.partitioning == "forward" and par[up.id] == par[t.id]
+                        and len(consumers[up.id]) == 1 and chain_of[up.id].tail is up):
+                    chain = chain_of[up.id]
+                    chain.transformations.append(t)
+                    chain_of[t.id] = chain
+                    continue
+            chain = _Chain([t], par[t.id])
+            chains.append(chain)
+            chain_of[t.id] = chain
+        self.parallelism = par
+        self.operator_transformations = transformations
+
+        # channels: inputs[chain head id][subtask] -> channels, writers[tail id][subtask]
+        inputs: dict[int, list[list[Channel]]] = {
+            c.head.id: [[] for _ in range(c.parallelism)] for c in chains
+        }
+        writers: dict[int, list[list[RecordWriter]]] = {
+            c.tail.id: [[] for _ in range(c.parallelism)] for c in chains
+        }
+        for c in chains:
+            for e in c.head.inputs:
+                up, p_up, p_down = e.upstream, par[e.upstream.id], c.parallelism
+                kind = e.partitioning
+                if kind == "forward" and p_up != p_down:
+                    kind = "rebalance"
+                for i in range(p_up):
+                    targets = [i] if kind == "forward" else list(range(p_down))
+                    channels = []
+                    for j in targets:
+                        ch = Channel(channel_capacity, f"{up.name}#{i}->{c.head.name}#{j}")
+                        inputs[c.head.id][j].append(ch)
+                        channels.append(ch)
+                    partitioner: Partitioner
+                    if kind == "forward":
+                        partitioner = ForwardPartitioner(1)
+                    elif kind == "rebalance":
+                        partitioner = RebalancePartitioner(p_down, start=i)
+                    elif kind == "broadcast":
+                        partitioner = BroadcastPartitioner(p_down)
+                    else:
+                        assert e.key_selector is not None
+                        partitioner = KeyGroupPartitioner(p_down, e.key_selector, max_parallelism)
+                    writers[up.id][i].append(RecordWriter(partitioner, channels, batch_size))
+
+        # tasks
+        self.tasks: list[StreamTask] = []
+        self.channels: list[Channel] = []
+        for c in chains:
+            for i in range(c.parallelism):
+                operators = []
+                for t in c.transformations:
+                    op = t.factory()
+                    keyed_backend = None
+                    kgr = None
+                    if op.keyed:
+                        kgr = key_group_range_for_operator(i, c.parallelism, max_parallelism)
+                        keyed_backend = state_backend.create_keyed_backend(
+                            job_name=env.job_name, operator_uid=op.uid, subtask=i,
+                            key_group_range=kgr, max_parallelism=max_parallelism,
+                        )
+                    op.setup(i, c.parallelism, max_parallelism, keyed_backend)
+                    if restore is not None:
+                        r = restore.for_subtask(op.uid, i, c.parallelism, kgr)
+                        if keyed_backend is not None and r.keyed_handles:
+                            keyed_backend.restore(r.keyed_handles, restore.checkpoint.job_dir)
+                        if r.operator_state:
+                            op.operator_state.restore(r.operator_state)
+                    operators.append(op)
+                gate = InputGate(inputs[c.head.id][i])
+                self.channels.extend(gate.channels)
+                self.tasks.append(StreamTask(env, c.name, i, c.parallelism, operators, gate,
+                                             writers[c.tail.id][i]))

@@ -1,0 +1,21 @@
+"""Running a coroutine on a fresh event loop, with uvloop where it is installed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["run_coroutine"]
+
+T = TypeVar("T")
+
+
+def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(coro)`` on uvloop when available, else the default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)

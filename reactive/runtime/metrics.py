@@ -1,0 +1,93 @@
+"""Job metrics: records in/out per operator and the checkpoint history."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..checkpoint.stats import CheckpointStats
+
+if TYPE_CHECKING:
+    from .task import StreamTask
+
+__all__ = ["JobMetrics"]
+
+
+@dataclass
+class JobMetrics:
+    """Live figures of a job (summed over all instances and all attempts).
+
+    Attributes:
+        checkpoints: statistics of every triggered checkpoint, oldest first.
+        restarts: how many times the job restarted after a failure.
+        max_channel_length: the largest number of items seen queued in any channel.
+    """
+
+    checkpoints: list[CheckpointStats] = field(default_factory=list)
+    restarts: int = 0
+    _carried: dict[str, list[int]] = field(default_factory=dict)
+    _tasks: list[StreamTask] = field(default_factory=list)
+    _channel_capacity: int = 0
+    _max_channel_length: int = 0
+
+    def attach(self, tasks: list[StreamTask]) -> None:
+        """Track a new attempt's tasks (the previous attempt's counts are kept)."""
+        self._fold()
+        self._tasks = tasks
+
+    def _fold(self) -> None:
+        for name, (n_in, n_out) in self._live().items():
+            acc = self._carried.setdefault(name, [0, 0])
+            acc[0] += n_in
+            acc[1] += n_out
+        for task in self._tasks:
+            for ch in task.gate.channels:
+                self._max_channel_length = max(self._max_channel_length, ch.max_seen)
+        self._tasks = []
+
+    def _live(self) -> dict[str, tuple[int, int]]:
+        out: dict[str, list[int]] = {}
+        for task in self._tasks:
+            for op in task.operators:
+                acc = out.setdefault(op.name, [0, 0])
+                acc[0] += op.records_in
+                acc[1] += op.records_out
+        return {k: (v[0], v[1]) for k, v in out.items()}
+
+    @property
+    def operators(self) -> dict[str, dict[str, int]]:
+        """``{operator name: {"records_in": n, "records_out": n}}``."""
+        out = {k: {"records_in": v[0], "records_out": v[1]} for k, v in self._carried.items()}
+        for name, (n_in, n_out) in self._live().items():
+            acc = out.setdefault(name, {"records_in": 0, "records_out": 0})
+            acc["records_in"] += n_in
+            acc["records_out"] += n_out
+        return out
+
+    @property
+    def max_channel_length(self) -> int:
+        """The longest any channel's queue has been (items), over all attempts."""
+        live = [ch.max_seen for t in self._tasks for ch in t.gate.channels]
+        return max([self._max_channel_length, *live])
+
+    @property
+    def completed_checkpoints(self) -> list[CheckpointStats]:
+        """The completed checkpoints' statistics."""
+        return [c for c in self.checkpoints if c.status == "completed"]
+
+    def summary(self) -> dict[str, Any]:
+        """Medians of the completed checkpoints' costs (seconds, bytes)."""
+        done = self.completed_checkpoints
+        if not done:
+            return {"checkpoints": 0}
+        return {
+            "checkpoints": len(done),
+            "aborted": sum(1 for c in self.checkpoints if c.status == "aborted"),
+            "median_alignment": statistics.median(c.alignment for c in done),
+            "median_sync": statistics.median(c.sync for c in done),
+            "max_sync": max(c.sync for c in done),
+            "median_async": statistics.median(c.async_ for c in done),
+            "median_duration": statistics.median(c.duration for c in done),
+            "median_size": statistics.median(c.size for c in done),
+        }

@@ -1,0 +1,105 @@
+"""Partitioners: split an output batch into per-channel batches.
+
+Each returns ``list[list]`` with one (possibly empty) list per output channel. They work on
+whole batches, so the per-record cost is one function call and a list append.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..keygroups import KeyGroupAssigner
+
+__all__ = [
+    "BroadcastPartitioner",
+    "ForwardPartitioner",
+    "KeyGroupPartitioner",
+    "KeySelectorError",
+    "Partitioner",
+    "RebalancePartitioner",
+]
+
+
+class KeySelectorError(Exception):
+    """The key selector of a ``key_by`` raised (or returned an unhashable key) on ``record``."""
+
+    def __init__(self, record: Any, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.record = record
+        self.cause = cause
+
+
+class Partitioner:
+    """Base class: ``split(batch)`` returns a list of ``num_channels`` lists."""
+
+    def __init__(self, num_channels: int) -> None:
+        self.num_channels = num_channels
+
+    def split(self, batch: list[Any]) -> list[list[Any]]:
+        raise NotImplementedError
+
+
+class ForwardPartitioner(Partitioner):
+    """Everything to the single channel (point-wise edge between equal parallelisms)."""
+
+    def split(self, batch: list[Any]) -> list[list[Any]]:
+        return [batch]
+
+
+class RebalancePartitioner(Partitioner):
+    """Round robin over channels, a whole batch at a time (evens load, keeps batches big)."""
+
+    def __init__(self, num_channels: int, start: int = 0) -> None:
+        super().__init__(num_channels)
+        self._next = start % num_channels
+
+    def split(self, batch: list[Any]) -> list[list[Any]]:
+        out: list[list[Any]] = [[] for _ in range(self.num_channels)]
+        out[self._next] = batch
+        self._next = (self._next + 1) % self.num_channels
+        return out
+
+
+class BroadcastPartitioner(Partitioner):
+    """Every record to every channel."""
+
+    def split(self, batch: list[Any]) -> list[list[Any]]:
+        return [list(batch) for _ in range(self.num_channels)]
+
+
+class KeyGroupPartitioner(Partitioner):
+    """``key_by``: record -> key -> key group -> owning instance (DESIGN.md, key groups).
+
+    Args:
+        num_channels: the downstream parallelism.
+        key_selector: record -> hashable key.
+        max_parallelism: the number of key groups.
+    """
+
+    def __init__(
+        self, num_channels: int, key_selector: Callable[[Any], Any], max_parallelism: int
+    ) -> None:
+        super().__init__(num_channels)
+        self.key_selector = key_selector
+        self.max_parallelism = max_parallelism
+        self.assigner = KeyGroupAssigner(max_parallelism)
+        # key group -> channel, precomputed: instance_for(kg) = kg * p // maxp
+        self._channel_of = [kg * num_channels // max_parallelism for kg in range(max_parallelism)]
+
+    def split(self, batch: list[Any]) -> list[list[Any]]:
+        n = self.num_channels
+        if n == 1:
+            return [batch]
+        out: list[list[Any]] = [[] for _ in range(n)]
+        appends = [o.append for o in out]
+        key_of = self.key_selector
+        kg_of = self.assigner
+        channel_of = self._channel_of
+        r = None
+        try:
+            for r in batch:
+                appends[channel_of[kg_of(key_of(r))]](r)
+        except Exception as exc:
+            raise KeySelectorError(r, exc) from exc
+        return out

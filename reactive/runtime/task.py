@@ -1,0 +1,361 @@
+"""Stream tasks: one coroutine per parallel instance of an operator chain.
+
+A task reads batches and control events from its :class:`~.channel.InputGate` (or from a
+source reader), pushes batches through its chained operators, and writes the output through
+its :class:`~.record_writer.RecordWriter` s (or to a sink writer). On a checkpoint barrier it
+takes the synchronous part of every chained operator's snapshot, forwards the barrier, and
+hands the asynchronous part to the job's task group; the asynchronous part acknowledges to
+the checkpoint coordinator when its files are written (thesis 4.5.1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pickle
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..checkpoint.files import write_atomic
+from ..errors import ReactiveError, UserFunctionError
+from ..state.backend import KeyedStateSnapshot, SnapshotContext
+from .barrier_handler import AlignedBarrierHandler, BarrierHandler, BarrierTracker
+from .channel import InputGate
+from .events import END_OF_INPUT, MAX_WATERMARK, CheckpointBarrier, EndOfInput, Watermark
+from .operators import SinkOperator, SourceOperator, StreamOperator, maybe_await
+from .partitioner import KeySelectorError
+from .record_writer import RecordWriter
+
+if TYPE_CHECKING:
+    from ..checkpoint.storage import CheckpointStorage
+
+__all__ = ["CheckpointAcknowledger", "StreamTask", "TaskEnvironment"]
+
+
+class CheckpointAcknowledger(Protocol):
+    """The coordinator as a task sees it."""
+
+    async def acknowledge(self, checkpoint_id: int, task: StreamTask,
+                          states: dict[str, dict[str, Any]], stats: dict[str, float]) -> None: ...
+
+    def decline(self, checkpoint_id: int, task: StreamTask, reason: BaseException) -> None: ...
+
+
+@dataclass
+class TaskEnvironment:
+    """What every task of one job attempt shares.
+
+    Attributes:
+        job_name: the dataflow's name.
+        max_parallelism: number of key groups.
+        batch_size: records per batch on channels.
+        buffer_timeout: seconds after which partial output batches are flushed.
+        exactly_once: align barriers (else at-least-once tracking).
+        storage: checkpoint storage, None without checkpointing.
+        coordinator: receives acknowledgements, None without checkpointing.
+        spawn: runs a coroutine in the job's task group (asynchronous snapshot parts).
+        on_source_finished: called when a source task reached its end of input.
+    """
+
+    job_name: str
+    max_parallelism: int
+    batch_size: int
+    buffer_timeout: float
+    exactly_once: bool
+    storage: CheckpointStorage | None
+    coordinator: CheckpointAcknowledger | None
+    spawn: Callable[[Coroutine[Any, Any, None]], None]
+    on_source_finished: Callable[[StreamTask], None]
+
+
+class StreamTask:
+    """One parallel instance of an operator chain.
+
+    Args:
+        env: the job attempt's shared environment.
+        name: the chain's name (its operators' names joined by ' -> ').
+        subtask: instance index; ``parallelism``: number of instances.
+        operators: the chain, head first; a source chain starts with a SourceOperator, a sink
+            chain ends with a SinkOperator.
+        gate: input channels and mailbox (a source task's gate has no channels).
+        writers: one per outgoing edge.
+    """
+
+    def __init__(
+        self,
+        env: TaskEnvironment,
+        name: str,
+        subtask: int,
+        parallelism: int,
+        operators: list[StreamOperator],
+        gate: InputGate,
+        writers: list[RecordWriter],
+    ) -> None:
+        self.env = env
+        self.name = name
+        self.subtask = subtask
+        self.parallelism = parallelism
+        self.task_id = f"{name} ({subtask + 1}/{parallelism})"
+        self.operators = operators
+        self.gate = gate
+        self.writers = writers
+        self.source = operators[0] if isinstance(operators[0], SourceOperator) else None
+        self.sink = operators[-1] if isinstance(operators[-1], SinkOperator) else None
+        start = 1 if self.source else 0
+        end = len(operators) - 1 if self.sink else len(operators)
+        self.chain = operators[start:end]
+        self.records_in = 0
+        self._ended = False
+        self._channel_watermarks = [float("-inf")] * len(gate.channels)
+        self.watermark = float("-inf")
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> None:
+        """Open the operators, process until the end of input, close the operators."""
+        try:
+            for op in self.operators:
+                if isinstance(op, SinkOperator):
+                    await op.restore()
+                op.open()
+            if self.source is not None:
+                await self._run_source(self.source)
+            else:
+                await self._run_inputs()
+        finally:
+            for op in self.operators:
+                with contextlib.suppress(Exception):
+                    op.close()
+
+    async def _run_source(self, source: SourceOperator) -> None:
+        reader = source.reader
+        gate = self.gate
+        batch_size = self.env.batch_size
+        timeout = self.env.buffer_timeout
+        last_flush = time.monotonic()
+        while True:
+            while gate._mail:
+                await maybe_await(gate._mail.popleft()())
+            try:
+                batch = await reader.read_batch(batch_size)
+            except ReactiveError:
+                raise
+            except Exception as exc:
+                raise source.fail(None, exc, reader.describe_position()) from exc
+            if batch is None:
+                break
+            if batch:
+                source.records_out += len(batch)
+                await self._push(batch, 0)
+            now = time.monotonic()
+            if not batch or now - last_flush >= timeout:
+                await self._flush()
+                last_flush = now
+            # let the coordinator, downstream tasks and the application run between batches
+            await asyncio.sleep(0)
+        await self._advance_watermark(MAX_WATERMARK)
+        await self._flush()
+        self.env.on_source_finished(self)
+        # A finished source keeps injecting barriers, so the job can end with a final
+        # checkpoint that commits every two-phase-commit sink (Flink FLIP-147).
+        while not self._ended:
+            _, action = await gate.get()
+            await maybe_await(action())
+
+    def end(self) -> Awaitable[None]:
+        """Mailbox action for a finished source: send end-of-input downstream and stop."""
+        self._ended = True
+        return self._end_input()
+
+    async def _run_inputs(self) -> None:
+        gate = self.gate
+        handler: BarrierHandler = (
+            AlignedBarrierHandler(gate, self._on_aligned)
+            if self.env.exactly_once
+            else BarrierTracker(gate, self._on_aligned)
+        )
+        timeout = self.env.buffer_timeout
+        live = len(gate.channels)
+        last_flush = time.monotonic()
+        while live:
+            if gate.is_idle():
+                await self._flush()
+                last_flush = time.monotonic()
+            idx, item = await gate.get()
+            if idx < 0:
+                await maybe_await(item())
+            elif type(item) is list:
+                self.records_in += len(item)
+                await self._push(item, 0)
+                now = time.monotonic()
+                if now - last_flush >= timeout:
+                    await self._flush()
+                    last_flush = now
+            elif isinstance(item, CheckpointBarrier):
+                await handler.on_barrier(idx, item)
+            elif isinstance(item, Watermark):
+                await self._on_watermark(idx, item.timestamp)
+            elif isinstance(item, EndOfInput):
+                gate.channels[idx].finished = True
+                live -= 1
+                await handler.on_end_of_input(idx)
+                if live:
+                    await self._on_watermark(idx, MAX_WATERMARK)
+        await self._end_input()
+
+    # ------------------------------------------------------------------ data path
+    async def _push(self, batch: list[Any], start: int) -> None:
+        """Run ``batch`` through the chain from operator ``start``, then emit it."""
+        chain = self.chain
+        for i in range(start, len(chain)):
+            op = chain[i]
+            op.records_in += len(batch)
+            batch = op.process_batch(batch)
+            if not batch:
+                return
+            op.records_out += len(batch)
+        if self.sink is not None:
+            self.sink.records_in += len(batch)
+            await self.sink.write(batch)
+            return
+        writers = self.writers
+        full = False
+        try:
+            if len(writers) == 1:
+                full = writers[0].add(batch)
+            else:
+                for w in writers:
+                    full = w.add(list(batch)) or full
+        except KeySelectorError as exc:
+            op = chain[-1] if chain else self.operators[0]
+            raise UserFunctionError(
+                f"key_by after {op.name}", op.uid, self.subtask, self.parallelism,
+                exc.record, exc.cause,
+            ) from exc.cause
+        if full:
+            for w in writers:
+                await w.flush_full()
+
+    async def _flush(self) -> None:
+        for w in self.writers:
+            await w.flush()
+
+    async def _on_watermark(self, channel: int, timestamp: float) -> None:
+        wms = self._channel_watermarks
+        if timestamp > wms[channel]:
+            wms[channel] = timestamp
+            live = [wm for ch, wm in zip(self.gate.channels, wms, strict=True) if not ch.finished]
+            low = min(live) if live else MAX_WATERMARK
+            if low > self.watermark:
+                await self._advance_watermark(low)
+
+    async def _advance_watermark(self, timestamp: float) -> None:
+        self.watermark = timestamp
+        chain = self.chain
+        for i, op in enumerate(chain):
+            out = op.process_watermark(timestamp)
+            if out:
+                await self._push(out, i + 1)
+        for w in self.writers:
+            await w.broadcast_event(Watermark(timestamp))
+
+    async def _end_input(self) -> None:
+        chain = self.chain
+        for i, op in enumerate(chain):
+            out = op.end_input()
+            if out:
+                await self._push(out, i + 1)
+        if self.sink is not None:
+            await maybe_await(self.sink.writer.finish())
+        for w in self.writers:
+            await w.broadcast_event(END_OF_INPUT)
+
+    # ------------------------------------------------------------------ checkpoints
+    def trigger_checkpoint(self, barrier: CheckpointBarrier) -> Awaitable[None]:
+        """Mailbox action of a source task: snapshot and inject ``barrier``."""
+        return self._on_aligned(barrier, 0.0)
+
+    async def _on_aligned(self, barrier: CheckpointBarrier, alignment: float) -> None:
+        env = self.env
+        if env.storage is None or env.coordinator is None:
+            return
+        cid = barrier.checkpoint_id
+        t0 = time.perf_counter()
+        captures: list[tuple[StreamOperator, SnapshotContext, KeyedStateSnapshot | None,
+                             dict[str, tuple[str, list[Any]]] | None]] = []
+        try:
+            for op in self.operators:
+                await maybe_await(op.snapshot_state(cid))
+                ctx = SnapshotContext(
+                    cid, env.storage.job_dir, env.storage.checkpoint_dir(cid),
+                    env.storage.shared_dir, op.uid, self.subtask, barrier.kind == "savepoint",
+                )
+                keyed = op.keyed_backend.snapshot(ctx) if op.keyed_backend is not None else None
+                opstate = None if op.operator_state.is_empty() else op.operator_state.snapshot()
+                captures.append((op, ctx, keyed, opstate))
+        except Exception as exc:
+            for _, _, keyed, _ in captures:
+                if keyed is not None:
+                    keyed.discard()
+            env.coordinator.decline(cid, self, exc)
+            for w in self.writers:
+                await w.broadcast_event(barrier)
+            return
+        sync = time.perf_counter() - t0
+        for w in self.writers:
+            await w.broadcast_event(barrier)
+        env.spawn(self._async_part(cid, captures, alignment, sync))
+
+    async def _async_part(
+        self,
+        cid: int,
+        captures: list[tuple[StreamOperator, SnapshotContext, KeyedStateSnapshot | None,
+                             dict[str, tuple[str, list[Any]]] | None]],
+        alignment: float,
+        sync: float,
+    ) -> None:
+        coordinator = self.env.coordinator
+        assert coordinator is not None
+        t0 = time.perf_counter()
+        states: dict[str, dict[str, Any]] = {}
+        size = 0
+        try:
+            for op, ctx, keyed, opstate in captures:
+                entry: dict[str, Any] = {"keyed_state": None, "operator_state": None}
+                if op.keyed_backend is not None:
+                    entry["key_group_range"] = op.keyed_backend.key_group_range.to_list()
+                if keyed is not None:
+                    handle = await keyed.write()
+                    entry["keyed_state"] = handle
+                    size += sum(int(r["size"]) for r in handle.get("files", [])
+                                if r not in handle.get("shared_reused", []))
+                if opstate is not None:
+                    path = ctx.exclusive_path(".opstate")
+                    blob = pickle.dumps(opstate, protocol=pickle.HIGHEST_PROTOCOL)
+                    n, sha = await asyncio.to_thread(write_atomic, path, [blob])
+                    entry["operator_state"] = {
+                        "format": "pickle-v1",
+                        "files": [{"path": ctx.relative(path), "size": n, "sha256": sha}],
+                    }
+                    size += n
+                states[op.uid] = entry
+        except Exception as exc:
+            for _, _, keyed, _ in captures:
+                if keyed is not None:
+                    keyed.discard()
+            coordinator.decline(cid, self, exc)
+            return
+        stats = {"alignment": alignment, "sync": sync, "async": time.perf_counter() - t0,
+                 "size": float(size)}
+        await coordinator.acknowledge(cid, self, states, stats)
+
+    async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Mailbox action: checkpoint ``checkpoint_id`` completed (commit side effects)."""
+        for op in self.operators:
+            await maybe_await(op.notify_checkpoint_complete(checkpoint_id))
+
+    async def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """Mailbox action: checkpoint ``checkpoint_id`` was aborted."""
+        for op in self.operators:
+            await maybe_await(op.notify_checkpoint_aborted(checkpoint_id))

@@ -1,0 +1,54 @@
+"""The sink protocol: a :class:`Sink` creates one :class:`SinkWriter` per instance.
+
+A plain writer is at-least-once: after a recovery it sees the records since the last
+checkpoint again. Exactly-once sinks use the two-phase-commit hooks: ``snapshot_state``
+(pre-commit, in the checkpoint's synchronous part) and ``notify_checkpoint_complete``
+(commit). Methods may be coroutines; the runtime awaits them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable
+from typing import Any
+
+__all__ = ["Sink", "SinkWriter"]
+
+
+class SinkWriter(ABC):
+    """Writes one instance's records."""
+
+    @abstractmethod
+    def write(self, batch: list[Any]) -> Awaitable[None] | None:
+        """Write a batch of records (may be a coroutine)."""
+
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
+        """Checkpoint ``checkpoint_id`` passes: flush or pre-commit, return entries to keep."""
+        return []
+
+    def restore_state(self, entries: list[Any]) -> Awaitable[None] | None:
+        """Recovery: entries of the restored checkpoint (e.g. transactions to commit)."""
+        return None
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> Awaitable[None] | None:
+        """Checkpoint ``checkpoint_id`` completed (commit what it pre-committed)."""
+        return None
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> Awaitable[None] | None:
+        """Checkpoint ``checkpoint_id`` was aborted."""
+        return None
+
+    def finish(self) -> Awaitable[None] | None:
+        """End of input: nothing more will be written."""
+        return None
+
+    def close(self) -> None:  # noqa: B027
+        """Release resources (also after a failure)."""
+
+
+class Sink(ABC):
+    """A sink factory (``stream.sink(s)``)."""
+
+    @abstractmethod
+    def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
+        """Create the writer of instance ``subtask`` of ``parallelism``."""

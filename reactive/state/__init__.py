@@ -1,0 +1,31 @@
+"""Keyed and operator state: descriptors, the state API, and the state-backend protocol."""
+
+from .api import ListState, MapState, ReducingState, State, ValueState
+from .backend import KeyedStateBackend, KeyedStateSnapshot, SnapshotContext, StateBackend
+from .descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
+from .operator_state import OperatorListState, OperatorStateStore
+
+__all__ = [
+    "KeyedStateBackend",
+    "KeyedStateSnapshot",
+    "ListState",
+    "ListStateDescriptor",
+    "MapState",
+    "MapStateDescriptor",
+    "OperatorListState",
+    "OperatorStateStore",
+    "ReducingState",
+    "ReducingStateDescriptor",
+    "SnapshotContext",
+    "State",
+    "StateBackend",
+    "StateDescriptor",
+    "ValueState",
+    "ValueStateDescriptor",
+]

@@ -1,0 +1,162 @@
+"""The state-backend protocol (Flink's ``StateBackend`` / ``KeyedStateBackend``).
+
+A :class:`StateBackend` is a factory the user passes to ``run(state_backend=...)``; it
+creates one :class:`KeyedStateBackend` per keyed operator instance, owning a contiguous
+key-group range. Snapshots follow the asynchronous snapshot invocation of the thesis
+(section 4.5.1): :meth:`KeyedStateBackend.snapshot` is the *synchronous part*, called in the
+task between two batches; it returns a :class:`KeyedStateSnapshot` whose :meth:`write` is the
+*asynchronous part*, run while the task keeps processing.
+
+A snapshot is described by a *handle*: a JSON-serializable ``dict`` stored in the
+checkpoint metadata. Every handle has:
+
+- ``"backend"``: the backend's name (``"heap"``, ``"rocksdb"`` ...);
+- ``"files"``: a list of ``{"path", "size", "sha256"}`` for every file it needs, with
+  ``path`` relative to the job directory; the runtime verifies them before a restore;
+- ``"shared"`` (optional): the subset of ``files`` living under the job's ``shared/`` folder
+  that several checkpoints may reference (incremental snapshots); the runtime deletes a
+  shared file when no retained checkpoint references it any more.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..keygroups import KeyGroupRange
+from .api import State
+from .descriptors import StateDescriptor
+
+__all__ = ["KeyedStateBackend", "KeyedStateSnapshot", "SnapshotContext", "StateBackend"]
+
+
+@dataclass(frozen=True)
+class SnapshotContext:
+    """Where a snapshot writes its files.
+
+    Attributes:
+        checkpoint_id: the checkpoint being taken.
+        job_dir: ``<directory>/<job>``; handle paths are relative to it.
+        checkpoint_dir: ``<job_dir>/chk-<n>``, for files only this checkpoint uses.
+        shared_dir: ``<job_dir>/shared``, for files incremental checkpoints share.
+        operator_uid: the operator's stable id.
+        subtask: the operator instance's index.
+        savepoint: True for a self-contained savepoint (no shared files may be referenced).
+    """
+
+    checkpoint_id: int
+    job_dir: Path
+    checkpoint_dir: Path
+    shared_dir: Path
+    operator_uid: str
+    subtask: int
+    savepoint: bool = False
+
+    def exclusive_path(self, suffix: str) -> Path:
+        """Return ``chk-<n>/<uid>-<subtask><suffix>`` (directories created)."""
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        return self.checkpoint_dir / f"{_safe(self.operator_uid)}-{self.subtask}{suffix}"
+
+    def relative(self, path: Path) -> str:
+        """Return ``path`` relative to the job directory (the form handles store)."""
+        return path.relative_to(self.job_dir).as_posix()
+
+
+def _safe(uid: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in uid)
+
+
+class KeyedStateSnapshot(ABC):
+    """The result of a snapshot's synchronous part."""
+
+    @abstractmethod
+    async def write(self) -> dict[str, Any]:
+        """Asynchronous part: write the captured state and return its handle.
+
+        Raises:
+            OSError: when writing fails; the checkpoint is then declined.
+        """
+
+    def discard(self) -> None:  # noqa: B027 - optional hook
+        """Release what the synchronous part captured (the checkpoint was aborted)."""
+
+
+class KeyedStateBackend(ABC):
+    """Keyed state of one operator instance, organised by key group.
+
+    Attributes:
+        key_group_range: the key groups this instance owns.
+        max_parallelism: the number of key groups of the job.
+        current_key: the key that state calls are scoped to.
+    """
+
+    key_group_range: KeyGroupRange
+    max_parallelism: int
+    current_key: Any
+
+    @abstractmethod
+    def set_current_key(self, key: Any) -> None:
+        """Scope subsequent state calls to ``key``.
+
+        Raises:
+            StateAccessError: if ``key`` is outside this instance's key-group range.
+        """
+
+    @abstractmethod
+    def get_state(self, descriptor: StateDescriptor) -> State:
+        """Return (creating or re-binding) the state named by ``descriptor``.
+
+        Raises:
+            StateAccessError: if the name was registered with another kind of state.
+        """
+
+    @abstractmethod
+    def keys(self, state_name: str) -> Iterator[Any]:
+        """Iterate over the keys that have a value in ``state_name`` (a stable copy)."""
+
+    @abstractmethod
+    def snapshot(self, ctx: SnapshotContext) -> KeyedStateSnapshot:
+        """Synchronous part of a snapshot: capture a consistent view cheaply."""
+
+    @abstractmethod
+    def restore(self, handles: list[dict[str, Any]], job_dir: Path) -> None:
+        """Load the key groups of this instance's range from ``handles``.
+
+        Handles may come from any number of earlier instances (rescaling); only key groups in
+        :attr:`key_group_range` are loaded.
+
+        Raises:
+            RestoreError: when a handle is of another backend's format or unreadable.
+        """
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027
+        """Checkpoint ``checkpoint_id`` completed (incremental backends track what was kept)."""
+
+    def dispose(self) -> None:  # noqa: B027
+        """Release resources (files, handles) at the end of the job or attempt."""
+
+
+class StateBackend(ABC):
+    """Factory of keyed state backends; passed as ``run(state_backend=...)``.
+
+    Attributes:
+        name: stored in every handle; a restore refuses handles of another backend unless the
+            backend can read them.
+    """
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def create_keyed_backend(
+        self,
+        *,
+        job_name: str,
+        operator_uid: str,
+        subtask: int,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+    ) -> KeyedStateBackend:
+        """Create the keyed backend of one operator instance."""
