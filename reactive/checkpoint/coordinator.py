@@ -219,7 +219,9 @@ class CheckpointCoordinator:
             "stats": {k: v for k, v in p.stats.to_dict().items() if k != "tasks"},
         }
         try:
-            path = await asyncio.to_thread(self.storage.write_metadata, p.checkpoint_id, body)
+            # inline, not in a thread: the metadata is small, and a worker thread would wait
+            # for the GIL held by the busy tasks longer than the write and fsync take
+            path = self.storage.write_metadata(p.checkpoint_id, body)
         except OSError as exc:
             self._fail_pending(p, f"writing the metadata failed: {exc}")
             return
@@ -239,7 +241,9 @@ class CheckpointCoordinator:
         log.debug("completed checkpoint %d in %.3f s (%d bytes)", p.checkpoint_id,
                   p.stats.duration, p.stats.size)
         try:
-            await asyncio.to_thread(self.storage.apply_retention, self.config.retained)
+            # inline on the loop: in a thread it would race with the next checkpoint's
+            # metadata write and could delete a checkpoint completed meanwhile
+            self.storage.apply_retention(self.config.retained)
         except OSError as exc:  # retention is housekeeping: never fail the job for it
             log.warning("checkpoint retention failed: %s", exc)
 

@@ -215,7 +215,8 @@ class CheckpointStorage:
         newest = completed[-1].checkpoint_id
         removed = []
         for n, p in self._dirs():
-            if n in kept_ids:
+            # never touch a checkpoint newer than what this pass saw completed
+            if n in kept_ids or n > newest:
                 continue
             if (p / METADATA).exists() or n < newest:
                 shutil.rmtree(p, ignore_errors=True)

@@ -182,6 +182,8 @@ class Job:
         options = self.options
         config = options.checkpoints
         self.restored_from = restore
+        if restore is not None:
+            self.metrics.restored_checkpoints.append(restore.checkpoint_id)
         backend = options.state_backend
         if backend is None:
             from ..defaults import default_state_backend

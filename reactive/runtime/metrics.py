@@ -21,11 +21,14 @@ class JobMetrics:
     Attributes:
         checkpoints: statistics of every triggered checkpoint, oldest first.
         restarts: how many times the job restarted after a failure.
+        restored_checkpoints: the checkpoint id each attempt restored (attempts that started
+            fresh are not listed).
         max_channel_length: the largest number of items seen queued in any channel.
     """
 
     checkpoints: list[CheckpointStats] = field(default_factory=list)
     restarts: int = 0
+    restored_checkpoints: list[int] = field(default_factory=list)
     _carried: dict[str, list[int]] = field(default_factory=dict)
     _tasks: list[StreamTask] = field(default_factory=list)
     _channel_capacity: int = 0

@@ -1,0 +1,94 @@
+"""Shared fixtures and pipeline pieces for the tests."""
+
+from __future__ import annotations
+
+import collections
+import random
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+
+from reactive import KeyedProcessFunction, ValueStateDescriptor
+
+
+class Count(KeyedProcessFunction):
+    """Keyed count: emits ``(key, n)`` after each record of ``key``."""
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+    def process_element(self, value: Any, ctx: Any) -> Iterable[Any]:
+        n = self.count.value() + 1
+        self.count.update(n)
+        yield (ctx.current_key, n)
+
+
+class FailureInjector:
+    """Raises once at each of the given global record numbers (shared by all instances and
+    all attempts: the job copies functions per instance, not this object's owner class)."""
+
+    def __init__(self, fail_at: Iterable[int]) -> None:
+        self.fail_at = sorted(fail_at)
+        self.seen = 0
+        self.failures = 0
+
+    def tick(self) -> None:
+        self.seen += 1
+        if self.fail_at and self.seen >= self.fail_at[0]:
+            self.fail_at.pop(0)
+            self.failures += 1
+            raise RuntimeError(f"injected failure #{self.failures} at record {self.seen}")
+
+
+def failing_count(injector: FailureInjector) -> KeyedProcessFunction:
+    """A :class:`Count` that calls ``injector.tick()`` before each record."""
+
+    class FailingCount(Count):
+        inj = injector  # a class attribute: shared, not deep-copied per instance
+
+        def process_element(self, value: Any, ctx: Any) -> Iterable[Any]:
+            self.inj.tick()
+            return super().process_element(value, ctx)
+
+    return FailingCount()
+
+
+def final_counts(records: Iterable[tuple[Any, int]]) -> dict[Any, int]:
+    """The largest count emitted per key (what the keyed state ended with)."""
+    out: dict[Any, int] = {}
+    for key, n in records:
+        if n > out.get(key, 0):
+            out[key] = n
+    return out
+
+
+def checkpoint_state(directory: Any, job: str, uid: str, state: str) -> dict[Any, Any]:
+    """The keyed state ``state`` of operator ``uid`` in the job's latest completed checkpoint
+    (heap backend), merged over all instances."""
+    from backends.heap import read_heap_snapshot
+    from reactive import CheckpointStorage
+
+    chk = CheckpointStorage(directory, job).completed()[-1]
+    out: dict[Any, Any] = {}
+    for sub in chk.metadata["operators"][uid]["subtasks"].values():
+        if sub["keyed_state"]:
+            out.update(read_heap_snapshot(sub["keyed_state"], chk.job_dir).get(state, {}))
+    return out
+
+
+def zipf_words(n: int, vocabulary: int, seed: int) -> list[str]:
+    """``n`` words drawn with a skewed (Zipf-like) distribution, deterministic per seed."""
+    rnd = random.Random(seed)
+    weights = [1.0 / (i + 1) ** 1.1 for i in range(vocabulary)]
+    return [f"w{i}" for i in rnd.choices(range(vocabulary), weights=weights, k=n)]
+
+
+@pytest.fixture
+def words() -> list[str]:
+    return zipf_words(200_000, 5_000, seed=7)
+
+
+@pytest.fixture
+def truth(words: list[str]) -> dict[str, int]:
+    return dict(collections.Counter(words))

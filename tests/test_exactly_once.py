@@ -1,0 +1,61 @@
+"""Exactly-once state under failure: a keyed count with injected failures and restarts."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from connectors.collections import ListSink
+from reactive import CheckpointConfig, Dataflow, RestartStrategy
+
+from .conftest import FailureInjector, checkpoint_state, failing_count, final_counts
+
+
+def _run_counting(words: list[str], tmp_path: Path, mode: str, seed: int):
+    rnd = random.Random(seed)
+    injector = FailureInjector(rnd.sample(range(20_000, len(words)), 4))
+    sink = ListSink()
+    flow = Dataflow("count", parallelism=2, max_parallelism=128, batch_size=256)
+    (flow.from_collection(words).uid("words")
+         .key_by(lambda w: w)
+         .process(failing_count(injector)).uid("count")
+         .sink(sink))
+    return flow, sink, injector, CheckpointConfig(interval=0.1, directory=tmp_path, mode=mode)
+
+
+async def test_keyed_count_is_exact_after_failures(words, truth, tmp_path):
+    flow, sink, injector, config = _run_counting(words, tmp_path, "exactly_once", seed=11)
+    job = await flow.run(checkpoints=config, restart=RestartStrategy.fixed(10, 0.0))
+    assert injector.failures == 4
+    # two instances may fail in the same attempt, which is one restart
+    assert 2 <= job.metrics.restarts <= 4
+    # recovery restored real checkpoints, not only fresh starts
+    assert job.metrics.restored_checkpoints
+    assert final_counts(sink.records) == truth
+    # the state itself, as the job's final checkpoint holds it, is exact
+    assert checkpoint_state(tmp_path, "count", "count", "count") == truth
+
+
+async def test_at_least_once_never_undercounts(words, truth, tmp_path):
+    flow, sink, injector, config = _run_counting(words, tmp_path, "at_least_once", seed=12)
+    job = await flow.run(checkpoints=config, restart=RestartStrategy.fixed(10, 0.0))
+    assert 2 <= job.metrics.restarts <= 4
+    counts = checkpoint_state(tmp_path, "count", "count", "count")
+    assert counts.keys() == truth.keys()
+    assert all(counts[k] >= truth[k] for k in truth)
+
+
+async def test_without_failures_output_is_exact_and_once(words, truth, tmp_path):
+    sink = ListSink()
+    flow = Dataflow("plain", parallelism=3)
+    flow.from_collection(words).key_by(lambda w: w).reduce(
+        lambda a, b: a, name="first").sink(sink)
+    flow2_sink = ListSink()
+    flow2 = Dataflow("plain2", parallelism=2)
+    (flow2.from_collection(words).map(lambda w: (w, 1))
+          .key_by(lambda t: t[0]).reduce(lambda a, b: (a[0], a[1] + b[1]))
+          .sink(flow2_sink))
+    await flow.run(checkpoints=CheckpointConfig(interval=0.05, directory=tmp_path))
+    await flow2.run()
+    assert len(sink.records) == len(words)
+    assert final_counts(flow2_sink.records) == truth
