@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from reactive.errors import RestoreError, StateAccessError
-from reactive.keygroups import KeyGroupAssigner, KeyGroupRange
+from reactive.keygroups import KeyGroupRange, assign_to_key_group
 from reactive.serialization import Serializer
 from reactive.state.api import ListState, MapState, ReducingState, State, ValueState
 from reactive.state.backend import (
@@ -47,6 +47,7 @@ from reactive.state.descriptors import (
 __all__ = ["HeapKeyedStateBackend", "HeapStateBackend", "read_heap_snapshot"]
 
 FORMAT = "heap-v1"
+_KEY_CACHE_SIZE = 200_000  # keys whose key group is memoized per instance
 _YIELD_EVERY = 0.002  # seconds of serialization between two yields to the event loop
 
 
@@ -90,7 +91,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self.max_parallelism = max_parallelism
         self._start = key_group_range.start
         self._n = len(key_group_range)
-        self._assign = KeyGroupAssigner(max_parallelism)
+        # key -> index of its key group in this instance's range (bounded memo)
+        self._idx_cache: dict[Any, int] = {}
         self._tables: dict[str, _Table] = {}
         self.current_key: Any = None
         self._idx = self._n  # the _NoKey sentinel until a key is set
@@ -99,17 +101,27 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     # ------------------------------------------------------------------ keys
     def set_current_key(self, key: Any) -> None:
-        idx = self._assign(key) - self._start
+        # hot path: one dict hit for a known key; hashing and the range check only on a miss
+        idx = self._idx_cache.get(key)
+        if idx is None:
+            idx = self._index_of(key)
+        if self._pending and idx in self._pending:
+            self._capture(idx)
+        self.current_key = key
+        self._idx = idx
+
+    def _index_of(self, key: Any) -> int:
+        idx = assign_to_key_group(key, self.max_parallelism) - self._start
         if not 0 <= idx < self._n:
             raise StateAccessError(
                 f"key {key!r} belongs to key group {idx + self._start}, outside this "
                 f"instance's range {self.key_group_range.to_list()}: is the key selector "
                 "deterministic?"
             )
-        if self._pending and idx in self._pending:
-            self._capture(idx)
-        self.current_key = key
-        self._idx = idx
+        if len(self._idx_cache) >= _KEY_CACHE_SIZE:
+            self._idx_cache.clear()
+        self._idx_cache[key] = idx
+        return idx
 
     def _table(self, name: str) -> _Table:
         table = self._tables.get(name)

@@ -9,7 +9,7 @@ from typing import Any
 from reactive.sinks import Sink, SinkWriter
 from reactive.sources import Source, SourceReader
 
-__all__ = ["CallbackSink", "CollectionSource", "ListSink", "PrintSink"]
+__all__ = ["CallbackSink", "CollectionSource", "DiscardingSink", "ListSink", "PrintSink"]
 
 
 class CollectionSource(Source):
@@ -105,3 +105,21 @@ class PrintSink(Sink):
     def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
         prefix = f"{self.prefix}{subtask}> " if parallelism > 1 else self.prefix
         return _CallbackWriter(lambda r: print(f"{prefix}{r}"))
+
+
+class DiscardingSink(Sink):
+    """Drops every record, counting them in ``self.count`` (for benchmarks)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
+        return _DiscardingWriter(self)
+
+
+class _DiscardingWriter(SinkWriter):
+    def __init__(self, sink: DiscardingSink) -> None:
+        self.sink = sink
+
+    def write(self, batch: list[Any]) -> None:
+        self.sink.count += len(batch)

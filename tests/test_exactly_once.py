@@ -37,7 +37,7 @@ async def test_keyed_count_is_exact_after_failures(words, truth, tmp_path):
 
 
 async def test_at_least_once_never_undercounts(words, truth, tmp_path):
-    flow, sink, injector, config = _run_counting(words, tmp_path, "at_least_once", seed=12)
+    flow, _sink, _injector, config = _run_counting(words, tmp_path, "at_least_once", seed=12)
     job = await flow.run(checkpoints=config, restart=RestartStrategy.fixed(10, 0.0))
     assert 2 <= job.metrics.restarts <= 4
     counts = checkpoint_state(tmp_path, "count", "count", "count")

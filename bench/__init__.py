@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): throughput, checkpoint cost and recovery against baselines."""

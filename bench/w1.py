@@ -1,0 +1,98 @@
+"""W1: keyed count of Zipf(1.1) keys, without and with checkpoints, against a bare loop.
+
+    python -m bench.w1 [--records 2000000] [--vocabulary 100000] [--parallelism 1]
+
+Runs in one process, in this order: a bare Python loop counting the same keys (the
+baseline), the pipeline ``from_collection -> key_by -> KeyedProcessFunction count ->
+discarding sink`` without checkpoints, and the same with checkpoints every second (heap
+backend). Prints records/s, the ratios to the bare loop and to the run without
+checkpoints, and per checkpoint the alignment, synchronous part, asynchronous part (ms)
+and bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from bench.common import peak_rss_mb, print_table, zipf_keys
+from connectors.collections import DiscardingSink
+from reactive import CheckpointConfig, Dataflow, KeyedProcessFunction, ValueStateDescriptor
+
+
+class Count(KeyedProcessFunction):
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+    def process_element(self, word: str, ctx: Any) -> Any:
+        n = self.count.value() + 1
+        self.count.update(n)
+        return ((word, n),)
+
+
+def bare_loop(keys: list[str]) -> float:
+    """Records/s of a plain dict count over the keys."""
+    t = time.perf_counter()
+    counts: dict[str, int] = {}
+    get = counts.get
+    for k in keys:
+        counts[k] = get(k, 0) + 1
+    return len(keys) / (time.perf_counter() - t)
+
+
+async def pipeline(keys: list[str], parallelism: int, interval: float | None,
+                   directory: str) -> tuple[float, Any]:
+    flow = Dataflow("w1", parallelism=parallelism, max_parallelism=128)
+    (flow.from_collection(keys).key_by(lambda w: w).process(Count()).uid("count")
+         .sink(DiscardingSink()))
+    config = CheckpointConfig(interval=interval, directory=directory) if interval else None
+    t = time.perf_counter()
+    job = await flow.run(checkpoints=config)
+    return len(keys) / (time.perf_counter() - t), job
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description="W1 keyed-count benchmark")
+    p.add_argument("--records", type=int, default=2_000_000)
+    p.add_argument("--vocabulary", type=int, default=100_000)
+    p.add_argument("--parallelism", type=int, default=1)
+    p.add_argument("--interval", type=float, default=1.0)
+    args = p.parse_args(argv)
+    keys = zipf_keys(args.records, args.vocabulary)
+    from reactive.runtime.loop import run_coroutine
+
+    bare = bare_loop(keys)
+    with tempfile.TemporaryDirectory() as d:
+        plain, _ = run_coroutine(pipeline(keys, args.parallelism, None, d))
+        chk_rate, job = run_coroutine(pipeline(keys, args.parallelism, args.interval, d))
+    done = job.metrics.completed_checkpoints
+    print(f"W1: {args.records:,} Zipf(1.1) keys over {args.vocabulary:,} words, "
+          f"parallelism {args.parallelism}, checkpoints every {args.interval} s")
+    table = print_table(
+        ["run", "records/s", "vs bare loop", "vs no checkpoints"],
+        [["bare Python loop", bare, 1.0, "-"],
+         ["pipeline, no checkpoints", plain, plain / bare, 1.0],
+         [f"pipeline, checkpoints every {args.interval:g} s", chk_rate, chk_rate / bare,
+          chk_rate / plain]],
+    )
+    print()
+    rows = [[c.checkpoint_id, c.alignment * 1e3, c.sync * 1e3, c.async_ * 1e3, c.size]
+            for c in done]
+    if done:
+        rows.append(["median", statistics.median(c.alignment for c in done) * 1e3,
+                     statistics.median(c.sync for c in done) * 1e3,
+                     statistics.median(c.async_ for c in done) * 1e3,
+                     int(statistics.median(c.size for c in done))])
+    table += "\n\n" + print_table(
+        ["checkpoint", "alignment ms", "sync part ms", "async part ms", "bytes"], rows)
+    print(f"\npeak RSS {peak_rss_mb():,.0f} MiB")
+    return table
+
+
+if __name__ == "__main__":
+    asyncio.set_event_loop_policy(None)
+    main()
