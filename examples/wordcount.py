@@ -1,14 +1,15 @@
 """Word count over the source files of Python's own standard library, with checkpoints.
 
     python examples/wordcount.py [--input DIR] [--parallelism N] [--interval S]
-                                 [--checkpoint-dir DIR] [--fail-at N]
+                                 [--checkpoint-dir DIR] [--no-failure]
 
 Reads every file of DIR (default: the running Python's standard library directory) with
 the line-file source, splits lines into words, counts them per word in keyed state (heap
-backend), and checkpoints every ``--interval`` seconds. ``--fail-at N`` raises once in the
-counting function at the N-th word to show an in-process restart from the latest
-checkpoint. At the end it compares the counts with a plain batch count of the same files
-and prints the most frequent words and the checkpoint figures.
+backend), and checkpoints every ``--interval`` seconds. Unless ``--no-failure``, it takes a
+checkpoint on demand right after the start (``await job.checkpoint()``), then makes the
+counting function raise once, to show the restart from that checkpoint. At the end it
+compares the counts with a plain batch count of the same files and prints the most
+frequent words and the checkpoint figures.
 """
 
 from __future__ import annotations
@@ -40,20 +41,18 @@ def words_of(line: str) -> list[str]:
 
 
 class Count(KeyedProcessFunction):
-    """Counts records per key; emits ``(word, count)``; may fail once at a given record."""
+    """Counts records per key; emits ``(word, count)``; raises once when ``fail_next`` is set
+    (a class attribute: shared by every instance)."""
 
-    fail_at: int | None = None
-    seen = 0
+    fail_next = False
 
     def open(self, ctx: Any) -> None:
         self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
 
     def process_element(self, word: str, ctx: Any) -> Iterator[tuple[str, int]]:
-        cls = type(self)
-        cls.seen += 1
-        if cls.fail_at is not None and cls.seen == cls.fail_at:
-            cls.fail_at = None
-            raise RuntimeError(f"injected failure at word {cls.seen}")
+        if Count.fail_next:
+            Count.fail_next = False
+            raise RuntimeError(f"injected failure at word {word!r}")
         n = self.count.value() + 1
         self.count.update(n)
         yield (word, n)
@@ -61,7 +60,6 @@ class Count(KeyedProcessFunction):
 
 async def main(args: argparse.Namespace) -> int:
     source_dir = Path(args.input)
-    Count.fail_at = args.fail_at
     latest: dict[str, int] = {}
 
     def keep_latest(record: tuple[str, int]) -> None:
@@ -78,10 +76,15 @@ async def main(args: argparse.Namespace) -> int:
 
     checkpoint_dir = args.checkpoint_dir or tempfile.mkdtemp(prefix="wordcount-chk-")
     started = time.perf_counter()
-    job = await flow.run(
+    job = await flow.start(
         checkpoints=CheckpointConfig(interval=args.interval, directory=checkpoint_dir),
         restart=RestartStrategy.fixed(3, 0.1),
     )
+    if args.failure:
+        first = await job.checkpoint()
+        print(f"checkpoint {first.checkpoint_id} taken on demand: {first.path}")
+        Count.fail_next = True
+    await job.wait()
     elapsed = time.perf_counter() - started
 
     expected: collections.Counter[str] = collections.Counter()
@@ -95,8 +98,9 @@ async def main(args: argparse.Namespace) -> int:
     m = job.metrics
     summary = m.summary()
     print(f"input: {source_dir} ({total:,} words, {len(expected):,} distinct)")
-    print(f"processed in {elapsed:.2f} s: {m.operators['count']['records_in'] / elapsed:,.0f} "
-          f"words/s, restarts: {m.restarts}, restored from: {m.restored_checkpoints or 'none'}")
+    print(f"ran {elapsed:.2f} s: {m.operators['count']['records_in'] / elapsed:,.0f} "
+          f"words/s counted (replays included), restarts: {m.restarts}, "
+          f"restored from: {m.restored_checkpoints or 'none'}")
     print("top words:", ", ".join(f"{w} {n:,}" for w, n in expected.most_common(8)))
     if summary["checkpoints"]:
         print(f"checkpoints: {summary['checkpoints']} completed in {checkpoint_dir}; median "
@@ -113,12 +117,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--interval", type=float, default=1.0, help="checkpoint interval, seconds")
     p.add_argument("--checkpoint-dir", default=None, help="default: a new temporary directory")
-    p.add_argument("--fail-at", type=int, default=50_000,
-                   help="raise once at this word to show recovery (0: never)")
-    args = p.parse_args(argv)
-    if args.fail_at == 0:
-        args.fail_at = None
-    return args
+    p.add_argument("--no-failure", dest="failure", action="store_false",
+                   help="do not inject the failure that shows recovery")
+    return p.parse_args(argv)
 
 
 if __name__ == "__main__":
