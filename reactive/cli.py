@@ -1,0 +1,227 @@
+"""The ``reactive`` command line.
+
+```
+reactive run MODULE[:ATTR] [--checkpoint-dir D] [--interval S] [--backend heap|rocksdb]
+             [--parallelism N] [--resume]
+reactive checkpoints list D
+reactive checkpoints inspect D/<job>/chk-N
+reactive validate ...            (the Spark validation: python -m connectors.spark validate)
+```
+
+Exit codes: 0 success, 1 a failed job or validation, 2 bad usage or input; errors print one
+line (``error: ...``) on standard error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import importlib.util
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .checkpoint.storage import METADATA, CheckpointStorage, iter_file_refs, read_metadata
+from .config import CheckpointConfig
+from .dataflow import Dataflow
+from .errors import ConfigurationError, JobFailedError, ReactiveError
+from .state.backend import StateBackend
+
+__all__ = ["main"]
+
+
+class CliError(Exception):
+    """A usage or input problem: exit code 2 with a one-line message."""
+
+
+def load_dataflow(spec: str) -> Dataflow:
+    """Load ``MODULE[:ATTR]``: a file path or module name, and an attribute (default
+    ``flow``) that is a :class:`Dataflow` or a function returning one.
+
+    Raises:
+        CliError: when the module or attribute is missing or not a dataflow.
+    """
+    module_spec, _, attr = spec.partition(":")
+    attr = attr or "flow"
+    path = Path(module_spec)
+    try:
+        if path.suffix == ".py" or path.exists():
+            if not path.exists():
+                raise CliError(f"no such file: {path}")
+            sys.path.insert(0, str(path.resolve().parent))
+            loader_spec = importlib.util.spec_from_file_location(path.stem, path)
+            assert loader_spec is not None and loader_spec.loader is not None
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[path.stem] = module
+            loader_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_spec)
+    except ImportError as exc:
+        raise CliError(f"cannot import {module_spec}: {exc}") from exc
+    obj = getattr(module, attr, None)
+    if obj is None:
+        raise CliError(f"{module_spec} has no attribute {attr!r} (expected a Dataflow or a "
+                       "function returning one)")
+    if callable(obj) and not isinstance(obj, Dataflow):
+        obj = obj()
+    if not isinstance(obj, Dataflow):
+        raise CliError(f"{spec} is a {type(obj).__name__}, not a Dataflow")
+    return obj
+
+
+def make_backend(name: str, checkpoint_dir: Path) -> StateBackend | None:
+    """The state backend named on the command line (None: the default heap backend)."""
+    if name == "heap":
+        return None
+    if name == "rocksdb":
+        try:
+            from backends.rocksdb import RocksDBStateBackend
+        except ImportError as exc:
+            raise CliError(f"the RocksDB backend is not available: {exc}") from exc
+        return RocksDBStateBackend(path=str(checkpoint_dir / ".rocksdb-work"))
+    raise CliError(f"unknown backend {name!r}: use heap or rocksdb")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    flow = load_dataflow(args.target)
+    if args.parallelism is not None:
+        if args.parallelism < 1:
+            raise CliError("--parallelism must be >= 1")
+        flow.parallelism = args.parallelism
+    checkpoint_dir = Path(args.checkpoint_dir)
+    options: dict[str, Any] = {
+        "checkpoints": CheckpointConfig(interval=args.interval, directory=checkpoint_dir),
+        "state_backend": make_backend(args.backend, checkpoint_dir),
+        "resume": args.resume,
+    }
+    job = flow.execute(**options)
+    m = job.metrics
+    print(f"job {flow.name!r} finished: {len(m.completed_checkpoints)} checkpoints, "
+          f"{m.restarts} restarts")
+    for name, counts in m.operators.items():
+        print(f"  {name}: in {counts['records_in']:,} out {counts['records_out']:,}")
+    return 0
+
+
+def _job_dirs(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        raise CliError(f"no such directory: {directory}")
+    if any(p.name.startswith("chk-") for p in directory.iterdir()):
+        return [directory]
+    return sorted(p for p in directory.iterdir() if p.is_dir())
+
+
+def cmd_checkpoints_list(args: argparse.Namespace) -> int:
+    rows = []
+    for job_dir in _job_dirs(Path(args.directory)):
+        storage = CheckpointStorage(job_dir.parent, job_dir.name)
+        completed = {c.checkpoint_id: c for c in storage.completed()}
+        for n, path in storage._dirs():
+            chk = completed.get(n)
+            if chk is None:
+                size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+                rows.append((job_dir.name, n, "-", size, "-", "no"))
+                continue
+            meta = chk.metadata
+            shared = any(
+                sub.get("keyed_state") and sub["keyed_state"].get("shared")
+                for op in meta["operators"].values() for sub in op["subtasks"].values()
+            )
+            when = datetime.datetime.fromtimestamp(meta["timestamp"]).isoformat(" ", "seconds")
+            size = int(meta.get("stats", {}).get("size", 0))
+            kind = "savepoint" if meta.get("kind") == "savepoint" else (
+                "incremental" if shared else "full")
+            rows.append((job_dir.name, n, when, size, kind, "yes"))
+    print(f"{'job':<16} {'id':>6}  {'time':<19}  {'bytes':>12}  {'kind':<11}  completed")
+    for job, n, when, size, kind, done in rows:
+        print(f"{job:<16} {n:>6}  {when:<19}  {size:>12,}  {kind:<11}  {done}")
+    return 0
+
+
+def cmd_checkpoints_inspect(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    if not path.is_dir():
+        raise CliError(f"no such checkpoint directory: {path}")
+    if not (path / METADATA).exists():
+        raise CliError(f"{path} has no {METADATA}: it is an incomplete checkpoint")
+    meta = read_metadata(path)
+    if args.json:
+        print(json.dumps(meta, indent=1))
+        return 0
+    print(f"checkpoint {meta['checkpoint_id']} of job {meta['job']!r} ({meta.get('kind')}), "
+          f"max parallelism {meta['max_parallelism']}, mode {meta.get('mode')}")
+    for uid, op in meta["operators"].items():
+        print(f"operator {uid!r} ({op['name']}), parallelism {op['parallelism']}")
+        for i, sub in sorted(op["subtasks"].items(), key=lambda kv: int(kv[0])):
+            parts = []
+            if sub.get("key_group_range"):
+                s, e = sub["key_group_range"]
+                parts.append(f"key groups {s}-{e}")
+            for kind in ("keyed_state", "operator_state"):
+                h = sub.get(kind)
+                if h:
+                    size = sum(int(r["size"]) for r in h.get("files", []))
+                    label = kind.replace("_", " ")
+                    backend = f" [{h.get('backend')}]" if kind == "keyed_state" else ""
+                    parts.append(f"{label}{backend} {size:,} B in {len(h.get('files', []))} file(s)")
+            print(f"  subtask {i}: " + ("; ".join(parts) or "no state"))
+    total = sum(int(r["size"]) for r in iter_file_refs(meta))
+    print(f"referenced files: {total:,} bytes")
+    return 0
+
+
+def cmd_validate(argv: Sequence[str]) -> int:
+    try:
+        from connectors.spark.__main__ import main as spark_main
+    except ImportError as exc:
+        raise CliError(f"the Spark bridge is not available: {exc}") from exc
+    return int(spark_main(["validate", *argv]))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="reactive", description="Run and inspect dataflows.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a dataflow defined in a module")
+    run.add_argument("target", help="MODULE[:ATTR], a file path or module name; ATTR "
+                     "(default 'flow') is a Dataflow or a function returning one")
+    run.add_argument("--checkpoint-dir", default="checkpoints")
+    run.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints")
+    run.add_argument("--backend", choices=["heap", "rocksdb"], default="heap")
+    run.add_argument("--parallelism", type=int, default=None)
+    run.add_argument("--resume", action="store_true",
+                     help="restore the latest completed checkpoint of the directory")
+    run.set_defaults(func=cmd_run)
+    chk = sub.add_parser("checkpoints", help="list or inspect checkpoints")
+    chk_sub = chk.add_subparsers(dest="action", required=True)
+    ls = chk_sub.add_parser("list", help="list the checkpoints of a directory")
+    ls.add_argument("directory")
+    ls.set_defaults(func=cmd_checkpoints_list)
+    insp = chk_sub.add_parser("inspect", help="show a checkpoint's operators and state")
+    insp.add_argument("path")
+    insp.add_argument("--json", action="store_true", help="print the raw metadata")
+    insp.set_defaults(func=cmd_checkpoints_inspect)
+    sub.add_parser("validate", help="validate committed results with Spark "
+                   "(see python -m connectors.spark validate --help)", add_help=False)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``reactive`` command; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["validate"]:
+            return cmd_validate(argv[1:])
+        args = build_parser().parse_args(argv)
+        return int(args.func(args))
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except JobFailedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (ConfigurationError, ReactiveError, OSError) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,70 @@
+"""The ``reactive`` command line against real checkpoint directories."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from reactive.cli import main
+
+PIPELINE = '''
+from reactive import Dataflow
+from connectors.collections import DiscardingSink
+from tests.conftest import Count
+
+def flow():
+    f = Dataflow("cli-job", parallelism=2)
+    (f.from_collection([f"k{i % 37}" for i in range(20_000)]).uid("src")
+      .key_by(lambda k: k).process(Count()).uid("count").sink(DiscardingSink()))
+    return f
+'''
+
+
+def _write_pipeline(tmp_path: Path) -> Path:
+    path = tmp_path / "pipeline.py"
+    path.write_text(PIPELINE)
+    return path
+
+
+def test_run_list_and_inspect(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(Path(__file__).parent.parent)
+    pipeline = _write_pipeline(tmp_path)
+    chk = tmp_path / "chk"
+    assert main(["run", f"{pipeline}:flow", "--checkpoint-dir", str(chk),
+                 "--interval", "0.01", "--parallelism", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "job 'cli-job' finished" in out
+    assert "in 20,000" in out
+
+    assert main(["checkpoints", "list", str(chk)]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in listing[1:]]
+    assert rows and all(r[0] == "cli-job" and r[-1] == "yes" for r in rows)
+    newest = max(int(r[1]) for r in rows)
+
+    assert main(["checkpoints", "inspect", str(chk / "cli-job" / f"chk-{newest}")]) == 0
+    text = capsys.readouterr().out
+    assert f"checkpoint {newest} of job 'cli-job'" in text
+    assert "operator 'count' (Count), parallelism 3" in text
+    # the three instances own contiguous key-group ranges covering 0..127
+    assert "key groups 0-42" in text and "key groups 43-85" in text and "key groups 86-127" in text
+
+
+def test_errors_exit_non_zero_with_one_line(tmp_path):
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "reactive", *args], capture_output=True,
+                              text=True, cwd=Path(__file__).parent.parent)
+
+    missing = run("checkpoints", "inspect", str(tmp_path / "nope"))
+    assert missing.returncode == 2
+    assert missing.stderr.strip().startswith("error: no such checkpoint directory")
+    assert len(missing.stderr.strip().splitlines()) == 1
+
+    incomplete = tmp_path / "job" / "chk-3"
+    incomplete.mkdir(parents=True)
+    r = run("checkpoints", "inspect", str(incomplete))
+    assert r.returncode == 2 and "incomplete checkpoint" in r.stderr
+
+    r = run("run", str(tmp_path / "missing.py"))
+    assert r.returncode == 2 and "no such file" in r.stderr
