@@ -225,6 +225,14 @@ class CheckpointStorage:
         return removed
 
     def _collect_shared(self, kept_ids: set[int]) -> None:
+        """Delete shared files that no kept checkpoint references.
+
+        Safe for checkpoints in flight when a backend (as ``backends.rocksdb`` does) creates
+        its ``chk-<n>`` directory in the synchronous part, before writing under ``shared/``,
+        and re-uses only shared files of completed checkpoints: while any ``chk-<n>`` lacks
+        metadata nothing is collected, and retention runs on the event loop, between the
+        synchronous parts.
+        """
         if not self.shared_dir.is_dir():
             return
         referenced: set[str] = set()

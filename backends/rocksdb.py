@@ -1,0 +1,887 @@
+"""The RocksDB state backend: keyed state in an embedded RocksDB (rocksdict), with
+asynchronous and incremental snapshots.
+
+Layout (thesis section 4.2, Flink's ``RocksDBKeyedStateBackend``): every value lives under the
+RocksDB key ``key_group (2 bytes, big-endian) | state id (4 bytes) | serialized key``, so the
+state of a key-group range is one contiguous key range (iteration, deletion and rescaling by
+range). The state id is derived from the state's name (a 4-byte BLAKE2b digest), so instances
+that never met agree on it and a restore can merge their files without rewriting keys. Values
+are bytes produced by the descriptor's serializer (pickle by default). List and map state are
+stored as one value per key (the descriptors' serializers apply to the whole list or map); the
+user-key suffix of Flink's layout is not used.
+
+Per-record cost: a RocksDB get + put per record costs microseconds from Python, so each
+instance keeps a bounded *write-back cache* of deserialized values per state. Reads hit the
+cache first; writes only mark the entry dirty. Dirty entries go to RocksDB in one
+``WriteBatch`` when there are ``write_batch_entries`` of them, when the cache overflows
+``cache_entries`` (it is then emptied), before ``keys()``, and before every snapshot.
+
+Snapshots (thesis 4.5.1 asynchronous snapshot invocation, 4.5.2 incremental snapshots, and
+Flink's ``RocksIncrementalSnapshotStrategy`` / ``RocksFullSnapshotStrategy``):
+
+- *synchronous part*: write the dirty cache entries in one batch, flush the memtable, create a
+  RocksDB checkpoint (hard links of the immutable SST files, a copy of the small MANIFEST,
+  OPTIONS and CURRENT files) in a private directory, and create the checkpoint's ``chk-<n>``
+  directory (which tells checkpoint storage that a checkpoint is in flight);
+- *asynchronous part* (on the event loop, in 1 MiB chunks that yield to the tasks): copy
+  the files into checkpoint storage. Full mode copies everything into ``chk-<n>``. Incremental mode
+  stores SST files under ``<job_dir>/shared/<operator>/`` named by their SHA-256, and an SST
+  file that the last *completed* checkpoint already stored is referenced, not copied (listed
+  in the handle's ``shared_reused``). Only completed checkpoints serve as the base, and every
+  file a retained checkpoint references is live or newer, so checkpoint storage can delete a
+  shared file exactly when no retained checkpoint lists it (reference counting derived from
+  the metadata, hence correct across restarts).
+
+Restore (into a fresh directory): a single handle of exactly this instance's key-group range
+is installed as is (SST files hard-linked, other files copied) and its shared files become the
+base of the next incremental checkpoint; otherwise (rescaling, several old instances) each
+handle is opened read-only and the key groups of this instance's range are copied over by
+range iteration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import pickle
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import msgpack
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    Checkpoint,
+    Options,
+    Rdict,
+    WriteBatch,
+    WriteOptions,
+)
+
+from reactive.errors import ConfigurationError, RestoreError, StateAccessError
+from reactive.keygroups import KeyGroupAssigner, KeyGroupRange
+from reactive.state.api import ListState, MapState, ReducingState, State, ValueState
+from reactive.state.backend import (
+    KeyedStateBackend,
+    KeyedStateSnapshot,
+    SnapshotContext,
+    StateBackend,
+)
+from reactive.state.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
+
+__all__ = [
+    "RocksDBKeyedStateBackend",
+    "RocksDBStateBackend",
+    "read_rocksdb_snapshot",
+    "state_id",
+]
+
+FORMAT = "rocksdb-v1"
+_CHUNK = 1 << 20  # bytes per read when copying files
+_RESTORE_BATCH = 10_000  # entries per WriteBatch when copying key groups on restore
+
+
+def state_id(name: str) -> bytes:
+    """Return the 4-byte id of state ``name`` in RocksDB keys (stable across processes)."""
+    return hashlib.blake2b(name.encode(), digest_size=4).digest()
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+# ---------------------------------------------------------------------- key encoding
+def encode_key(key: Any) -> bytes:
+    """Encode a key for RocksDB: ``b"m"`` + MessagePack for primitives and tuples of them
+    (deterministic), else ``b"p"`` + pickle protocol 4."""
+    try:
+        return b"m" + msgpack.packb(key, use_bin_type=True)  # type: ignore[no-any-return]
+    except (TypeError, ValueError, OverflowError):
+        return b"p" + pickle.dumps(key, protocol=4)
+
+
+def decode_key(data: bytes) -> Any:
+    """Inverse of :func:`encode_key` (tuples come back as tuples)."""
+    if data[:1] == b"m":
+        return msgpack.unpackb(data[1:], raw=False, use_list=False, strict_map_key=False)
+    return pickle.loads(data[1:])
+
+
+def _kg_bytes(kg: int) -> bytes:
+    return kg.to_bytes(2, "big")
+
+
+def _range_bounds(start: int, end: int) -> tuple[bytes, bytes | None]:
+    """RocksDB key bounds ``[lower, upper)`` of key groups ``start..end``."""
+    return _kg_bytes(start), (_kg_bytes(end + 1) if end + 1 < 1 << 16 else None)
+
+
+# ---------------------------------------------------------------------- RocksDB setup
+def _options(write_buffer_size: int, factory: Callable[[Options], None] | None) -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    # small memtables: RocksDB flushes full ones in its background threads (no GIL), so the
+    # synchronous part of a snapshot only flushes what changed since the last full memtable
+    opts.set_write_buffer_size(write_buffer_size)
+    opts.set_max_write_buffer_number(4)
+    opts.set_max_background_jobs(2)
+    table = BlockBasedOptions()
+    # a Bloom filter per SST: a cache miss on a new key then costs ~1 us instead of a block
+    # read in every L0 file (measured 5 us per get without it)
+    table.set_bloom_filter(10, False)
+    opts.set_block_based_table_factory(table)
+    if factory is not None:
+        factory(opts)
+    return opts
+
+
+def _write_options() -> WriteOptions:
+    wo = WriteOptions()
+    # no write-ahead log: durability comes from checkpoints (as in Flink's RocksDB backend);
+    # the working directory is thrown away on failure
+    wo.disable_wal = True  # type: ignore[method-assign,assignment]  # a property at runtime
+    return wo
+
+
+def _open(path: Path, opts: Options, read_only: bool = False) -> Rdict:
+    if read_only:
+        db = Rdict(str(path), opts, access_type=AccessType.read_only())
+    else:
+        db = Rdict(str(path), opts)
+        db.set_write_options(_write_options())
+    return db
+
+
+# ---------------------------------------------------------------------- file helpers
+async def _copy_hashed(src: Path, dest: Path) -> tuple[int, str]:
+    """Copy ``src`` to ``dest`` (via a temporary file and an atomic rename), returning
+    (size in bytes, sha256 hex digest).
+
+    Runs on the event loop in chunks of ``_CHUNK`` bytes, yielding between them: in a worker
+    thread every read, write and hash call would wait for the GIL held by the busy tasks
+    (measured: 300 ms instead of 10 ms for a few small files under load).
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            while chunk := fin.read(_CHUNK):
+                h.update(chunk)
+                fout.write(chunk)
+                size += len(chunk)
+                if len(chunk) == _CHUNK:
+                    await asyncio.sleep(0)
+            fout.flush()
+            os.fsync(fout.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return size, h.hexdigest()
+
+
+async def _hash_to_shared(src: Path, shared: Path) -> tuple[int, str, Path]:
+    """Copy ``src`` into folder ``shared`` named by its content (``<sha256>.sst``)."""
+    shared.mkdir(parents=True, exist_ok=True)
+    tmp = shared / f".upload-{uuid.uuid4().hex}.tmp"
+    size, sha = await _copy_hashed(src, tmp)
+    dest = shared / f"{sha}.sst"
+    # same name = same content: replacing an existing copy is harmless
+    os.replace(tmp, dest)
+    return size, sha, dest
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    """Hard-link an immutable SST file (RocksDB never writes to one), else copy it."""
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
+
+
+def _materialize(handle: dict[str, Any], job_dir: Path, dest: Path) -> None:
+    """Lay the files of ``handle`` out in ``dest`` under their RocksDB names.
+
+    Raises:
+        RestoreError: if a file is missing or unreadable.
+    """
+    dest.mkdir(parents=True)
+    try:
+        for name, rel in handle["db_files"].items():
+            src = job_dir / rel
+            if name.endswith(".sst"):
+                _link_or_copy(src, dest / name)
+            else:
+                # MANIFEST and friends are appended to when the DB opens: never share them
+                shutil.copyfile(src, dest / name)
+    except (OSError, KeyError) as exc:
+        raise RestoreError(f"cannot read RocksDB snapshot files from {job_dir}: {exc}") from exc
+
+
+def _check_handle(handle: dict[str, Any]) -> None:
+    if handle.get("backend") != "rocksdb" or handle.get("format") != FORMAT:
+        raise RestoreError(
+            f"cannot restore a {handle.get('backend')!r} snapshot ({handle.get('format')}) "
+            "into the RocksDB backend"
+        )
+
+
+# ---------------------------------------------------------------------- state tables
+_MISS = object()  # not in the cache
+_ABSENT = object()  # known to have no value (cached miss, or cleared)
+
+
+class _Table:
+    """One named state: its id, kind, serializer and write-back cache."""
+
+    __slots__ = ("cache", "descriptor", "dirty", "dumps", "kind", "loads", "name", "sid")
+
+    def __init__(self, name: str, kind: str) -> None:
+        self.name = name
+        self.kind = kind
+        self.sid = state_id(name)
+        self.descriptor: StateDescriptor | None = None
+        self.cache: dict[Any, Any] = {}
+        # dirty key -> its key group's 2 bytes (known when the entry was written)
+        self.dirty: dict[Any, bytes] = {}
+        self.dumps: Callable[[Any], bytes] = _pickle_dumps
+        self.loads: Callable[[bytes], Any] = pickle.loads
+
+    def bind(self, descriptor: StateDescriptor) -> None:
+        self.descriptor = descriptor
+        ser = getattr(descriptor, "serializer", None)
+        if ser is None:
+            self.dumps, self.loads = _pickle_dumps, pickle.loads
+        else:
+            self.dumps, self.loads = ser.serialize, ser.deserialize
+
+
+def _pickle_dumps(value: Any) -> bytes:
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class RocksDBKeyedStateBackend(KeyedStateBackend):
+    """Keyed state of one operator instance in its own RocksDB (see the module docstring).
+
+    Args:
+        directory: a fresh working directory for this instance (created; removed by
+            :meth:`dispose`).
+        key_group_range: the key groups this instance owns.
+        max_parallelism: the job's number of key groups (at most 65536).
+        incremental: incremental snapshots (else full ones).
+        cache_entries: cached keys per state before the cache is emptied.
+        write_batch_entries: dirty keys per state before they are written to RocksDB.
+        write_buffer_size: RocksDB memtable size, bytes.
+        options_factory: called with the RocksDB ``Options`` before the DB opens.
+
+    Raises:
+        ConfigurationError: if ``max_parallelism`` exceeds 65536 (2-byte key groups).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+        *,
+        incremental: bool = True,
+        cache_entries: int = 100_000,
+        write_batch_entries: int = 20_000,
+        write_buffer_size: int = 4 << 20,
+        options_factory: Callable[[Options], None] | None = None,
+    ) -> None:
+        if max_parallelism > 1 << 16:
+            raise ConfigurationError("the RocksDB backend supports max_parallelism <= 65536")
+        self.key_group_range = key_group_range
+        self.max_parallelism = max_parallelism
+        self.incremental = incremental
+        self.cache_entries = max(1, cache_entries)
+        self.write_batch_entries = max(1, write_batch_entries)
+        self.current_key: Any = None
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=False)
+        self._opts = _options(write_buffer_size, options_factory)
+        self._db_dir = directory / "db"
+        self._db: Rdict = _open(self._db_dir, self._opts)
+        self._start = key_group_range.start
+        self._end = key_group_range.end
+        self._assign = KeyGroupAssigner(max_parallelism)
+        self._kg = [_kg_bytes(kg) for kg in range(max_parallelism)]
+        self._kgb: bytes | None = None  # the current key's key group, 2 bytes
+        self._tables: dict[str, _Table] = {}
+        # local SST file name -> handle file ref, from the last completed checkpoint
+        self._base: dict[str, dict[str, Any]] = {}
+        self._uploaded: dict[int, dict[str, dict[str, Any]]] = {}
+        self._snapshots: set[_RocksDBSnapshot] = set()
+        self._disposed = False
+
+    # ------------------------------------------------------------------ keys
+    def set_current_key(self, key: Any) -> None:
+        kg = self._assign(key)
+        if not self._start <= kg <= self._end:
+            raise StateAccessError(
+                f"key {key!r} belongs to key group {kg}, outside this instance's range "
+                f"{self.key_group_range.to_list()}: is the key selector deterministic?"
+            )
+        self.current_key = key
+        self._kgb = self._kg[kg]
+
+    def _require_key(self) -> bytes:
+        kgb = self._kgb
+        if kgb is None:
+            raise StateAccessError("keyed state accessed without a current key (outside "
+                                   "process_element of a keyed operator?)")
+        return kgb
+
+    def _table(self, name: str, kind: str) -> _Table:
+        table = self._tables.get(name)
+        if table is None:
+            table = _Table(name, kind)
+            for other in self._tables.values():
+                if other.sid == table.sid:
+                    raise StateAccessError(
+                        f"state names {name!r} and {other.name!r} have the same RocksDB id; "
+                        "rename one of them"
+                    )
+            self._tables[name] = table
+        return table
+
+    def get_state(self, descriptor: StateDescriptor) -> State:
+        table = self._table(descriptor.name, descriptor.kind)
+        if table.kind != descriptor.kind:
+            raise StateAccessError(
+                f"state {descriptor.name!r} is registered as {table.kind} state, "
+                f"requested as {descriptor.kind}"
+            )
+        table.bind(descriptor)
+        if isinstance(descriptor, ValueStateDescriptor):
+            return _ValueState(self, table, descriptor.default)
+        if isinstance(descriptor, ListStateDescriptor):
+            return _ListState(self, table)
+        if isinstance(descriptor, MapStateDescriptor):
+            return _MapState(self, table)
+        if isinstance(descriptor, ReducingStateDescriptor):
+            return _ReducingState(self, table, descriptor.reduce_fn)
+        raise StateAccessError(f"unsupported state descriptor {descriptor!r}")
+
+    def keys(self, state_name: str) -> Iterator[Any]:
+        table = self._tables.get(state_name)
+        if table is None:
+            return iter(())
+        self._flush_dirty()
+        out = []
+        sid = table.sid
+        for kg in range(self._start, self._end + 1):
+            prefix = self._kg[kg] + sid
+            n = len(prefix)
+            for k in self._db.keys(from_key=prefix):
+                k = cast(bytes, k)  # raw mode: keys are bytes
+                if k[:n] != prefix:
+                    break
+                out.append(decode_key(k[n:]))
+        return iter(out)
+
+    # ------------------------------------------------------------------ cache
+    def _load(self, table: _Table, key: Any) -> Any:
+        """Cache miss: read ``key`` of ``table`` from RocksDB into the cache."""
+        kgb = self._require_key()
+        raw = self._db.get(kgb + table.sid + encode_key(key))
+        value = _ABSENT if raw is None else table.loads(raw)
+        cache = table.cache
+        if len(cache) >= self.cache_entries:
+            self._evict(table)
+        cache[key] = value
+        return value
+
+    def _store(self, table: _Table, key: Any, value: Any) -> None:
+        """Write-back: cache ``value`` (``_ABSENT`` deletes) and mark it dirty."""
+        kgb = self._require_key()
+        cache = table.cache
+        if key not in cache and len(cache) >= self.cache_entries:
+            self._evict(table)
+        cache[key] = value
+        dirty = table.dirty
+        dirty[key] = kgb
+        if len(dirty) >= self.write_batch_entries:
+            self._flush_dirty(table)
+
+    def _evict(self, table: _Table) -> None:
+        self._flush_dirty(table)
+        table.cache.clear()
+
+    def _flush_dirty(self, only: _Table | None = None) -> None:
+        """Write dirty cache entries to RocksDB in one WriteBatch (entries stay cached)."""
+        tables = [only] if only is not None else list(self._tables.values())
+        if not any(t.dirty for t in tables):
+            return
+        wb = WriteBatch(raw_mode=True)
+        put = wb.put
+        delete = wb.delete
+        for t in tables:
+            if not t.dirty:
+                continue
+            sid = t.sid
+            cache = t.cache
+            dumps = t.dumps
+            for key, kgb in t.dirty.items():
+                value = cache.get(key, _ABSENT)
+                if value is _ABSENT:
+                    delete(kgb + sid + encode_key(key))
+                else:
+                    put(kgb + sid + encode_key(key), dumps(value))
+            t.dirty.clear()
+        self._db.write(wb)
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot(self, ctx: SnapshotContext) -> KeyedStateSnapshot:
+        self._flush_dirty()
+        self._db.flush()
+        local = self.directory / f"chk-{ctx.checkpoint_id}-{uuid.uuid4().hex[:8]}"
+        Checkpoint(self._db).create_checkpoint(str(local))
+        # marks the checkpoint as in flight for checkpoint storage before any shared file of
+        # it exists (CheckpointStorage never collects shared files while one is in flight)
+        ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        incremental = self.incremental and not ctx.savepoint
+        snap = _RocksDBSnapshot(self, ctx, local, incremental,
+                                dict(self._base) if incremental else {},
+                                {n: t.kind for n, t in self._tables.items()})
+        self._snapshots.add(snap)
+        return snap
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        uploaded = self._uploaded.pop(checkpoint_id, None)
+        if uploaded is not None:
+            self._base = uploaded
+        for cid in [c for c in self._uploaded if c < checkpoint_id]:
+            del self._uploaded[cid]
+
+    def _snapshot_done(self, snap: _RocksDBSnapshot) -> None:
+        self._snapshots.discard(snap)
+        if self._disposed and not self._snapshots:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    # ------------------------------------------------------------------ restore
+    def restore(self, handles: list[dict[str, Any]], job_dir: Path) -> None:
+        for handle in handles:
+            _check_handle(handle)
+        if not handles:
+            return
+        mine = self.key_group_range.to_list()
+        fresh = not self._tables and next(iter(self._db.keys()), None) is None
+        if len(handles) == 1 and list(handles[0]["key_group_range"]) == mine and fresh:
+            self._install(handles[0], job_dir)
+        else:
+            for i, handle in enumerate(handles):
+                self._copy_key_groups(handle, job_dir, self.directory / f"restore-{i}")
+        for handle in handles:
+            for name, kind in handle.get("states", {}).items():
+                table = self._table(name, kind)
+                if table.kind != kind:
+                    raise RestoreError(
+                        f"state {name!r} is {kind} state in one snapshot and {table.kind} "
+                        "state in another"
+                    )
+
+    def _install(self, handle: dict[str, Any], job_dir: Path) -> None:
+        """Use the snapshot's files as this instance's database (same key-group range)."""
+        self._db.close()
+        shutil.rmtree(self._db_dir)
+        _materialize(handle, job_dir, self._db_dir)
+        try:
+            self._db = _open(self._db_dir, self._opts)
+        except Exception as exc:
+            raise RestoreError(f"cannot open the RocksDB snapshot: {exc}") from exc
+        # the restored SST files keep their names and bytes: the next incremental checkpoint
+        # references the shared copies instead of uploading them again
+        shared = {ref["path"] for ref in handle.get("shared", [])}
+        by_path = {ref["path"]: ref for ref in handle["files"]}
+        self._base = {name: by_path[rel] for name, rel in handle["db_files"].items()
+                      if rel in shared}
+
+    def _copy_key_groups(self, handle: dict[str, Any], job_dir: Path, tmp: Path) -> None:
+        """Copy the key groups of this instance's range out of ``handle`` (range iteration)."""
+        old_start, old_end = handle["key_group_range"]
+        start, end = max(old_start, self._start), min(old_end, self._end)
+        if start > end:
+            return
+        _materialize(handle, job_dir, tmp)
+        try:
+            try:
+                src = _open(tmp, self._opts, read_only=True)
+            except Exception as exc:
+                raise RestoreError(f"cannot open the RocksDB snapshot: {exc}") from exc
+            try:
+                lower, upper = _range_bounds(start, end)
+                wb = WriteBatch(raw_mode=True)
+                n = 0
+                for k, v in src.items(from_key=lower):
+                    k = cast(bytes, k)  # raw mode: keys are bytes
+                    if upper is not None and k >= upper:
+                        break
+                    wb.put(k, v)
+                    n += 1
+                    if n >= _RESTORE_BATCH:
+                        self._db.write(wb)
+                        wb = WriteBatch(raw_mode=True)
+                        n = 0
+                if n:
+                    self._db.write(wb)
+            finally:
+                src.close()
+                del src
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def dispose(self) -> None:
+        if self._disposed:
+            return
+        self._disposed = True
+        for t in self._tables.values():
+            t.cache.clear()
+            t.dirty.clear()
+        self._db.close()
+        shutil.rmtree(self._db_dir, ignore_errors=True)
+        # an asynchronous part that never started (its task was cancelled with the failed
+        # attempt) would never remove its local checkpoint; one that runs cleans up itself
+        for snap in [s for s in self._snapshots if not s.started]:
+            snap.discard()
+        if not self._snapshots:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@dataclass
+class _Upload:
+    files: list[dict[str, Any]]
+    shared: list[dict[str, Any]]
+    reused: list[dict[str, Any]]
+    db_files: dict[str, str]
+    sst: dict[str, dict[str, Any]]
+
+
+class _RocksDBSnapshot(KeyedStateSnapshot):
+    def __init__(self, backend: RocksDBKeyedStateBackend, ctx: SnapshotContext, local: Path,
+                 incremental: bool, base: dict[str, dict[str, Any]],
+                 states: dict[str, str]) -> None:
+        self.backend = backend
+        self.ctx = ctx
+        self.local = local
+        self.incremental = incremental
+        self.base = base
+        self.states = states
+        self.started = False
+        self.done = False
+
+    async def _upload(self) -> _Upload:
+        """Copy the local checkpoint into checkpoint storage."""
+        ctx = self.ctx
+        owner = f"{_safe(ctx.operator_uid)}-{ctx.subtask}"
+        exclusive = ctx.checkpoint_dir / owner
+        shared_dir = ctx.shared_dir / _safe(ctx.operator_uid)
+        up = _Upload([], [], [], {}, {})
+        for name in sorted(os.listdir(self.local)):
+            src = self.local / name
+            if self.incremental and name.endswith(".sst"):
+                ref = self.base.get(name)
+                if ref is not None and ref["size"] == src.stat().st_size:
+                    up.reused.append(ref)
+                else:
+                    size, sha, dest = await _hash_to_shared(src, shared_dir)
+                    ref = {"path": ctx.relative(dest), "size": size, "sha256": sha}
+                up.shared.append(ref)
+                up.sst[name] = ref
+            else:
+                dest = exclusive / name
+                size, sha = await _copy_hashed(src, dest)
+                ref = {"path": ctx.relative(dest), "size": size, "sha256": sha}
+            up.files.append(ref)
+            up.db_files[name] = ref["path"]
+        return up
+
+    async def write(self) -> dict[str, Any]:
+        b = self.backend
+        if self.done:
+            raise OSError(f"snapshot {self.ctx.checkpoint_id} was discarded (the backend "
+                          "was disposed before its asynchronous part ran)")
+        self.started = True
+        try:
+            up = await self._upload()
+        finally:
+            self._release()
+        if self.incremental:
+            b._uploaded[self.ctx.checkpoint_id] = up.sst
+        return {
+            "backend": "rocksdb",
+            "format": FORMAT,
+            "mode": "incremental" if self.incremental else "full",
+            "files": up.files,
+            "shared": up.shared,
+            "shared_reused": up.reused,
+            "key_group_range": b.key_group_range.to_list(),
+            "max_parallelism": b.max_parallelism,
+            "states": self.states,
+            "db_files": up.db_files,
+        }
+
+    def _release(self) -> None:
+        if not self.done:
+            self.done = True
+            shutil.rmtree(self.local, ignore_errors=True)
+            self.backend._snapshot_done(self)
+
+    def discard(self) -> None:
+        self._release()
+
+
+# ---------------------------------------------------------------------- state objects
+class _ValueState(ValueState):
+    __slots__ = ("_b", "_cache", "_default", "_t")
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, table: _Table, default: Any) -> None:
+        self._b = backend
+        self._t = table
+        self._cache = table.cache
+        self._default = default
+
+    def value(self) -> Any:
+        key = self._b.current_key
+        v = self._cache.get(key, _MISS)
+        if v is _MISS:
+            v = self._b._load(self._t, key)
+        return self._default if v is _ABSENT else v
+
+    def update(self, value: Any) -> None:
+        self._b._store(self._t, self._b.current_key, value)
+
+    def clear(self) -> None:
+        self._b._store(self._t, self._b.current_key, _ABSENT)
+
+
+class _ListState(ListState):
+    __slots__ = ("_b", "_cache", "_t")
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, table: _Table) -> None:
+        self._b = backend
+        self._t = table
+        self._cache = table.cache
+
+    def _get(self) -> Any:
+        key = self._b.current_key
+        v = self._cache.get(key, _MISS)
+        return self._b._load(self._t, key) if v is _MISS else v
+
+    def get(self) -> list[Any]:
+        v = self._get()
+        return [] if v is _ABSENT else list(v)
+
+    def add(self, value: Any) -> None:
+        v = self._get()
+        # appending in place is safe: a snapshot serialized the list in its synchronous part
+        if v is _ABSENT:
+            v = [value]
+        else:
+            v.append(value)
+        self._b._store(self._t, self._b.current_key, v)
+
+    def add_all(self, values: Any) -> None:
+        new = list(values)
+        if new:
+            v = self._get()
+            if v is _ABSENT:
+                v = new
+            else:
+                v.extend(new)
+            self._b._store(self._t, self._b.current_key, v)
+
+    def update(self, values: Any) -> None:
+        new = list(values)
+        self._b._store(self._t, self._b.current_key, new if new else _ABSENT)
+
+    def clear(self) -> None:
+        self._b._store(self._t, self._b.current_key, _ABSENT)
+
+
+class _MapState(MapState):
+    __slots__ = ("_b", "_cache", "_t")
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, table: _Table) -> None:
+        self._b = backend
+        self._t = table
+        self._cache = table.cache
+
+    def _get(self) -> Any:
+        key = self._b.current_key
+        v = self._cache.get(key, _MISS)
+        return self._b._load(self._t, key) if v is _MISS else v
+
+    def get(self, user_key: Any, default: Any = None) -> Any:
+        m = self._get()
+        return default if m is _ABSENT else m.get(user_key, default)
+
+    def put(self, user_key: Any, value: Any) -> None:
+        m = self._get()
+        m = {} if m is _ABSENT else m
+        m[user_key] = value
+        self._b._store(self._t, self._b.current_key, m)
+
+    def remove(self, user_key: Any) -> None:
+        m = self._get()
+        if m is not _ABSENT and user_key in m:
+            del m[user_key]
+            self._b._store(self._t, self._b.current_key, m if m else _ABSENT)
+
+    def contains(self, user_key: Any) -> bool:
+        m = self._get()
+        return m is not _ABSENT and user_key in m
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        m = self._get()
+        return iter([] if m is _ABSENT else list(m.items()))
+
+    def clear(self) -> None:
+        self._b._store(self._t, self._b.current_key, _ABSENT)
+
+
+class _ReducingState(ReducingState):
+    __slots__ = ("_b", "_cache", "_fn", "_t")
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, table: _Table,
+                 fn: Callable[[Any, Any], Any]) -> None:
+        self._b = backend
+        self._t = table
+        self._cache = table.cache
+        self._fn = fn
+
+    def get(self) -> Any:
+        key = self._b.current_key
+        v = self._cache.get(key, _MISS)
+        if v is _MISS:
+            v = self._b._load(self._t, key)
+        return None if v is _ABSENT else v
+
+    def add(self, value: Any) -> None:
+        key = self._b.current_key
+        v = self._cache.get(key, _MISS)
+        if v is _MISS:
+            v = self._b._load(self._t, key)
+        self._b._store(self._t, key, value if v is _ABSENT else self._fn(v, value))
+
+    def clear(self) -> None:
+        self._b._store(self._t, self._b.current_key, _ABSENT)
+
+
+# ---------------------------------------------------------------------- tools
+def read_rocksdb_snapshot(handle: dict[str, Any], job_dir: Path,
+                          scratch: Path) -> dict[str, dict[Any, bytes]]:
+    """Read a RocksDB snapshot handle into ``{state name: {key: value bytes}}``.
+
+    Values stay as the descriptor's serializer wrote them (pickle by default). Used by tools
+    that inspect checkpoints and by tests.
+
+    Args:
+        handle: a ``keyed_state`` handle from a checkpoint's metadata.
+        job_dir: the job directory its paths are relative to.
+        scratch: a directory that does not exist yet, used (and removed) to open the files.
+
+    Raises:
+        RestoreError: if the handle is not a RocksDB snapshot or its files are unreadable.
+    """
+    _check_handle(handle)
+    names = {state_id(name): name for name in handle.get("states", {})}
+    _materialize(handle, job_dir, scratch)
+    out: dict[str, dict[Any, bytes]] = {}
+    try:
+        db = _open(scratch, _options(4 << 20, None), read_only=True)
+        try:
+            for k, v in db.items():
+                k = cast(bytes, k)  # raw mode: keys are bytes
+                name = names.get(k[2:6])
+                if name is not None:
+                    out.setdefault(name, {})[decode_key(k[6:])] = v
+        finally:
+            db.close()
+            del db
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return out
+
+
+class RocksDBStateBackend(StateBackend):
+    """Keyed state in RocksDB (rocksdict): state larger than memory, asynchronous and
+    incremental snapshots (see the module docstring; thesis 4.5.1/4.5.2, Flink's
+    ``EmbeddedRocksDBStateBackend``).
+
+    Values go through the descriptors' serializers: change state only through
+    ``update``/``add``/``put`` (an object mutated in place without ``update`` is lost when
+    its cache entry is evicted).
+
+    Args:
+        path: the local working directory; each operator instance gets a fresh
+            ``<path>/<job>/<uid>-<subtask>-<random>/`` that is removed when it is disposed.
+        incremental: upload only the SST files the last completed checkpoint did not hold
+            (shared between checkpoints); ``False`` copies every file on each checkpoint.
+        cache_entries: keys cached per state and instance (write-back cache) before the
+            cache is written out and emptied.
+        write_batch_entries: dirty keys per state that trigger one ``WriteBatch`` to RocksDB;
+            bounds the work of a snapshot's synchronous part.
+        write_buffer_size: RocksDB memtable size in bytes; the synchronous part flushes at
+            most about one memtable.
+        options_factory: called with each instance's ``rocksdict.Options`` to tune RocksDB.
+
+    Raises:
+        ConfigurationError: on a non-positive cache, batch or buffer size.
+    """
+
+    name = "rocksdb"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = "state",
+        incremental: bool = True,
+        cache_entries: int = 100_000,
+        write_batch_entries: int = 20_000,
+        write_buffer_size: int = 4 << 20,
+        options_factory: Callable[[Options], None] | None = None,
+    ) -> None:
+        if cache_entries < 1 or write_batch_entries < 1 or write_buffer_size < 1:
+            raise ConfigurationError(
+                "cache_entries, write_batch_entries and write_buffer_size must be >= 1"
+            )
+        self.path = Path(path)
+        self.incremental = incremental
+        self.cache_entries = cache_entries
+        self.write_batch_entries = write_batch_entries
+        self.write_buffer_size = write_buffer_size
+        self.options_factory = options_factory
+
+    def create_keyed_backend(
+        self,
+        *,
+        job_name: str,
+        operator_uid: str,
+        subtask: int,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+    ) -> KeyedStateBackend:
+        directory = (self.path / _safe(job_name) /
+                     f"{_safe(operator_uid)}-{subtask}-{uuid.uuid4().hex[:12]}")
+        return RocksDBKeyedStateBackend(
+            directory, key_group_range, max_parallelism,
+            incremental=self.incremental,
+            cache_entries=self.cache_entries,
+            write_batch_entries=self.write_batch_entries,
+            write_buffer_size=self.write_buffer_size,
+            options_factory=self.options_factory,
+        )

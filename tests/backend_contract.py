@@ -1,0 +1,430 @@
+"""The contract every keyed state backend must pass (DESIGN.md, "State backends").
+
+A third-party backend runs it by subclassing :class:`StateBackendContract` in a test module
+(the class name must start with ``Test`` for pytest to collect it) and returning its backend::
+
+    from tests.backend_contract import StateBackendContract
+
+    class TestMyBackend(StateBackendContract):
+        def create_state_backend(self, tmp_path):
+            return MyStateBackend(path=tmp_path / "state")
+
+The tests drive the backend the way the runtime does: ``create_keyed_backend`` for a key-group
+range, ``set_current_key`` + the state API per record, ``snapshot(ctx)`` (synchronous part)
+then ``await snap.write()`` (asynchronous part) returning a JSON-serializable handle,
+``notify_checkpoint_complete``, and ``restore(handles, job_dir)`` into new instances of any
+key-group range. They check value/list/map/reducing semantics, per-key isolation, the
+snapshot/restore round trip, restoring a key-group subset and merging several instances,
+snapshots isolated from later updates (including in-place mutation of a value read before),
+and custom serializers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reactive import (
+    KeyGroupRange,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    RestoreError,
+    SnapshotContext,
+    StateAccessError,
+    StateBackend,
+    ValueStateDescriptor,
+)
+from reactive.keygroups import assign_to_key_group
+from reactive.state.backend import KeyedStateBackend
+
+__all__ = ["BackendHarness", "StateBackendContract"]
+
+MAX_PARALLELISM = 16
+FULL = KeyGroupRange(0, MAX_PARALLELISM - 1)
+LOW = KeyGroupRange(0, MAX_PARALLELISM // 2 - 1)
+HIGH = KeyGroupRange(MAX_PARALLELISM // 2, MAX_PARALLELISM - 1)
+
+COUNT = ValueStateDescriptor("count", default=0)
+ITEMS = ValueStateDescriptor("items")
+LOG = ListStateDescriptor("log")
+ATTRS = MapStateDescriptor("attrs")
+TOTAL = ReducingStateDescriptor("total", reduce_fn=lambda a, b: a + b)
+
+
+class BackendHarness:
+    """Runs a :class:`StateBackend` outside a job, as the runtime's tasks do.
+
+    Args:
+        backend: the backend under test.
+        job_dir: where snapshots write (handle paths are relative to it).
+    """
+
+    def __init__(self, backend: StateBackend, job_dir: Path) -> None:
+        self.backend = backend
+        self.job_dir = job_dir
+        self.instances: list[KeyedStateBackend] = []
+        self._next_subtask = 0
+
+    def create(self, key_group_range: KeyGroupRange = FULL) -> KeyedStateBackend:
+        """A new keyed backend owning ``key_group_range`` (disposed by :meth:`close`)."""
+        kb = self.backend.create_keyed_backend(
+            job_name="contract", operator_uid="op", subtask=self._next_subtask,
+            key_group_range=key_group_range, max_parallelism=MAX_PARALLELISM,
+        )
+        self._next_subtask += 1
+        self.instances.append(kb)
+        return kb
+
+    def context(self, kb: KeyedStateBackend, checkpoint_id: int) -> SnapshotContext:
+        """The snapshot context the runtime would pass for ``checkpoint_id``."""
+        return SnapshotContext(
+            checkpoint_id, self.job_dir, self.job_dir / f"chk-{checkpoint_id}",
+            self.job_dir / "shared", "op", self.instances.index(kb),
+        )
+
+    async def checkpoint(self, kb: KeyedStateBackend, checkpoint_id: int) -> dict[str, Any]:
+        """Synchronous + asynchronous part, then completion; returns the handle."""
+        snap = kb.snapshot(self.context(kb, checkpoint_id))
+        handle = await snap.write()
+        kb.notify_checkpoint_complete(checkpoint_id)
+        return handle
+
+    def restore(self, handles: list[dict[str, Any]],
+                key_group_range: KeyGroupRange = FULL) -> KeyedStateBackend:
+        """A new keyed backend of ``key_group_range`` restored from ``handles``."""
+        kb = self.create(key_group_range)
+        # handles travel through the JSON metadata: restore from what JSON gives back
+        kb.restore(json.loads(json.dumps(handles)), self.job_dir)
+        return kb
+
+    def close(self) -> None:
+        """Dispose every keyed backend created."""
+        for kb in self.instances:
+            kb.dispose()
+        self.instances.clear()
+
+
+def keys_in(kgr: KeyGroupRange, n: int) -> list[str]:
+    """The first ``n`` keys ``"k<i>"`` whose key group lies in ``kgr``."""
+    out: list[str] = []
+    i = 0
+    while len(out) < n:
+        key = f"k{i}"
+        if assign_to_key_group(key, MAX_PARALLELISM) in kgr:
+            out.append(key)
+        i += 1
+    return out
+
+
+def fill(kb: KeyedStateBackend, keys: list[str]) -> dict[str, tuple[Any, ...]]:
+    """Write every kind of state for ``keys``; return what each key should hold as
+    ``(count, log, attrs, total)``."""
+    count, log = kb.get_state(COUNT), kb.get_state(LOG)
+    attrs, total = kb.get_state(ATTRS), kb.get_state(TOTAL)
+    expected = {}
+    for i, key in enumerate(keys):
+        kb.set_current_key(key)
+        count.update(i)  # type: ignore[attr-defined]
+        log.add_all([key, i])  # type: ignore[attr-defined]
+        attrs.put("i", i)  # type: ignore[attr-defined]
+        attrs.put(("t", i), key)  # type: ignore[attr-defined]
+        total.add(i)  # type: ignore[attr-defined]
+        total.add(1)  # type: ignore[attr-defined]
+        expected[key] = (i, [key, i], {"i": i, ("t", i): key}, i + 1)
+    return expected
+
+
+def read_all(kb: KeyedStateBackend, keys: list[str]) -> dict[str, tuple[Any, ...]]:
+    """Read back what :func:`fill` wrote, for ``keys``."""
+    count, log = kb.get_state(COUNT), kb.get_state(LOG)
+    attrs, total = kb.get_state(ATTRS), kb.get_state(TOTAL)
+    out = {}
+    for key in keys:
+        kb.set_current_key(key)
+        out[key] = (count.value(), log.get(), dict(attrs.items()),  # type: ignore[attr-defined]
+                    total.get())  # type: ignore[attr-defined]
+    return out
+
+
+class _Opaque:
+    """A value pickle refuses: only a custom serializer can store it."""
+
+    def __init__(self, payload: str) -> None:
+        self.payload = payload
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Opaque) and other.payload == self.payload
+
+    def __hash__(self) -> int:
+        return hash(self.payload)
+
+    def __reduce__(self) -> Any:
+        raise TypeError("_Opaque values must go through OpaqueSerializer")
+
+
+class OpaqueSerializer:
+    """Stores :class:`_Opaque` as ``b"opaque:" + payload`` and counts its calls."""
+
+    def __init__(self) -> None:
+        self.serialized = 0
+        self.deserialized = 0
+
+    def serialize(self, value: Any) -> bytes:
+        self.serialized += 1
+        return b"opaque:" + value.payload.encode()
+
+    def deserialize(self, data: bytes) -> Any:
+        self.deserialized += 1
+        assert data.startswith(b"opaque:"), data
+        return _Opaque(data[len(b"opaque:"):].decode())
+
+
+class StateBackendContract:
+    """Contract tests; subclass as ``Test<Name>`` and implement :meth:`create_state_backend`."""
+
+    def create_state_backend(self, tmp_path: Path) -> StateBackend:
+        """Return the backend under test (may keep its files under ``tmp_path``)."""
+        raise NotImplementedError
+
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> Iterator[BackendHarness]:
+        h = BackendHarness(self.create_state_backend(tmp_path), tmp_path / "job")
+        yield h
+        h.close()
+
+    # ------------------------------------------------------------------ semantics
+    def test_value_state(self, harness: BackendHarness) -> None:
+        kb = harness.create()
+        s = kb.get_state(ValueStateDescriptor("v", default=-1))
+        kb.set_current_key("a")
+        assert s.value() == -1  # type: ignore[attr-defined]
+        s.update(5)  # type: ignore[attr-defined]
+        assert s.value() == 5  # type: ignore[attr-defined]
+        s.update(None)  # type: ignore[attr-defined]
+        assert s.value() is None  # type: ignore[attr-defined]
+        s.clear()
+        assert s.value() == -1  # type: ignore[attr-defined]
+        assert list(kb.keys("v")) == []
+
+    def test_list_state(self, harness: BackendHarness) -> None:
+        kb = harness.create()
+        s = kb.get_state(LOG)
+        kb.set_current_key("a")
+        assert s.get() == []  # type: ignore[attr-defined]
+        s.add(1)  # type: ignore[attr-defined]
+        s.add_all([2, 3])  # type: ignore[attr-defined]
+        got = s.get()  # type: ignore[attr-defined]
+        assert got == [1, 2, 3]
+        got.append(99)  # the returned list is the caller's, not the state
+        assert s.get() == [1, 2, 3]  # type: ignore[attr-defined]
+        s.update([7])  # type: ignore[attr-defined]
+        assert s.get() == [7]  # type: ignore[attr-defined]
+        s.update([])  # type: ignore[attr-defined]
+        assert s.get() == []  # type: ignore[attr-defined]
+        assert list(kb.keys("log")) == []
+        s.add(1)  # type: ignore[attr-defined]
+        s.clear()
+        assert s.get() == []  # type: ignore[attr-defined]
+
+    def test_map_state(self, harness: BackendHarness) -> None:
+        kb = harness.create()
+        s = kb.get_state(ATTRS)
+        kb.set_current_key("a")
+        assert s.get("x") is None and s.get("x", 0) == 0  # type: ignore[attr-defined]
+        assert s.is_empty() and not s.contains("x")  # type: ignore[attr-defined]
+        s.put("x", 1)  # type: ignore[attr-defined]
+        s.put((2, "y"), [2])  # type: ignore[attr-defined]
+        assert s.get("x") == 1 and s.contains((2, "y"))  # type: ignore[attr-defined]
+        assert dict(s.items()) == {"x": 1, (2, "y"): [2]}  # type: ignore[attr-defined]
+        assert set(s.keys()) == {"x", (2, "y")}  # type: ignore[attr-defined]
+        assert sorted(map(str, s.values())) == ["1", "[2]"]  # type: ignore[attr-defined]
+        s.remove("missing")  # type: ignore[attr-defined]
+        s.remove("x")  # type: ignore[attr-defined]
+        assert dict(s.items()) == {(2, "y"): [2]}  # type: ignore[attr-defined]
+        s.remove((2, "y"))  # type: ignore[attr-defined]
+        assert s.is_empty()  # type: ignore[attr-defined]
+        assert list(kb.keys("attrs")) == []
+        s.put("z", 3)  # type: ignore[attr-defined]
+        s.clear()
+        assert s.is_empty()  # type: ignore[attr-defined]
+
+    def test_reducing_state(self, harness: BackendHarness) -> None:
+        kb = harness.create()
+        s = kb.get_state(ReducingStateDescriptor("r", reduce_fn=lambda a, b: a * 10 + b))
+        kb.set_current_key("a")
+        assert s.get() is None  # type: ignore[attr-defined]
+        for v in (1, 2, 3):
+            s.add(v)  # type: ignore[attr-defined]
+        assert s.get() == 123  # type: ignore[attr-defined]
+        s.clear()
+        assert s.get() is None  # type: ignore[attr-defined]
+        s.add(4)  # type: ignore[attr-defined]
+        assert s.get() == 4  # type: ignore[attr-defined]
+
+    def test_per_key_and_per_state_isolation(self, harness: BackendHarness) -> None:
+        kb = harness.create()
+        keys = keys_in(FULL, 300)
+        expected = fill(kb, keys)
+        other = kb.get_state(ValueStateDescriptor("other", default="none"))
+        kb.set_current_key(keys[0])
+        other.update("set")  # type: ignore[attr-defined]
+        kb.get_state(COUNT).clear()
+        expected[keys[0]] = (0, *expected[keys[0]][1:])
+        assert read_all(kb, keys) == expected
+        kb.set_current_key(keys[1])
+        assert other.value() == "none"  # type: ignore[attr-defined]
+        assert sorted(kb.keys("count")) == sorted(keys[1:])
+        assert sorted(kb.keys("other")) == [keys[0]]
+        assert sorted(kb.keys("log")) == sorted(keys)
+        assert list(kb.keys("never-registered")) == []
+
+    def test_misuse_raises_state_access_error(self, harness: BackendHarness) -> None:
+        kb = harness.create(LOW)
+        count = kb.get_state(COUNT)
+        with pytest.raises(StateAccessError):
+            count.value()  # type: ignore[attr-defined]  # no current key yet
+        with pytest.raises(StateAccessError):
+            kb.set_current_key(keys_in(HIGH, 1)[0])
+        with pytest.raises(StateAccessError):
+            kb.get_state(ListStateDescriptor("count"))
+
+    # ------------------------------------------------------------------ snapshots
+    async def test_snapshot_restore_round_trip(self, harness: BackendHarness) -> None:
+        kb = harness.create()
+        keys = keys_in(FULL, 500)
+        expected = fill(kb, keys)
+        handle = await harness.checkpoint(kb, 1)
+        assert all(ref["path"] and ref["size"] >= 0 and len(ref["sha256"]) == 64
+                   for ref in handle["files"])
+        restored = harness.restore([handle])
+        assert read_all(restored, keys) == expected
+        assert sorted(restored.keys("count")) == sorted(keys)
+
+    async def test_restore_key_group_subset(self, harness: BackendHarness) -> None:
+        kb = harness.create(FULL)
+        low, high = keys_in(LOW, 200), keys_in(HIGH, 200)
+        expected = fill(kb, low + high)
+        handle = await harness.checkpoint(kb, 1)
+        for kgr, mine, theirs in ((LOW, low, high), (HIGH, high, low)):
+            part = harness.restore([handle], kgr)
+            assert sorted(part.keys("count")) == sorted(mine)
+            assert sorted(part.keys("attrs")) == sorted(mine)
+            assert read_all(part, mine) == {k: expected[k] for k in mine}
+            with pytest.raises(StateAccessError):
+                part.set_current_key(theirs[0])
+
+    async def test_restore_merges_several_instances(self, harness: BackendHarness) -> None:
+        left, right = harness.create(LOW), harness.create(HIGH)
+        low, high = keys_in(LOW, 150), keys_in(HIGH, 150)
+        expected = {**fill(left, low), **fill(right, high)}
+        handles = [await harness.checkpoint(left, 1), await harness.checkpoint(right, 1)]
+        merged = harness.restore(handles, FULL)
+        assert read_all(merged, low + high) == expected
+        assert sorted(merged.keys("log")) == sorted(low + high)
+
+    async def test_snapshot_does_not_see_later_updates(self, harness: BackendHarness) -> None:
+        kb = harness.create()
+        keys = keys_in(FULL, 200)
+        expected = fill(kb, keys)
+        items = kb.get_state(ITEMS)
+        kb.set_current_key(keys[0])
+        items.update(["before"])  # type: ignore[attr-defined]
+        snap = kb.snapshot(harness.context(kb, 1))  # synchronous part only
+        # the task keeps processing before the asynchronous part runs
+        count, log = kb.get_state(COUNT), kb.get_state(LOG)
+        attrs, total = kb.get_state(ATTRS), kb.get_state(TOTAL)
+        kb.set_current_key(keys[0])
+        value = items.value()  # type: ignore[attr-defined]
+        value.append("after")  # in-place mutation of what get returned ...
+        items.update(value)  # type: ignore[attr-defined]  # ... then written back
+        for key in keys[1:50]:
+            kb.set_current_key(key)
+            count.update(-1)  # type: ignore[attr-defined]
+            log.add("later")  # type: ignore[attr-defined]
+            attrs.put("i", "later")  # type: ignore[attr-defined]
+            total.add(1000)  # type: ignore[attr-defined]
+        for key in keys[50:100]:
+            kb.set_current_key(key)
+            for s in (count, log, attrs, total):
+                s.clear()
+        new_keys = keys_in(FULL, 260)[200:]
+        for key in new_keys:
+            kb.set_current_key(key)
+            count.update(7)  # type: ignore[attr-defined]
+        handle = await snap.write()
+        kb.notify_checkpoint_complete(1)
+        restored = harness.restore([handle])
+        assert read_all(restored, keys) == expected
+        restored.set_current_key(keys[0])
+        assert restored.get_state(ITEMS).value() == ["before"]  # type: ignore[attr-defined]
+        assert sorted(restored.keys("count")) == sorted(keys)
+        # ... while the live instance has the new values
+        kb.set_current_key(keys[0])
+        assert items.value() == ["before", "after"]  # type: ignore[attr-defined]
+        assert sorted(kb.keys("count")) == sorted(keys[:50] + keys[100:] + new_keys)
+
+    async def test_successive_snapshots_each_restore_their_state(
+            self, harness: BackendHarness) -> None:
+        kb = harness.create()
+        keys = keys_in(FULL, 400)
+        first = fill(kb, keys)
+        h1 = await harness.checkpoint(kb, 1)
+        count = kb.get_state(COUNT)
+        for key in keys[:10]:
+            kb.set_current_key(key)
+            count.update(10_000)  # type: ignore[attr-defined]
+        kb.set_current_key(keys[10])
+        count.clear()
+        h2 = await harness.checkpoint(kb, 2)
+        second = dict(first)
+        for key in keys[:10]:
+            second[key] = (10_000, *first[key][1:])
+        second[keys[10]] = (0, *first[keys[10]][1:])
+        assert read_all(harness.restore([h1]), keys) == first
+        r2 = harness.restore([h2])
+        assert read_all(r2, keys) == second
+        # a restored instance checkpoints again, and that snapshot restores too
+        r2.set_current_key(keys[0])
+        r2.get_state(COUNT).update(1)  # type: ignore[attr-defined]
+        h3 = await harness.checkpoint(r2, 3)
+        third = dict(second)
+        third[keys[0]] = (1, *second[keys[0]][1:])
+        assert read_all(harness.restore([h3]), keys) == third
+
+    async def test_discarded_snapshot_leaves_backend_usable(
+            self, harness: BackendHarness) -> None:
+        kb = harness.create()
+        keys = keys_in(FULL, 50)
+        expected = fill(kb, keys)
+        kb.snapshot(harness.context(kb, 1)).discard()
+        handle = await harness.checkpoint(kb, 2)
+        assert read_all(harness.restore([handle]), keys) == expected
+
+    async def test_custom_serializer(self, harness: BackendHarness) -> None:
+        ser = OpaqueSerializer()
+        desc = ValueStateDescriptor("opaque", serializer=ser)
+        kb = harness.create()
+        keys = keys_in(FULL, 100)
+        state = kb.get_state(desc)
+        for key in keys:
+            kb.set_current_key(key)
+            state.update(_Opaque(key))  # type: ignore[attr-defined]
+        handle = await harness.checkpoint(kb, 1)
+        assert ser.serialized >= len(keys)
+        restored = harness.restore([handle])
+        state2 = restored.get_state(ValueStateDescriptor("opaque", serializer=ser))
+        for key in keys:
+            restored.set_current_key(key)
+            assert state2.value() == _Opaque(key)  # type: ignore[attr-defined]
+        assert ser.deserialized >= len(keys)
+
+    async def test_refuses_a_foreign_handle(self, harness: BackendHarness) -> None:
+        kb = harness.create()
+        with pytest.raises(RestoreError):
+            kb.restore([{"backend": "no-such-backend", "format": "x", "files": []}],
+                       harness.job_dir)

@@ -1,0 +1,34 @@
+"""The state-backend contract (tests/backend_contract.py) run for the built-in backends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from backends.heap import HeapStateBackend
+from backends.rocksdb import RocksDBStateBackend
+from reactive import StateBackend
+
+from .backend_contract import StateBackendContract
+
+
+class TestHeapStateBackend(StateBackendContract):
+    def create_state_backend(self, tmp_path: Path) -> StateBackend:
+        return HeapStateBackend()
+
+
+class TestRocksDBFullSnapshots(StateBackendContract):
+    def create_state_backend(self, tmp_path: Path) -> StateBackend:
+        return RocksDBStateBackend(path=tmp_path / "state", incremental=False)
+
+
+class TestRocksDBIncrementalSnapshots(StateBackendContract):
+    def create_state_backend(self, tmp_path: Path) -> StateBackend:
+        return RocksDBStateBackend(path=tmp_path / "state", incremental=True)
+
+
+class TestRocksDBTinyCache(StateBackendContract):
+    """Every access misses the write-back cache and every write is its own batch."""
+
+    def create_state_backend(self, tmp_path: Path) -> StateBackend:
+        return RocksDBStateBackend(path=tmp_path / "state", cache_entries=1,
+                                   write_batch_entries=1)
