@@ -1,13 +1,30 @@
-"""File sources: lines of text files, with the byte offset as the position."""
+"""File sources and sinks: lines of text files (the byte offset is the position), and the
+exactly-once committing file sink (JSON lines or Parquet part files)."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import json
+import json.encoder as json_encoder
+import logging
+import operator
+import os
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reactive.checkpoint.files import fsync_dir
+from reactive.errors import CheckpointError, ConfigurationError
 from reactive.sources import Source, SourceReader
+from reactive.two_phase_commit import TwoPhaseCommitSink
 
-__all__ = ["LineFileSource"]
+__all__ = ["CommittingFileSink", "FileTransaction", "LineFileSource"]
+
+log = logging.getLogger("reactive.connectors.files")
 
 
 class LineFileSource(Source):
@@ -102,3 +119,390 @@ class _LineReader(SourceReader):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+# ---------------------------------------------------------------------- committing file sink
+_FORMATS = {"jsonl": "jsonl", "parquet": "parquet"}
+
+
+def _json_lines_encoder() -> Callable[[list[Any]], str]:
+    """Return ``encode(batch)``: the batch as JSON lines (compact JSON texts joined by '\\n';
+    none contains a raw newline, JSON escapes them), without the final newline.
+
+    Uses the C encoder the standard library builds for ``json.dumps`` directly. When every
+    record of the batch is an array (tuple, list) or every one an object (dict), it encodes
+    the whole batch in one call and turns the separators between records into newlines:
+    those separators are exactly the occurrences of ``],[`` (``},{``) when the text holds
+    ``len(batch) - 1`` of them (any other occurrence, inside a string or between nested
+    arrays, makes the count larger, and the batch is then encoded record by record).
+    Measured on (str, int) tuples: 0.2 us per record, 0.45 us record by record, 1.5 us
+    through ``json.dumps``; it matters at a million records per second.
+    """
+    def default(o: Any) -> Any:
+        raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+    make = getattr(json_encoder, "c_make_encoder", None)
+    if make is None:  # interpreters without the C accelerator
+        encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False,
+                                  default=default).encode
+        return lambda batch: "\n".join(map(encode, batch))
+    # (markers, default, encoder, indent, key_separator, item_separator, sort_keys,
+    #  skipkeys, allow_nan): markers None skips the circular-reference check
+    c_encode = make(None, default, json_encoder.encode_basestring, None, ":", ",", False,
+                    False, True)
+    first = operator.itemgetter(0)  # the C encoder returns a one-item list
+
+    def encode_batch(batch: list[Any]) -> str:
+        kinds = set(map(type, batch))
+        sep = "],[" if all(issubclass(t, tuple | list) for t in kinds) else \
+            "},{" if all(issubclass(t, dict) for t in kinds) else None
+        if sep is not None:
+            text: str = first(c_encode(batch, 0))
+            if text.count(sep) == len(batch) - 1:
+                return text[1:-1].replace(sep, sep[0] + "\n" + sep[2])
+        return "\n".join(map(first, map(c_encode, batch, itertools.repeat(0))))
+
+    return encode_batch
+
+
+@dataclass(eq=False)
+class FileTransaction:
+    """The part file of one subtask for one checkpoint interval.
+
+    Only the names are pickled into checkpoints; the open file and buffered rows are not.
+
+    Attributes:
+        subtask: the subtask that wrote it (the part file's name carries it).
+        name: its current name in the sink's directory: the hidden in-progress name, then,
+            once pre-committed, the hidden pending name.
+        final: the committed name ``part-<subtask>-<checkpoint>.<ext>`` (set by pre-commit).
+        checkpoint_id: the checkpoint that pre-committed it.
+        records: how many records it holds.
+    """
+
+    subtask: int
+    name: str
+    final: str | None = None
+    checkpoint_id: int | None = None
+    records: int = 0
+    file: Any = field(default=None, repr=False)
+    writer: Any = field(default=None, repr=False)  # pyarrow.parquet.ParquetWriter
+    columns: list[list[Any]] = field(default_factory=list, repr=False)  # parquet rows to write
+    buffered: int = 0
+    failure: BaseException | None = field(default=None, repr=False)  # why pre-commit failed
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"subtask": self.subtask, "name": self.name, "final": self.final,
+                "checkpoint_id": self.checkpoint_id, "records": self.records}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+
+_HIDDEN = re.compile(r"^\.part-(\d+)-([0-9a-f]+)\.(\w+)\.(inprogress|pending)$")
+
+
+class CommittingFileSink(TwoPhaseCommitSink[FileTransaction]):
+    """Exactly-once part files: the two-phase-commit file sink of the thesis (4.1.4) and of
+    Flink's ``FileSink``.
+
+    Each subtask writes the records of one checkpoint interval to a hidden in-progress file
+    (``.part-<subtask>-<random>.<ext>.inprogress``: names starting with '.' are skipped by
+    Spark, pyarrow datasets and most readers). Pre-commit (the checkpoint's synchronous
+    part) closes it, fsyncs it and renames it to a hidden pending name carrying the
+    checkpoint id; commit (the checkpoint completed) renames it atomically to
+    ``part-<subtask>-<checkpoint>.<ext>`` in ``directory``. Commit is idempotent: a pending
+    file already renamed is done. On recovery, pending files of the restored checkpoint are
+    committed first, then in-progress files and pending files of checkpoints after the
+    restored one (they never completed) are removed. Intervals without records write no
+    file. The job's final checkpoint commits the last interval at end of input. So readers
+    only ever see committed files, and each record is in exactly one of them.
+
+    ``directory`` belongs to this sink: do not point two sinks (or two jobs) at it.
+
+    Args:
+        directory: the committed directory (created when missing).
+        format: ``"jsonl"`` (one compact JSON text per line, UTF-8; tuples become arrays)
+            or ``"parquet"`` (needs pyarrow).
+        schema: parquet only: a ``pyarrow.Schema``. Records are dicts (by field name: a
+            missing field is null, other keys are ignored), or tuples/lists (by position),
+            or scalars (a one-field schema), all of one kind. Without it the field names
+            come from the first record (``f0, f1, ...`` for tuples, ``value`` for scalars)
+            and the types from each subtask's first row group; declare it when a column may
+            start with nulls.
+        row_group_size: parquet only: rows per row group (rows are buffered until then;
+            a row that does not fit the schema is reported when its row group is written).
+
+    Raises:
+        ConfigurationError: on an unknown format, a schema for jsonl, a schema that is not
+            a ``pyarrow.Schema``, a row_group_size < 1, or parquet without pyarrow installed.
+    """
+
+    def __init__(self, directory: str | Path, format: str = "jsonl", schema: Any = None,
+                 row_group_size: int = 1 << 16) -> None:
+        if format not in _FORMATS:
+            raise ConfigurationError(f"CommittingFileSink format must be 'jsonl' or 'parquet', "
+                                     f"got {format!r}")
+        if row_group_size < 1:
+            raise ConfigurationError(f"row_group_size must be >= 1, got {row_group_size}")
+        if format == "jsonl" and schema is not None:
+            raise ConfigurationError("a schema applies to format='parquet' only")
+        if format == "parquet":
+            try:
+                import pyarrow as pa
+                import pyarrow.parquet  # fail here, not in the first checkpoint
+            except ImportError as exc:
+                raise ConfigurationError("format='parquet' needs pyarrow: pip install "
+                                         "pyarrow") from exc
+            if schema is not None and not isinstance(schema, pa.Schema):
+                raise ConfigurationError(f"schema must be a pyarrow.Schema, got {schema!r}")
+        self.directory = Path(directory)
+        self.format = format
+        self.ext = _FORMATS[format]
+        self.schema = schema
+        self.row_group_size = row_group_size
+        self._encode: Callable[[list[Any]], str] | None = None
+        self._kind: str | None = None  # parquet: "tuple", "dict" or "scalar" records
+        self._columns: list[str] = []
+
+    # ------------------------------------------------------------------ transactions
+    def begin_transaction(self) -> FileTransaction:
+        """Open a new hidden in-progress file."""
+        name = f".part-{self.subtask}-{uuid.uuid4().hex[:16]}.{self.ext}.inprogress"
+        txn = FileTransaction(self.subtask, name)
+        txn.file = open(self.directory / name, "wb")  # noqa: SIM115 - closed by pre_commit/abort
+        return txn
+
+    def write(self, txn: FileTransaction, batch: list[Any]) -> None:
+        """Append ``batch`` to the in-progress file (parquet: to the row buffer, written as a
+        row group every ``row_group_size`` rows).
+
+        Raises:
+            TypeError: a record JSON cannot encode (jsonl).
+            ValueError: a record that does not fit the schema, or records of another shape
+                than the earlier ones (parquet).
+            CheckpointError: if ``txn`` is unusable after a failed pre-commit.
+        """
+        if txn.failure is not None:
+            raise CheckpointError(
+                f"in-progress file {self.directory / txn.name} is unusable after its pre-commit "
+                f"failed ({txn.failure!r}); failing the task so the job restarts from the last "
+                "completed checkpoint"
+            ) from txn.failure
+        if self.format == "jsonl":
+            encode = self._encode
+            if encode is None:
+                encode = self._encode = _json_lines_encoder()
+            txn.file.write(encode(batch).encode("utf-8"))
+            txn.file.write(b"\n")
+        else:
+            self._buffer(txn, batch)
+            if txn.buffered >= self.row_group_size:
+                self._write_row_group(txn)
+        txn.records += len(batch)
+
+    def pre_commit(self, txn: FileTransaction, checkpoint_id: int) -> None:
+        """Close and fsync the in-progress file, rename it to its pending name.
+
+        Raises:
+            OSError: when closing, syncing or renaming fails, and ValueError when buffered
+                parquet rows do not fit the schema (the transaction is then unusable: the
+                checkpoint is declined and the next write fails the task).
+            CheckpointError: if ``txn`` is already unusable.
+        """
+        if txn.failure is not None:
+            raise CheckpointError(f"in-progress file {self.directory / txn.name} is unusable "
+                                  f"after its pre-commit failed ({txn.failure!r})") from txn.failure
+        try:
+            if self.format == "parquet":
+                self._write_row_group(txn)
+                if txn.writer is not None:
+                    txn.writer.close()  # writes the footer; the file object stays open
+                    txn.writer = None
+            f = txn.file
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+            txn.file = None
+            pending = f".part-{txn.subtask}-{checkpoint_id}.{self.ext}.pending"
+            os.replace(self.directory / txn.name, self.directory / pending)
+            # the rename must survive a machine crash, or recovery misses a pending file
+            fsync_dir(self.directory)
+        except BaseException as exc:
+            txn.failure = exc
+            raise
+        txn.name = pending
+        txn.checkpoint_id = checkpoint_id
+        txn.final = f"part-{txn.subtask}-{checkpoint_id}.{self.ext}"
+
+    def commit(self, txn: FileTransaction) -> None:
+        """Rename the pending file to its committed name (atomic; done if already renamed).
+
+        Raises:
+            FileNotFoundError: when neither the pending nor the committed file exists (the
+                output of that interval is lost: someone removed files of the directory).
+        """
+        assert txn.final is not None, "commit of a transaction that was not pre-committed"
+        src, dst = self.directory / txn.name, self.directory / txn.final
+        try:
+            os.replace(src, dst)
+        except FileNotFoundError:
+            if dst.exists():
+                return  # committed before a crash: commit is retried after recovery
+            raise FileNotFoundError(
+                f"cannot commit {dst}: neither it nor its pending file {src} exists, so the "
+                f"records of checkpoint {txn.checkpoint_id} of subtask {txn.subtask} are lost "
+                "(were files removed from the directory?)"
+            ) from None
+        fsync_dir(self.directory)
+
+    def abort(self, txn: FileTransaction) -> None:
+        """Close and remove the in-progress file."""
+        with contextlib.suppress(Exception):
+            if txn.writer is not None:
+                txn.writer.close()
+        with contextlib.suppress(OSError):
+            if txn.file is not None:
+                txn.file.close()
+        txn.writer = txn.file = None
+        txn.columns = []
+        (self.directory / txn.name).unlink(missing_ok=True)
+
+    def abort_lingering(self, restored_checkpoint_id: int | None) -> None:
+        """Remove this subtask's in-progress files, and its pending files of checkpoints after
+        ``restored_checkpoint_id`` (all of them on a fresh start).
+
+        Files of subtasks that no longer exist (``k >= parallelism``) are handled by subtask
+        ``k % parallelism``, so every name prefix has exactly one owner and no instance
+        removes a file that another live instance writes. Pending files of checkpoints up
+        to the restored one are kept: the restored checkpoint lists them, and some instance
+        commits them.
+        """
+        self.directory.mkdir(parents=True, exist_ok=True)
+        removed = 0
+        with os.scandir(self.directory) as it:
+            for entry in it:
+                m = _HIDDEN.match(entry.name)
+                if m is None or m.group(3) != self.ext:
+                    continue
+                if int(m.group(1)) % self.parallelism != self.subtask:
+                    continue
+                if m.group(4) == "pending" and restored_checkpoint_id is not None \
+                        and int(m.group(2)) <= restored_checkpoint_id:
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed += 1
+        if removed:
+            fsync_dir(self.directory)
+            log.info("subtask %d removed %d lingering part file(s) in %s", self.subtask, removed,
+                     self.directory)
+
+    # ------------------------------------------------------------------ parquet
+    def _buffer(self, txn: FileTransaction, batch: list[Any]) -> None:
+        """Append ``batch`` to the transaction's column lists.
+
+        Rows are buffered as one Python list per column and converted to Arrow once per row
+        group, and buffering allocates no GC-tracked object per record: garbage collections
+        triggered per batch promote objects to the old generation, and the full collections
+        that follow (walking every object of the process, the input collection included)
+        cost W1 40% of its throughput (measured with per-batch Arrow tables and ``zip``).
+
+        Raises:
+            ValueError: if the records do not have the shape of the first ones.
+        """
+        first = batch[0]
+        kind = self._kind_of(first)
+        names = self._names(first, kind)
+        # shape checks at C speed (a Python loop over the records would cost more than the
+        # conversion); the values themselves are checked by Arrow at the row group
+        kinds = set(map(type, batch))
+        if kind == "tuple":
+            ok = all(issubclass(t, tuple | list) for t in kinds) and \
+                set(map(len, batch)) == {len(names)}
+        elif kind == "dict":
+            ok = all(issubclass(t, dict) for t in kinds)
+        else:
+            ok = not any(issubclass(t, tuple | list | dict) for t in kinds)
+        if not ok or kind != self._kind:
+            bad = next((r for r in batch if self._kind_of(r) != self._kind
+                        or (kind == "tuple" and len(r) != len(names))), first)
+            raise ValueError(f"record {bad!r} does not have the shape of the earlier records "
+                             f"({self._kind} records with fields {names})")
+        if not txn.columns:
+            txn.columns = [[] for _ in names]
+        if kind == "tuple":
+            # one C-speed pass per column: zip(*batch) would allocate an iterator per record,
+            # and those allocations alone trigger a garbage collection per batch
+            for i, col in enumerate(txn.columns):
+                col.extend(map(operator.itemgetter(i), batch))
+        elif kind == "dict":
+            for col, name in zip(txn.columns, names, strict=True):
+                col.extend([r.get(name) for r in batch])
+        else:
+            txn.columns[0].extend(batch)
+        txn.buffered += len(batch)
+
+    @staticmethod
+    def _kind_of(record: Any) -> str:
+        return "dict" if isinstance(record, dict) else \
+            "tuple" if isinstance(record, tuple | list) else "scalar"
+
+    def _names(self, first: Any, kind: str) -> list[str]:
+        """The column names, fixed by the declared schema or else by the first record."""
+        if self._kind is None:
+            self._kind = kind
+            if self.schema is not None:
+                self._columns = list(self.schema.names)
+            elif kind == "dict":
+                self._columns = [str(k) for k in first]
+            elif kind == "tuple":
+                self._columns = [f"f{i}" for i in range(len(first))]
+            else:
+                self._columns = ["value"]
+        return self._columns
+
+    def _write_row_group(self, txn: FileTransaction) -> None:
+        """Convert the buffered rows to Arrow and write them as one row group.
+
+        Raises:
+            ValueError: naming the first row that does not fit the schema.
+        """
+        if not txn.buffered:
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        columns, txn.columns, txn.buffered = txn.columns, [], 0
+        schema = self.schema
+        try:
+            if schema is None:
+                table = pa.Table.from_arrays([pa.array(c) for c in columns], names=self._columns)
+            else:
+                table = pa.Table.from_arrays(
+                    [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)],
+                    schema=schema)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"record {self._bad_row(columns)!r} does not fit the parquet "
+                             f"schema ({schema or 'inferred'}): {exc}") from exc
+        if schema is None:
+            # the first row group fixes this instance's schema, so all its files agree
+            self.schema = schema = table.schema
+        if txn.writer is None:
+            txn.writer = pq.ParquetWriter(txn.file, schema)
+        txn.writer.write_table(table, row_group_size=self.row_group_size)
+
+    def _bad_row(self, columns: list[list[Any]]) -> Any:
+        """The first buffered row Arrow cannot convert (slow: only to report an error)."""
+        import pyarrow as pa
+
+        types = [None] * len(columns) if self.schema is None else [f.type for f in self.schema]
+        for i in range(len(columns[0])):
+            row = [c[i] for c in columns]
+            try:
+                for v, t in zip(row, types, strict=True):
+                    pa.array([v], type=t)
+            except (pa.ArrowException, TypeError, ValueError, OverflowError):
+                return dict(zip(self._columns, row, strict=True)) if self._kind == "dict" \
+                    else tuple(row) if self._kind == "tuple" else row[0]
+        return None
