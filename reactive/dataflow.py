@@ -24,10 +24,13 @@ from .graph import Edge, Partitioning, Transformation
 from .runtime import operators as ops
 from .sinks import Sink
 from .sources import Source
+from .time.clock import ProcessingClock, SystemClock
 
 if TYPE_CHECKING:
     from .runtime.job import Job
     from .state.backend import StateBackend
+    from .windowing.assigners import WindowAssigner
+    from .windowing.stream import WindowedStream
 
 __all__ = ["Dataflow", "KeyedStream", "Stream"]
 
@@ -43,6 +46,10 @@ class Dataflow:
         batch_size: records per channel batch.
         buffer_timeout: seconds after which a partial batch is sent downstream.
         channel_capacity: batches (and events) a channel holds before the producer waits.
+
+    Attributes:
+        processing_clock: processing time for timers and idleness checks (the system clock;
+            tests put a ``reactive.time.ManualClock`` here before running).
 
     Raises:
         ConfigurationError: on values out of range.
@@ -73,6 +80,7 @@ class Dataflow:
         self.buffer_timeout = buffer_timeout
         self.channel_capacity = channel_capacity
         self.transformations: list[Transformation] = []
+        self.processing_clock: ProcessingClock = SystemClock()
 
     # ------------------------------------------------------------------ building
     def _add(
@@ -245,6 +253,40 @@ class Stream:
         return self._then("process", name or type(fn).__name__,
                           lambda t: ops.ProcessOperator(t.name, t.resolved_uid, fn))
 
+    def assign_timestamps(self, timestamp_fn: Callable[[Any], float],
+                          max_out_of_orderness: float = 0.0, idleness: float | None = None,
+                          name: str | None = None) -> Stream:
+        """Give records event time and generate watermarks (bounded out-of-orderness).
+
+        Records pass unchanged; event-time operators downstream re-derive each record's
+        timestamp with ``timestamp_fn``. Each instance emits ``max timestamp -
+        max_out_of_orderness`` as its watermark, at most once per batch; a record more than
+        ``max_out_of_orderness`` seconds older than the largest one seen may be late.
+
+        Args:
+            timestamp_fn: record -> event time (seconds).
+            max_out_of_orderness: tolerated disorder (seconds, >= 0).
+            idleness: seconds without records after which the instance is marked idle, so
+                downstream watermarks do not wait for it (None: never idle).
+
+        Raises:
+            ConfigurationError: on a negative delay or a non-positive idleness.
+        """
+        from .time.timestamps import TimestampsAndWatermarksOperator
+
+        clock = self.flow.processing_clock
+        # validate now, not when the job starts
+        TimestampsAndWatermarksOperator("", "", timestamp_fn, max_out_of_orderness, idleness,
+                                        clock)
+        stream = self._then(
+            "assign_timestamps", name,
+            lambda t: TimestampsAndWatermarksOperator(
+                t.name, t.resolved_uid, timestamp_fn, max_out_of_orderness, idleness,
+                self.flow.processing_clock),
+        )
+        stream.transformation.timestamp_fn = timestamp_fn
+        return stream
+
     def key_by(self, key_selector: Callable[[Any], Any]) -> KeyedStream:
         """Partition by key: records with equal keys go to the same instance, and keyed
         state is scoped to the key. Keys must be hashable and deterministic."""
@@ -290,10 +332,56 @@ class KeyedStream(Stream):
         return Edge(self.transformation, "hash", self.key_selector)
 
     def process(self, fn: ProcessFunction, name: str | None = None) -> Stream:
-        """Run a :class:`KeyedProcessFunction`; state is scoped to each record's key."""
+        """Run a :class:`KeyedProcessFunction`; state is scoped to each record's key, and
+        ``ctx.timer_service`` sets timers that call ``fn.on_timer``."""
+        from .time.process_operator import TimedKeyedProcessOperator
+
         k = self.key_selector
+        flow = self.flow
         return self._then("process", name or type(fn).__name__,
-                          lambda t: ops.KeyedProcessOperator(t.name, t.resolved_uid, fn, k))
+                          lambda t: TimedKeyedProcessOperator(t.name, t.resolved_uid, fn, k,
+                                                              flow.processing_clock))
+
+    def window(self, assigner: WindowAssigner,
+               timestamp: Callable[[Any], float] | None = None) -> WindowedStream:
+        """Cut each key's records into windows (``TumblingEventTimeWindows.of(60)`` ...).
+
+        Args:
+            assigner: the window assigner.
+            timestamp: record -> event time (seconds); default: the function given to the
+                ``assign_timestamps`` upstream.
+
+        Raises:
+            ConfigurationError: for event-time windows without timestamps upstream.
+        """
+        from .windowing.stream import WindowedStream
+
+        return WindowedStream(self, [assigner], timestamp)
+
+    def windows(self, assigners: list[WindowAssigner],
+                timestamp: Callable[[Any], float] | None = None) -> WindowedStream:
+        """Several periodic window definitions over the same records, aggregated with
+        shared partial aggregates (Cutty, thesis chapter 5); results carry the definition's
+        index as ``WindowResult.query``.
+
+        Raises:
+            ConfigurationError: for non-periodic or mixed count/time assigners.
+        """
+        from .windowing.stream import WindowedStream
+
+        return WindowedStream(self, list(assigners), timestamp)
+
+    def count_window(self, size: int, slide: int | None = None) -> WindowedStream:
+        """Windows of ``size`` records of a key, every ``slide`` records (tumbling when
+        None); windows are ``[start, end)`` positions of the key's records.
+
+        Raises:
+            ConfigurationError: if size or slide is not a positive integer.
+        """
+        from .windowing.assigners import CountWindows
+        from .windowing.stream import WindowedStream
+
+        return WindowedStream(self, [CountWindows.of(size, slide)])
 
     def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None) -> Stream:
         """Emit the running ``fn(accumulated, record)`` per key (the first record as is)."""

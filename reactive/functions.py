@@ -18,6 +18,7 @@ from .state.operator_state import OperatorListState, RedistributionMode
 if TYPE_CHECKING:
     from .state.backend import KeyedStateBackend
     from .state.operator_state import OperatorStateStore
+    from .time.timers import TimerService
 
 __all__ = ["KeyedProcessFunction", "ProcessFunction", "RuntimeContext"]
 
@@ -51,6 +52,21 @@ class RuntimeContext:
         self.max_parallelism = max_parallelism
         self._keyed = keyed_backend
         self._operator_state = operator_state
+        self._timer_service: TimerService | None = None
+
+    @property
+    def timer_service(self) -> TimerService:
+        """Timers of the current key (``key_by(...).process(...)`` only; see ``on_timer``).
+
+        Raises:
+            StateAccessError: outside a keyed process function.
+        """
+        if self._timer_service is None:
+            raise StateAccessError(
+                f"operator {self.operator_name!r} has no timer service: timers need "
+                "key_by(...).process(KeyedProcessFunction)"
+            )
+        return self._timer_service
 
     @property
     def current_key(self) -> Any:
@@ -93,4 +109,14 @@ class ProcessFunction:
 
 
 class KeyedProcessFunction(ProcessFunction):
-    """A function over a keyed stream: ``ctx.get_state`` is scoped to ``ctx.current_key``."""
+    """A function over a keyed stream: ``ctx.get_state`` is scoped to ``ctx.current_key``.
+
+    ``ctx.timer_service`` registers event-time and processing-time timers for the current
+    key; they are keyed state (checkpointed, restored, rescaled) and call :meth:`on_timer`.
+    """
+
+    def on_timer(self, timestamp: float, ctx: RuntimeContext) -> Iterable[Any] | None:
+        """A timer of ``ctx.current_key`` fired at ``timestamp`` (seconds); return (or
+        yield) the outputs. Event-time timers fire once the watermark is >= ``timestamp``
+        (Flink's ``KeyedProcessFunction.onTimer``)."""
+        return None

@@ -46,6 +46,8 @@ class Transformation:
         factory: ``factory()`` returns a fresh operator instance.
         inputs: where records come from (empty for sources).
         max_parallelism: a bound imposed by the operator (e.g. a non-parallel source).
+        timestamp_fn: record -> event time (seconds), set by ``assign_timestamps``; event-time
+            windows downstream re-derive record timestamps with it.
     """
 
     id: int
@@ -56,6 +58,7 @@ class Transformation:
     uid: str | None = None
     parallelism: int | None = None
     max_parallelism: int | None = None
+    timestamp_fn: Callable[[Any], float] | None = None
 
     @property
     def resolved_uid(self) -> str:

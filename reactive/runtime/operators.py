@@ -12,7 +12,7 @@ import copy
 import inspect
 import warnings
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserFunctionError
 from ..functions import ProcessFunction, RuntimeContext
@@ -21,6 +21,9 @@ from ..sources import Source, SourceReader
 from ..state.backend import KeyedStateBackend
 from ..state.descriptors import ValueStateDescriptor
 from ..state.operator_state import OperatorStateStore
+
+if TYPE_CHECKING:
+    from ..time.mailbox import OperatorMailbox
 
 __all__ = [
     "FilterOperator",
@@ -66,10 +69,15 @@ class StreamOperator:
         name: display name.
         uid: stable id; snapshots are keyed by it.
         keyed: True when the operator needs a keyed state backend.
+        generates_watermarks: True for a watermark generator (``assign_timestamps``): the
+            task stops upstream watermarks at it, except the final one.
         key_selector: record -> key, for keyed operators.
+        mailbox: the task's mailbox, set by the task for chained operators (timers,
+            periodic watermarks); None in a harness without a task.
     """
 
     keyed = False
+    generates_watermarks = False
 
     def __init__(self, name: str, uid: str, key_selector: Callable[[Any], Any] | None = None):
         self.name = name
@@ -80,6 +88,7 @@ class StreamOperator:
         self.keyed_backend: KeyedStateBackend | None = None
         self.operator_state = OperatorStateStore()
         self.ctx: RuntimeContext
+        self.mailbox: OperatorMailbox | None = None
         self.records_in = 0
         self.records_out = 0
 

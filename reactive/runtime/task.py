@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..checkpoint.files import write_atomic
 from ..errors import ReactiveError, UserFunctionError
 from ..state.backend import KeyedStateSnapshot, SnapshotContext
+from ..time.mailbox import OperatorMailbox
+from ..time.watermarks import ACTIVE, IDLE, WatermarkStatus
 from .barrier_handler import AlignedBarrierHandler, BarrierHandler, BarrierTracker
 from .channel import InputGate
 from .events import END_OF_INPUT, MAX_WATERMARK, CheckpointBarrier, EndOfInput, Watermark
@@ -108,8 +110,15 @@ class StreamTask:
         self.chain = operators[start:end]
         self.records_in = 0
         self._ended = False
+        self._closed = False
         self._channel_watermarks = [float("-inf")] * len(gate.channels)
         self.watermark = float("-inf")
+        # event time (reactive.time): idle input channels are left out of the minimum, and
+        # chained operators reach the task (timers, watermark generators) via the mailbox
+        self._idle_channels: set[int] = set()
+        self._idle_out = False
+        for i, op in enumerate(self.chain):
+            op.mailbox = OperatorMailbox(self, i)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -124,6 +133,9 @@ class StreamTask:
             else:
                 await self._run_inputs()
         finally:
+            # closing disposes the keyed backends: an asynchronous snapshot part still in
+            # flight must not acknowledge what it serializes from now on (see _async_part)
+            self._closed = True
             for op in self.operators:
                 with contextlib.suppress(Exception):
                     op.close()
@@ -196,6 +208,8 @@ class StreamTask:
                 await handler.on_barrier(idx, item)
             elif isinstance(item, Watermark):
                 await self._on_watermark(idx, item.timestamp)
+            elif isinstance(item, WatermarkStatus):
+                await self._on_watermark_status(idx, item.idle)
             elif isinstance(item, EndOfInput):
                 gate.channels[idx].finished = True
                 live -= 1
@@ -245,20 +259,60 @@ class StreamTask:
         wms = self._channel_watermarks
         if timestamp > wms[channel]:
             wms[channel] = timestamp
-            live = [wm for ch, wm in zip(self.gate.channels, wms, strict=True) if not ch.finished]
-            low = min(live) if live else MAX_WATERMARK
-            if low > self.watermark:
-                await self._advance_watermark(low)
+            await self._recompute_watermark()
+
+    async def _recompute_watermark(self) -> None:
+        idle = self._idle_channels
+        live = [wm for ch, wm in zip(self.gate.channels, self._channel_watermarks, strict=True)
+                if not ch.finished and ch.index not in idle]
+        if not live and any(not ch.finished for ch in self.gate.channels):
+            return  # every live input is idle: event time stands still (Flink)
+        low = min(live) if live else MAX_WATERMARK
+        if low > self.watermark:
+            await self._advance_watermark(low)
+
+    async def _on_watermark_status(self, channel: int, idle: bool) -> None:
+        """An input channel became idle or active (``reactive.time.watermarks``)."""
+        if idle:
+            self._idle_channels.add(channel)
+        else:
+            self._idle_channels.discard(channel)
+        all_idle = all(ch.finished or ch.index in self._idle_channels
+                       for ch in self.gate.channels)
+        generator = any(op.generates_watermarks for op in self.chain)
+        if not generator and all_idle != self._idle_out:
+            await self.emit_watermark_status(IDLE if all_idle else ACTIVE)
+        if not idle or not all_idle:
+            await self._recompute_watermark()
 
     async def _advance_watermark(self, timestamp: float) -> None:
         self.watermark = timestamp
+        await self.emit_watermark_from(0, timestamp)
+
+    async def emit_watermark_from(self, start: int, timestamp: float) -> None:
+        """Run watermark ``timestamp`` through the chain from operator ``start`` and send it
+        downstream. A watermark generator in the chain stops upstream watermarks (it emits
+        its own), except the final one."""
         chain = self.chain
-        for i, op in enumerate(chain):
+        for i in range(start, len(chain)):
+            op = chain[i]
             out = op.process_watermark(timestamp)
             if out:
                 await self._push(out, i + 1)
+            if op.generates_watermarks and timestamp != MAX_WATERMARK:
+                return
         for w in self.writers:
             await w.broadcast_event(Watermark(timestamp))
+
+    async def emit_watermark_status(self, status: WatermarkStatus) -> None:
+        """Send an idle/active status on every output channel."""
+        self._idle_out = status.idle
+        for w in self.writers:
+            await w.broadcast_event(status)
+
+    def push_from(self, start: int, batch: list[Any]) -> Awaitable[None]:
+        """Send ``batch`` through the chain from operator ``start`` (mailbox actions)."""
+        return self._push(batch, start)
 
     async def _end_input(self) -> None:
         chain = self.chain
@@ -347,6 +401,13 @@ class StreamTask:
                 if keyed is not None:
                     keyed.discard()
             coordinator.decline(cid, self, exc)
+            return
+        if self._closed:
+            # the task failed (or ended) while this part ran and its operators were closed:
+            # a disposed heap backend serializes empty key groups, and acknowledging them
+            # would complete a checkpoint that silently lost this instance's state
+            coordinator.decline(cid, self, ReactiveError(
+                f"task {self.task_id} closed during the asynchronous part of checkpoint {cid}"))
             return
         stats = {"alignment": alignment, "sync": sync, "async": time.perf_counter() - t0,
                  "size": float(size)}

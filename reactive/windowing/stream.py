@@ -1,0 +1,222 @@
+"""The windowed-stream API: ``KeyedStream.window(...)``, ``.windows([...])`` and
+``.count_window(...)`` return a :class:`WindowedStream`; ``aggregate``/``reduce``/``process``
+end it.
+
+Late records travel in band, wrapped, from the window operator: the stream that
+``aggregate`` returns drops the wrappers (a chained filter) and ``late_data()`` is a second
+consumer of the window operator that unwraps them, so a user can sink late records like any
+stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..dataflow import Dataflow, KeyedStream, Stream
+from ..errors import ConfigurationError
+from ..graph import Edge, Transformation
+from ..runtime import operators as ops
+from ..sinks import Sink
+from .assigners import CountWindows, PeriodicWindows, WindowAssigner
+from .functions import AggregateFunction, ProcessWindowFunction, ReduceAggregate
+from .window_operator import (
+    CountWindowOperator,
+    SharedWindowOperator,
+    WindowOperator,
+    is_window_output,
+    unwrap_late,
+)
+
+__all__ = ["WindowedStream", "find_timestamp_fn"]
+
+# kinds that pass records through unchanged (the timestamp function still applies)
+_PASS_THROUGH = {"filter", "union"}
+
+
+def find_timestamp_fn(t: Transformation) -> Callable[[Any], float]:
+    """The timestamp function of the nearest ``assign_timestamps`` upstream of ``t``.
+
+    Raises:
+        ConfigurationError: when there is none, or an operator that changes records (map,
+            process ...) lies between, so the function would not apply any more.
+    """
+    if t.timestamp_fn is not None:
+        return t.timestamp_fn
+    if t.kind in _PASS_THROUGH and t.inputs:
+        found = {id(fn): fn for fn in (find_timestamp_fn(e.upstream) for e in t.inputs)}
+        if len(found) == 1:
+            return next(iter(found.values()))
+    raise ConfigurationError(
+        f"event-time windows need record timestamps, but operator {t.name!r} ({t.kind}) "
+        "has none: call assign_timestamps(...) after the last operator that changes the "
+        "records, or pass window(..., timestamp=fn)"
+    )
+
+
+class WindowedStream:
+    """A keyed stream cut into windows; end it with :meth:`aggregate`, :meth:`reduce` or
+    :meth:`process`.
+
+    Args:
+        keyed: the keyed stream.
+        assigners: one assigner, or several periodic ones to share (``windows([...])``).
+        timestamp: record -> event time (seconds); default: the ``assign_timestamps``
+            function upstream (event-time assigners only).
+
+    Raises:
+        ConfigurationError: for mixed count and time assigners, sessions among shared
+            windows, or event-time windows without timestamps.
+    """
+
+    def __init__(self, keyed: KeyedStream, assigners: list[WindowAssigner],
+                 timestamp: Callable[[Any], float] | None = None) -> None:
+        if not assigners:
+            raise ConfigurationError("windows([...]) needs at least one window assigner")
+        counts = [a.count_based for a in assigners]
+        if any(counts) and not all(counts):
+            raise ConfigurationError("windows([...]) cannot mix count and event-time windows")
+        if len(assigners) > 1 and not all(isinstance(a, PeriodicWindows) for a in assigners):
+            raise ConfigurationError("shared windows([...]) must be periodic (tumbling, "
+                                     "sliding or count windows)")
+        self.keyed = keyed
+        self.assigners = assigners
+        self.count_based = all(counts)
+        self.timestamp_fn: Callable[[Any], float] | None = None
+        if not self.count_based:
+            self.timestamp_fn = timestamp or find_timestamp_fn(keyed.transformation)
+        self.lateness = 0.0
+        self.window_transformation: Transformation | None = None
+        self._late_enabled = False
+        self._late_stream: Stream | None = None
+        self._late_target: Sink | Callable[[Any], Any] | None = None
+
+    # ------------------------------------------------------------------ options
+    def allowed_lateness(self, seconds: float) -> WindowedStream:
+        """Keep window state ``seconds`` after the window's end: late records in that time
+        update the window and fire it again.
+
+        Raises:
+            ConfigurationError: if negative, or for count or shared windows.
+        """
+        if not seconds >= 0:
+            raise ConfigurationError(f"allowed lateness must be >= 0 seconds, got {seconds}")
+        if seconds and (self.count_based or len(self.assigners) > 1):
+            raise ConfigurationError("allowed_lateness applies to a single event-time window")
+        self.lateness = float(seconds)
+        return self
+
+    def side_output_late_data(self, target: Sink | Callable[[Any], Any] | None = None
+                              ) -> WindowedStream:
+        """Send late records (beyond the allowed lateness) to ``target`` (a sink or a
+        callback); without a target, take them with :meth:`late_data`."""
+        self._late_enabled = True
+        self._late_target = target
+        return self
+
+    # ------------------------------------------------------------------ terminals
+    def aggregate(self, fn: AggregateFunction, name: str | None = None) -> Stream:
+        """Incrementally aggregate each window; emits
+        :class:`~reactive.windowing.functions.WindowResult` records."""
+        return self._build(fn, None, name or f"window-{type(fn).__name__}")
+
+    def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None) -> Stream:
+        """``fn(a, b)`` over each window's records; emits ``WindowResult`` records."""
+        return self._build(ReduceAggregate(fn), None, name or "window-reduce")
+
+    def process(self, fn: ProcessWindowFunction, name: str | None = None) -> Stream:
+        """Run ``fn.process(key, window, records)`` per fired window.
+
+        Raises:
+            ConfigurationError: for shared windows (several definitions).
+        """
+        if len(self.assigners) > 1:
+            raise ConfigurationError("process() needs a single window definition; shared "
+                                     "windows support aggregate() and reduce()")
+        return self._build(None, fn, name or f"window-{type(fn).__name__}")
+
+    def late_data(self) -> Stream:
+        """The late records of this window operator, as a stream (after ``aggregate``,
+        ``reduce`` or ``process``).
+
+        Raises:
+            ConfigurationError: before the window is built, or for count windows (they have
+                no late records).
+        """
+        if self.window_transformation is None:
+            raise ConfigurationError("late_data() comes after aggregate(), reduce() or process()")
+        if self._late_stream is None:
+            self._late_enabled = True
+            t = self.window_transformation
+            flow = self.keyed.flow
+            late = flow._add("late", f"{t.name}-late",
+                             lambda lt: ops.FlatMapOperator(lt.name, lt.resolved_uid,
+                                                            unwrap_late),
+                             [Edge(t, "forward")])
+            self._late_stream = Stream(flow, late)
+        return self._late_stream
+
+    def _build(self, agg: AggregateFunction | None, fn: ProcessWindowFunction | None,
+               name: str) -> Stream:
+        if self.window_transformation is not None:
+            raise ConfigurationError("a WindowedStream can be ended only once")
+        keyed = self.keyed
+        flow = keyed.flow
+        key_of = keyed.key_selector
+        assigners = self.assigners
+        clock = flow.processing_clock
+        lateness = self.lateness
+        ts_fn = self.timestamp_fn
+
+        def late_enabled() -> bool:
+            return self._late_enabled
+
+        def factory(t: Transformation) -> ops.StreamOperator:
+            if self.count_based:
+                return CountWindowOperator(t.name, t.resolved_uid, key_of,
+                                           [a for a in assigners if isinstance(a, CountWindows)],
+                                           aggregate=agg, process=fn)
+            assert ts_fn is not None
+            if len(assigners) > 1:
+                assert agg is not None
+                return SharedWindowOperator(
+                    t.name, t.resolved_uid, key_of,
+                    [a for a in assigners if isinstance(a, PeriodicWindows)], ts_fn, agg,
+                    clock, late_enabled)
+            return WindowOperator(t.name, t.resolved_uid, key_of, assigners[0], ts_fn,
+                                  aggregate=agg, process=fn, allowed_lateness=lateness,
+                                  clock=clock, late_side_output=late_enabled)
+
+        t = flow._add("window", name, factory, [keyed._edge()])
+        self.window_transformation = t
+        main = flow._add("window_results", f"{name}-results",
+                         lambda mt: ops.FilterOperator(mt.name, mt.resolved_uid,
+                                                       is_window_output),
+                         [Edge(t, "forward")])
+        if self._late_target is not None:
+            self.late_data().sink(self._late_target)
+        return _WindowResultStream(flow, main, t)
+
+
+class _WindowResultStream(Stream):
+    """The stream of window results; ``uid``/``name`` apply to the window operator (whose
+    state they identify) and its result filter."""
+
+    def __init__(self, flow: Dataflow, transformation: Transformation,
+                 window: Transformation) -> None:
+        super().__init__(flow, transformation)
+        self.window = window
+
+    def uid(self, uid: str) -> Stream:
+        self.window.uid = uid
+        self.transformation.uid = f"{uid}/results"
+        return self
+
+    def name(self, name: str) -> Stream:
+        self.window.name = name
+        return self
+
+    def set_parallelism(self, parallelism: int) -> Stream:
+        super().set_parallelism(parallelism)
+        self.window.parallelism = parallelism
+        return self
