@@ -22,10 +22,11 @@ import hashlib
 import os
 import pickle
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from reactive.checkpoint.files import write_atomic
 from reactive.errors import RestoreError, StateAccessError
 from reactive.keygroups import KeyGroupRange, assign_to_key_group
 from reactive.serialization import Serializer
@@ -44,7 +45,13 @@ from reactive.state.descriptors import (
     ValueStateDescriptor,
 )
 
-__all__ = ["HeapKeyedStateBackend", "HeapStateBackend", "read_heap_snapshot"]
+__all__ = [
+    "HeapKeyedStateBackend",
+    "HeapStateBackend",
+    "iter_heap_key_groups",
+    "read_heap_snapshot",
+    "write_heap_snapshot",
+]
 
 FORMAT = "heap-v1"
 _KEY_CACHE_SIZE = 200_000  # keys whose key group is memoized per instance
@@ -454,6 +461,72 @@ def read_heap_snapshot(handle: dict[str, Any], job_dir: Path) -> dict[str, dict[
     except (OSError, pickle.UnpicklingError, EOFError) as exc:
         raise RestoreError(f"cannot read heap snapshot {path}: {exc}") from exc
     return out
+
+
+def iter_heap_key_groups(
+    handle: dict[str, Any], job_dir: Path
+) -> Iterator[tuple[int, list[str], dict[str, dict[Any, Any]]]]:
+    """Yield ``(key group, serialized state names, {state name: {key: value}})`` for each key
+    group of a heap snapshot handle, one key group in memory at a time.
+
+    Values of the states named in the second item are still in their descriptor's custom
+    serializer's bytes. Used by tools that need the key group of each entry (the PySpark
+    bridge's ``CheckpointReader``, like Flink's State Processor API).
+
+    Raises:
+        RestoreError: if the handle is not a heap snapshot or its file is unreadable.
+    """
+    if handle.get("backend") != "heap" or handle.get("format") != FORMAT:
+        raise RestoreError(f"not a heap snapshot handle: {handle.get('backend')!r}")
+    path = job_dir / handle["files"][0]["path"]
+    try:
+        with open(path, "rb") as f:
+            for kg_str, (offset, length) in handle["key_groups"].items():
+                f.seek(offset)
+                serialized, data = pickle.loads(f.read(length))
+                yield int(kg_str), serialized, data
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError) as exc:
+        raise RestoreError(f"cannot read heap snapshot {path}: {exc}") from exc
+
+
+def write_heap_snapshot(
+    path: Path, job_dir: Path, key_groups: Iterable[tuple[int, dict[str, dict[Any, Any]]]]
+) -> dict[str, Any]:
+    """Write keyed state as a heap snapshot file (atomically) and return its handle, the
+    same ``keyed_state`` handle a checkpoint of this backend holds (for savepoints written
+    outside a running job, e.g. the PySpark bridge's ``SavepointWriter``).
+
+    Args:
+        path: the file to write, inside ``job_dir`` (e.g. ``<job_dir>/chk-1/uid-0.heap``).
+        job_dir: the job directory the handle's path is relative to.
+        key_groups: ``(key group, {state name: {key: value}})`` pairs, each key group at most
+            once; values are stored as given (restored as is, whatever the descriptor's
+            serializer); key groups without entries are skipped.
+
+    Returns:
+        ``{"backend": "heap", "format": "heap-v1", "files": [{path, size, sha256}],
+        "key_groups": {kg: [offset, length]}}``.
+    """
+    index: dict[str, list[int]] = {}
+
+    def blobs() -> Iterator[bytes]:
+        offset = 0
+        for kg, data in key_groups:
+            data = {name: d for name, d in data.items() if d}
+            if not data:
+                continue
+            blob = pickle.dumps(([], data), protocol=pickle.HIGHEST_PROTOCOL)
+            index[str(kg)] = [offset, len(blob)]
+            offset += len(blob)
+            yield blob
+
+    size, sha = write_atomic(path, blobs())
+    return {
+        "backend": "heap",
+        "format": FORMAT,
+        "files": [{"path": path.relative_to(job_dir).as_posix(), "size": size, "sha256": sha}],
+        "key_groups": index,
+    }
 
 
 class HeapStateBackend(StateBackend):

@@ -1,0 +1,107 @@
+"""A local SparkSession with defaults for a small machine, and the Java check before it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import JavaNotFoundError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["find_java", "local_session"]
+
+_INSTALL_HINT = (
+    "Spark needs a Java runtime (17 or newer for Spark 4, 8/11/17 for Spark 3.5). Install one, "
+    "e.g. `apt-get install openjdk-17-jre-headless` (Debian/Ubuntu) or `brew install openjdk@17` "
+    "(macOS), or set JAVA_HOME to an installed JDK/JRE"
+)
+
+
+def find_java() -> Path:
+    """Return the ``java`` executable Spark will start (``$JAVA_HOME/bin/java``, else the
+    one on ``PATH``), checking that it runs.
+
+    Returns:
+        the path of the java executable.
+
+    Raises:
+        JavaNotFoundError: if there is none, or it does not run; the message says how to
+            install one.
+    """
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = Path(home) / "bin" / "java"
+        if not java.is_file():
+            raise JavaNotFoundError(f"JAVA_HOME={home} has no bin/java. {_INSTALL_HINT}")
+    else:
+        found = shutil.which("java")
+        if found is None:
+            raise JavaNotFoundError(f"no `java` on PATH and JAVA_HOME is not set. {_INSTALL_HINT}")
+        java = Path(found)
+    try:
+        # spark-submit would fail later with a less helpful "Java gateway process exited"
+        subprocess.run([str(java), "-version"], capture_output=True, check=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise JavaNotFoundError(f"{java} does not run ({exc}). {_INSTALL_HINT}") from exc
+    return java
+
+
+def local_session(
+    master: str = "local[*]",
+    app_name: str = "reactive-spark-bridge",
+    shuffle_partitions: int = 4,
+    driver_memory: str = "2g",
+    log_level: str = "ERROR",
+    extra_conf: dict[str, str] | None = None,
+) -> SparkSession:
+    """Return a SparkSession for one machine (or the active one, as ``getOrCreate`` does).
+
+    Defaults suit a small machine and small-to-medium data: 4 shuffle partitions instead of
+    Spark's 200 (each is a task; 200 tiny tasks cost more than the work), no web UI, no
+    console progress bar, quiet logs, and Python workers running this interpreter (so
+    ``reactive`` is importable in UDFs). Arrow-optimized Python UDFs are turned off because
+    they need pandas, which the bridge does not require.
+
+    Args:
+        master: the Spark master URL (``local[*]``: one worker thread per core).
+        app_name: the application name.
+        shuffle_partitions: ``spark.sql.shuffle.partitions``.
+        driver_memory: ``spark.driver.memory`` (only effective when this call starts the JVM).
+        log_level: Spark's log level after start-up (``ERROR``, ``WARN``, ``INFO``...).
+        extra_conf: more Spark configuration, applied last.
+
+    Returns:
+        the session.
+
+    Raises:
+        JavaNotFoundError: if no Java runtime is available (with how to install one).
+        ImportError: if pyspark is not installed (``pip install pyspark``).
+    """
+    find_java()
+    from pyspark.sql import SparkSession
+
+    # workers must run the driver's interpreter: another python may lack reactive or mmh3
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    conf = {
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.default.parallelism": str(shuffle_partitions),
+        "spark.driver.memory": driver_memory,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.pythonUDF.arrow.enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+        **(extra_conf or {}),
+    }
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(log_level)
+    return spark
