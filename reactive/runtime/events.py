@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["END_OF_INPUT", "MAX_WATERMARK", "CheckpointBarrier", "EndOfInput", "Watermark"]
+__all__ = [
+    "END_OF_DATA",
+    "END_OF_INPUT",
+    "MAX_WATERMARK",
+    "CheckpointBarrier",
+    "EndOfData",
+    "EndOfInput",
+    "Watermark",
+]
 
 MAX_WATERMARK = float("inf")
 
@@ -33,8 +41,18 @@ class Watermark:
 
 
 @dataclass(frozen=True, slots=True)
+class EndOfData:
+    """The channel's producer emits no more records (Flink's ``EndOfData``).
+
+    Barriers still follow it: the job's final checkpoint comes after every operator has
+    flushed what it emits at the end of input, so that output is committed by a checkpoint.
+    """
+
+
+@dataclass(frozen=True, slots=True)
 class EndOfInput:
     """The channel's producer has finished; nothing follows on this channel."""
 
 
+END_OF_DATA = EndOfData()
 END_OF_INPUT = EndOfInput()

@@ -25,7 +25,15 @@ from ..time.mailbox import OperatorMailbox
 from ..time.watermarks import ACTIVE, IDLE, WatermarkStatus
 from .barrier_handler import AlignedBarrierHandler, BarrierHandler, BarrierTracker
 from .channel import InputGate
-from .events import END_OF_INPUT, MAX_WATERMARK, CheckpointBarrier, EndOfInput, Watermark
+from .events import (
+    END_OF_DATA,
+    END_OF_INPUT,
+    MAX_WATERMARK,
+    CheckpointBarrier,
+    EndOfData,
+    EndOfInput,
+    Watermark,
+)
 from .operators import SinkOperator, SourceOperator, StreamOperator, maybe_await
 from .partitioner import KeySelectorError
 from .record_writer import RecordWriter
@@ -167,7 +175,7 @@ class StreamTask:
             # let the coordinator, downstream tasks and the application run between batches
             await asyncio.sleep(0)
         await self._advance_watermark(MAX_WATERMARK)
-        await self._flush()
+        await self._end_data()
         self.env.on_source_finished(self)
         # A finished source keeps injecting barriers, so the job can end with a final
         # checkpoint that commits every two-phase-commit sink (Flink FLIP-147).
@@ -189,6 +197,7 @@ class StreamTask:
         )
         timeout = self.env.buffer_timeout
         live = len(gate.channels)
+        data_ended: set[int] = set()
         last_flush = time.monotonic()
         while live:
             if gate.is_idle():
@@ -210,6 +219,10 @@ class StreamTask:
                 await self._on_watermark(idx, item.timestamp)
             elif isinstance(item, WatermarkStatus):
                 await self._on_watermark_status(idx, item.idle)
+            elif isinstance(item, EndOfData):
+                data_ended.add(idx)
+                if len(data_ended) == len(gate.channels):
+                    await self._end_data()
             elif isinstance(item, EndOfInput):
                 gate.channels[idx].finished = True
                 live -= 1
@@ -314,12 +327,19 @@ class StreamTask:
         """Send ``batch`` through the chain from operator ``start`` (mailbox actions)."""
         return self._push(batch, start)
 
-    async def _end_input(self) -> None:
+    async def _end_data(self) -> None:
+        """Every input has ended its data: flush what operators emit at the end of input,
+        then tell downstream. The final checkpoint's barriers follow, so this output is
+        covered by it (committed exactly once by two-phase-commit sinks)."""
         chain = self.chain
         for i, op in enumerate(chain):
             out = op.end_input()
             if out:
                 await self._push(out, i + 1)
+        for w in self.writers:
+            await w.broadcast_event(END_OF_DATA)
+
+    async def _end_input(self) -> None:
         if self.sink is not None:
             await maybe_await(self.sink.writer.finish())
         for w in self.writers:
