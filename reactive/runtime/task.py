@@ -416,6 +416,12 @@ class StreamTask:
                     }
                     size += n
                 states[op.uid] = entry
+        except asyncio.CancelledError:
+            # the attempt is being torn down: release what the synchronous part captured
+            for _, _, keyed, _ in captures:
+                if keyed is not None:
+                    keyed.discard()
+            raise
         except Exception as exc:
             for _, _, keyed, _ in captures:
                 if keyed is not None:
