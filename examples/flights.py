@@ -209,7 +209,7 @@ async def report_progress(job: Any, total: int, every: float) -> None:
 async def run_job(args: argparse.Namespace) -> dict[str, Any]:
     """Run (or resume) the job in this process; return its figures."""
     data, output, chk = Path(args.data), Path(args.output), Path(args.checkpoint_dir)
-    total = count_lines(data) - 1
+    total = count_lines(data)  # lines the source emits, the header included
     if args.crash_at is not None:
         CrashAt.at = max(1, int(args.crash_at * total))
     flow = build_flow(data, output, args.parallelism)
