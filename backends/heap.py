@@ -13,6 +13,11 @@ Snapshots are full and asynchronous, with copy-on-write at key-group granularity
 
 Each key group is serialized once per snapshot, by whichever side reaches it first. This is
 the heap backend's analogue of Flink's copy-on-write state table (thesis section 4.5.1).
+
+Restore loads only the key groups of the instance's range (rescaling, thesis 4.2), from heap
+snapshots or from RocksDB snapshots (``backends.rocksdb.iter_rocksdb_key_groups`` yields the
+same per-key-group form), so a job can move between the two backends through any completed
+checkpoint or savepoint.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import asyncio
 import hashlib
 import os
 import pickle
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -215,6 +222,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     def restore(self, handles: list[dict[str, Any]], job_dir: Path) -> None:
         for handle in handles:
+            if handle.get("backend") == "rocksdb":
+                self._restore_rocksdb(handle, job_dir)
+                continue
             if handle.get("backend") != "heap" or handle.get("format") != FORMAT:
                 raise RestoreError(
                     f"cannot restore a {handle.get('backend')!r} snapshot "
@@ -232,6 +242,21 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                         self._install(kg - self._start, serialized, data)
             except (OSError, pickle.UnpicklingError, EOFError, ValueError) as exc:
                 raise RestoreError(f"cannot read heap snapshot {path}: {exc}") from exc
+
+    def _restore_rocksdb(self, handle: dict[str, Any], job_dir: Path) -> None:
+        """Load the key groups of this instance's range from a RocksDB snapshot handle (a
+        heap <-> RocksDB restore); only their key range of the RocksDB files is read."""
+        try:
+            from backends.rocksdb import iter_rocksdb_key_groups
+        except ImportError as exc:  # rocksdict not installed
+            raise RestoreError(f"cannot restore a RocksDB snapshot: {exc}") from exc
+        scratch = Path(tempfile.mkdtemp(prefix="reactive-restore-")) / "db"
+        try:
+            for kg, serialized, data in iter_rocksdb_key_groups(handle, job_dir, scratch,
+                                                                self.key_group_range):
+                self._install(kg - self._start, serialized, data)
+        finally:
+            shutil.rmtree(scratch.parent, ignore_errors=True)
 
     def _install(self, idx: int, serialized: list[str], data: dict[str, dict[Any, Any]]) -> None:
         for name, d in data.items():
@@ -464,10 +489,11 @@ def read_heap_snapshot(handle: dict[str, Any], job_dir: Path) -> dict[str, dict[
 
 
 def iter_heap_key_groups(
-    handle: dict[str, Any], job_dir: Path
+    handle: dict[str, Any], job_dir: Path, key_group_range: KeyGroupRange | None = None
 ) -> Iterator[tuple[int, list[str], dict[str, dict[Any, Any]]]]:
     """Yield ``(key group, serialized state names, {state name: {key: value}})`` for each key
-    group of a heap snapshot handle, one key group in memory at a time.
+    group of a heap snapshot handle (in ``key_group_range`` when given: the others are not
+    read), one key group in memory at a time.
 
     Values of the states named in the second item are still in their descriptor's custom
     serializer's bytes. Used by tools that need the key group of each entry (the PySpark
@@ -482,9 +508,12 @@ def iter_heap_key_groups(
     try:
         with open(path, "rb") as f:
             for kg_str, (offset, length) in handle["key_groups"].items():
+                kg = int(kg_str)
+                if key_group_range is not None and kg not in key_group_range:
+                    continue
                 f.seek(offset)
                 serialized, data = pickle.loads(f.read(length))
-                yield int(kg_str), serialized, data
+                yield kg, serialized, data
     except (OSError, pickle.UnpicklingError, EOFError, ValueError) as exc:
         raise RestoreError(f"cannot read heap snapshot {path}: {exc}") from exc
 

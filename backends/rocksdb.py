@@ -32,11 +32,20 @@ Flink's ``RocksIncrementalSnapshotStrategy`` / ``RocksFullSnapshotStrategy``):
   shared file exactly when no retained checkpoint lists it (reference counting derived from
   the metadata, hence correct across restarts).
 
-Restore (into a fresh directory): a single handle of exactly this instance's key-group range
-is installed as is (SST files hard-linked, other files copied) and its shared files become the
-base of the next incremental checkpoint; otherwise (rescaling, several old instances) each
-handle is opened read-only and the key groups of this instance's range are copied over by
-range iteration.
+Restore (into a fresh directory; rescaling as in thesis 4.2 and Flink's
+``RocksDBIncrementalRestoreOperation``): the handle whose key-group range overlaps this
+instance's the most is installed as the initial database (SST files hard-linked, other files
+copied) and the key groups outside this instance's range are removed with range deletions
+(``delete_range``: a tombstone, no data is read); with exactly this instance's range (same
+parallelism) nothing is deleted and its shared files become the base of the next incremental
+checkpoint. Every other handle is opened read-only and only the key range of the key groups
+this instance needs is iterated and copied. So no instance reads the whole state.
+
+Heap snapshot handles (``backends.heap``) are restored too, reading only the key groups of
+this instance's range: with :func:`iter_rocksdb_key_groups` on the heap side this makes the
+two built-in backends interchangeable across a restore (``heap <-> rocksdb``). Handles record
+which states use a descriptor's custom serializer (``custom_serializers``); the values of the
+others are pickles, which the heap backend unpickles.
 """
 
 from __future__ import annotations
@@ -83,6 +92,7 @@ from reactive.state.descriptors import (
 __all__ = [
     "RocksDBKeyedStateBackend",
     "RocksDBStateBackend",
+    "iter_rocksdb_key_groups",
     "read_rocksdb_snapshot",
     "state_id",
 ]
@@ -245,13 +255,20 @@ _ABSENT = object()  # known to have no value (cached miss, or cleared)
 
 
 class _Table:
-    """One named state: its id, kind, serializer and write-back cache."""
+    """One named state: its id, kind, serializer and write-back cache.
 
-    __slots__ = ("cache", "descriptor", "dirty", "dumps", "kind", "loads", "name", "sid")
+    ``kind`` is None for a state restored from a snapshot that does not record kinds (a heap
+    snapshot) until a descriptor binds it; ``custom`` says whether its stored values are a
+    custom serializer's bytes (else pickles), known from the descriptor or the snapshot.
+    """
 
-    def __init__(self, name: str, kind: str) -> None:
+    __slots__ = ("cache", "custom", "descriptor", "dirty", "dumps", "kind", "loads", "name",
+                 "sid")
+
+    def __init__(self, name: str, kind: str | None) -> None:
         self.name = name
         self.kind = kind
+        self.custom = False
         self.sid = state_id(name)
         self.descriptor: StateDescriptor | None = None
         self.cache: dict[Any, Any] = {}
@@ -263,6 +280,9 @@ class _Table:
     def bind(self, descriptor: StateDescriptor) -> None:
         self.descriptor = descriptor
         ser = getattr(descriptor, "serializer", None)
+        self.custom = ser is not None
+        if self.kind is None:
+            self.kind = descriptor.kind
         if ser is None:
             self.dumps, self.loads = _pickle_dumps, pickle.loads
         else:
@@ -346,7 +366,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                                    "process_element of a keyed operator?)")
         return kgb
 
-    def _table(self, name: str, kind: str) -> _Table:
+    def _table(self, name: str, kind: str | None) -> _Table:
         table = self._tables.get(name)
         if table is None:
             table = _Table(name, kind)
@@ -361,7 +381,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     def get_state(self, descriptor: StateDescriptor) -> State:
         table = self._table(descriptor.name, descriptor.kind)
-        if table.kind != descriptor.kind:
+        if table.kind is not None and table.kind != descriptor.kind:
             raise StateAccessError(
                 f"state {descriptor.name!r} is registered as {table.kind} state, "
                 f"requested as {descriptor.kind}"
@@ -457,7 +477,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         incremental = self.incremental and not ctx.savepoint
         snap = _RocksDBSnapshot(self, ctx, local, incremental,
                                 dict(self._base) if incremental else {},
-                                {n: t.kind for n, t in self._tables.items()})
+                                {n: t.kind for n, t in self._tables.items()},
+                                sorted(n for n, t in self._tables.items() if t.custom))
         self._snapshots.add(snap)
         return snap
 
@@ -475,25 +496,84 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     # ------------------------------------------------------------------ restore
     def restore(self, handles: list[dict[str, Any]], job_dir: Path) -> None:
+        heap = [h for h in handles if h.get("backend") == "heap"]
+        handles = [h for h in handles if h.get("backend") != "heap"]
         for handle in handles:
             _check_handle(handle)
+        for handle in heap:
+            self._restore_heap(handle, job_dir)
         if not handles:
             return
-        mine = self.key_group_range.to_list()
         fresh = not self._tables and next(iter(self._db.keys()), None) is None
-        if len(handles) == 1 and list(handles[0]["key_group_range"]) == mine and fresh:
-            self._install(handles[0], job_dir)
-        else:
-            for i, handle in enumerate(handles):
-                self._copy_key_groups(handle, job_dir, self.directory / f"restore-{i}")
+        rest = list(handles)
+        if fresh:
+            # the largest overlap becomes the initial database: only the other handles are
+            # read key by key (Flink's RocksDBIncrementalRestoreOperation)
+            base = max(handles, key=self._overlap)
+            if self._overlap(base) > 0:
+                rest.remove(base)
+                self._install(base, job_dir)
+                self._clip(base)
+        for i, handle in enumerate(rest):
+            self._copy_key_groups(handle, job_dir, self.directory / f"restore-{i}")
         for handle in handles:
+            custom = set(handle.get("custom_serializers", ()))
             for name, kind in handle.get("states", {}).items():
                 table = self._table(name, kind)
-                if table.kind != kind:
+                if table.kind is None:
+                    table.kind = kind
+                elif kind is not None and table.kind != kind:
                     raise RestoreError(
                         f"state {name!r} is {kind} state in one snapshot and {table.kind} "
                         "state in another"
                     )
+                if table.descriptor is None:
+                    table.custom = name in custom
+
+    def _overlap(self, handle: dict[str, Any]) -> int:
+        """Number of key groups ``handle`` holds that this instance owns."""
+        old_start, old_end = (int(x) for x in handle["key_group_range"])
+        return max(0, min(old_end, self._end) - max(old_start, self._start) + 1)
+
+    def _clip(self, handle: dict[str, Any]) -> None:
+        """Delete the key groups of an installed ``handle`` outside this instance's range."""
+        old_start, old_end = handle["key_group_range"]
+        if old_start < self._start:
+            self._db.delete_range(_kg_bytes(old_start), _kg_bytes(self._start))
+        if old_end > self._end:
+            upper = _range_bounds(self._end + 1, old_end)[1]
+            # the last key group of a 65536-wide range has no upper bound key: 3 bytes sort
+            # after every 2-byte-prefixed key of it
+            self._db.delete_range(_kg_bytes(self._end + 1),
+                                  upper if upper is not None else b"\xff\xff\xff")
+        # the installed SST files keep the other key groups until compaction, hidden by the
+        # range tombstones (flushed into the next checkpoint's files): referencing them as
+        # the incremental base stays correct, and a later restore reads only its range
+
+    def _restore_heap(self, handle: dict[str, Any], job_dir: Path) -> None:
+        """Write the key groups of this instance's range from a heap snapshot handle."""
+        from backends.heap import iter_heap_key_groups
+
+        wb = WriteBatch(raw_mode=True)
+        n = 0
+        for kg, serialized, data in iter_heap_key_groups(handle, job_dir, self.key_group_range):
+            kgb = self._kg[kg]
+            for name, entries in data.items():
+                table = self._table(name, None)
+                custom = name in serialized
+                if table.descriptor is None:
+                    table.custom = custom
+                prefix = kgb + table.sid
+                for key, value in entries.items():
+                    # values of custom-serialized states are that serializer's bytes already
+                    wb.put(prefix + encode_key(key), value if custom else _pickle_dumps(value))
+                    n += 1
+                    if n >= _RESTORE_BATCH:
+                        self._db.write(wb)
+                        wb = WriteBatch(raw_mode=True)
+                        n = 0
+        if n:
+            self._db.write(wb)
 
     def _install(self, handle: dict[str, Any], job_dir: Path) -> None:
         """Use the snapshot's files as this instance's database (same key-group range)."""
@@ -574,13 +654,14 @@ class _Upload:
 class _RocksDBSnapshot(KeyedStateSnapshot):
     def __init__(self, backend: RocksDBKeyedStateBackend, ctx: SnapshotContext, local: Path,
                  incremental: bool, base: dict[str, dict[str, Any]],
-                 states: dict[str, str]) -> None:
+                 states: dict[str, str | None], custom: list[str]) -> None:
         self.backend = backend
         self.ctx = ctx
         self.local = local
         self.incremental = incremental
         self.base = base
         self.states = states
+        self.custom = custom
         self.started = False
         self.done = False
 
@@ -595,7 +676,10 @@ class _RocksDBSnapshot(KeyedStateSnapshot):
             src = self.local / name
             if self.incremental and name.endswith(".sst"):
                 ref = self.base.get(name)
-                if ref is not None and ref["size"] == src.stat().st_size:
+                # the base may come from a checkpoint of another job directory (restore_from):
+                # reuse a file only if this storage holds it (names are content hashes)
+                if ref is not None and ref["size"] == src.stat().st_size and \
+                        (ctx.job_dir / ref["path"]).is_file():
                     up.reused.append(ref)
                 else:
                     size, sha, dest = await _hash_to_shared(src, shared_dir)
@@ -632,6 +716,7 @@ class _RocksDBSnapshot(KeyedStateSnapshot):
             "key_group_range": b.key_group_range.to_list(),
             "max_parallelism": b.max_parallelism,
             "states": self.states,
+            "custom_serializers": self.custom,
             "db_files": up.db_files,
         }
 
@@ -816,6 +901,71 @@ def read_rocksdb_snapshot(handle: dict[str, Any], job_dir: Path,
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return out
+
+
+def iter_rocksdb_key_groups(
+    handle: dict[str, Any], job_dir: Path, scratch: Path,
+    key_group_range: KeyGroupRange | None = None,
+) -> Iterator[tuple[int, list[str], dict[str, dict[Any, Any]]]]:
+    """Yield ``(key group, serialized state names, {state name: {key: value}})`` for each key
+    group of a RocksDB snapshot handle in ``key_group_range`` (all when None), in order: the
+    form :func:`backends.heap.iter_heap_key_groups` yields, so the heap backend restores
+    RocksDB snapshots. Only the key range of the wanted key groups is iterated.
+
+    Values of the states named in the second item are still a custom serializer's bytes
+    (``custom_serializers`` of the handle); the others are unpickled. A handle written
+    before ``custom_serializers`` existed is read as if every state used pickle.
+
+    Args:
+        handle: a ``keyed_state`` handle of this backend.
+        job_dir: the directory its paths are relative to.
+        scratch: a directory that does not exist yet, used (and removed) to open the files.
+        key_group_range: the key groups to read.
+
+    Raises:
+        RestoreError: if the handle is not a RocksDB snapshot or its files are unreadable.
+    """
+    _check_handle(handle)
+    names = {state_id(name): name for name in handle.get("states", {})}
+    custom = set(handle.get("custom_serializers", ()))
+    serialized = sorted(custom)
+    old_start, old_end = handle["key_group_range"]
+    start, end = old_start, old_end
+    if key_group_range is not None:
+        start, end = max(start, key_group_range.start), min(end, key_group_range.end)
+    if start > end:
+        return
+    _materialize(handle, job_dir, scratch)
+    try:
+        try:
+            db = _open(scratch, _options(4 << 20, None), read_only=True)
+        except Exception as exc:
+            raise RestoreError(f"cannot open the RocksDB snapshot: {exc}") from exc
+        try:
+            lower, upper = _range_bounds(start, end)
+            current = -1
+            data: dict[str, dict[Any, Any]] = {}
+            for k, v in db.items(from_key=lower):
+                k = cast(bytes, k)  # raw mode: keys are bytes
+                if upper is not None and k >= upper:
+                    break
+                kg = int.from_bytes(k[:2], "big")
+                if kg != current:
+                    if data:
+                        yield current, serialized, data
+                    current, data = kg, {}
+                name = names.get(k[2:6])
+                if name is None:
+                    continue
+                data.setdefault(name, {})[decode_key(k[6:])] = (
+                    v if name in custom else pickle.loads(cast(bytes, v)))
+            if data:
+                yield current, serialized, data
+        finally:
+            db.close()
+            del db
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 class RocksDBStateBackend(StateBackend):

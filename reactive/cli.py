@@ -5,6 +5,7 @@ reactive run MODULE[:ATTR] [--checkpoint-dir D] [--interval S] [--backend heap|r
              [--parallelism N] [--resume]
 reactive checkpoints list D
 reactive checkpoints inspect D/<job>/chk-N
+reactive savepoint D/<job>[/chk-N] --output P   (a checkpoint -> a self-contained savepoint)
 reactive validate ...            (the Spark validation: python -m connectors.spark validate)
 ```
 
@@ -24,7 +25,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .checkpoint.storage import METADATA, CheckpointStorage, iter_file_refs, read_metadata
+from .checkpoint.storage import (
+    METADATA,
+    CheckpointStorage,
+    export_savepoint,
+    iter_file_refs,
+    read_metadata,
+)
 from .config import CheckpointConfig
 from .dataflow import Dataflow
 from .errors import ConfigurationError, JobFailedError, ReactiveError
@@ -173,6 +180,33 @@ def cmd_checkpoints_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_savepoint(args: argparse.Namespace) -> int:
+    """Copy a completed checkpoint into a self-contained savepoint directory.
+
+    Jobs run inside their application's process, so there is no running job to signal from
+    here (a running job takes one with ``await job.savepoint(path)`` or
+    ``await job.stop(savepoint=True)``); this turns the latest restorable checkpoint of a job
+    directory (or the given ``chk-N``) into a savepoint that can be moved and restored with
+    ``restore_from`` at another parallelism or backend.
+    """
+    path = Path(args.checkpoint)
+    if not path.is_dir():
+        raise CliError(f"no such directory: {path}")
+    if (path / METADATA).exists():
+        chk = CheckpointStorage.load(path)
+    else:
+        found = CheckpointStorage(path.parent, path.name).latest_restorable()
+        if found is None:
+            raise CliError(f"{path} holds no completed checkpoint (give D/<job> or "
+                           "D/<job>/chk-N)")
+        chk = found
+    sp = export_savepoint(chk, Path(args.output))
+    size = sum(int(r["size"]) for r in iter_file_refs(sp.metadata))
+    print(f"savepoint of checkpoint {chk.checkpoint_id} of job {sp.metadata['job']!r} "
+          f"written to {sp.path} ({size:,} bytes)")
+    return 0
+
+
 def cmd_validate(argv: Sequence[str]) -> int:
     try:
         from connectors.spark.__main__ import main as spark_main
@@ -203,6 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("path")
     insp.add_argument("--json", action="store_true", help="print the raw metadata")
     insp.set_defaults(func=cmd_checkpoints_inspect)
+    sp = sub.add_parser("savepoint", help="copy a completed checkpoint into a "
+                        "self-contained savepoint (restore it with restore_from=...)")
+    sp.add_argument("checkpoint", help="a job directory D/<job> (its latest restorable "
+                    "checkpoint) or a checkpoint directory D/<job>/chk-N")
+    sp.add_argument("--output", required=True, help="the savepoint directory to create "
+                    "(must not exist or be empty)")
+    sp.set_defaults(func=cmd_savepoint)
     sub.add_parser("validate", help="validate committed results with Spark "
                    "(see python -m connectors.spark validate --help)", add_help=False)
     return p

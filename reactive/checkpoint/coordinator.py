@@ -8,6 +8,15 @@ effects. A checkpoint that times out or is declined is aborted; after
 ``tolerable_failed_checkpoints`` consecutive failures the job fails. Source: Carbone et
 al., "Lightweight Asynchronous Snapshots for Distributed Dataflows" (2015), section 3, and
 the thesis, section 4.5.
+
+A *savepoint* is a checkpoint triggered with kind ``"savepoint"``: its barriers tell the
+backends to write self-contained snapshots (``SnapshotContext.savepoint``: no shared files),
+and its metadata is written with paths relative to its own directory (``self_contained``),
+so it can be moved and restored anywhere, at another parallelism (thesis 4.2). As in Flink
+1.15+, an intermediate savepoint does not commit side effects (``commit=False``: the tasks
+are not notified; the next completed checkpoint commits what it pre-committed), so that a
+failover to the previous checkpoint cannot replay records a savepoint already committed;
+stop-with-savepoint commits (``commit=True``), since the job ends with it.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +34,7 @@ from ..config import CheckpointConfig
 from ..errors import CheckpointError
 from ..runtime.events import CheckpointBarrier
 from .stats import CheckpointStats
-from .storage import CheckpointStorage, CompletedCheckpoint
+from .storage import CheckpointStorage, CompletedCheckpoint, rebase_savepoint_paths
 
 if TYPE_CHECKING:
     from ..runtime.task import StreamTask
@@ -47,7 +56,12 @@ class OperatorInfo:
 
 @dataclass
 class PendingCheckpoint:
-    """A triggered checkpoint waiting for acknowledgements."""
+    """A triggered checkpoint waiting for acknowledgements.
+
+    Attributes:
+        commit: notify the tasks when it completes (they commit side effects); False for
+            an intermediate savepoint.
+    """
 
     checkpoint_id: int
     kind: str
@@ -55,6 +69,7 @@ class PendingCheckpoint:
     started: float
     waiting_for: set[str]
     stats: CheckpointStats
+    commit: bool = True
     operators: dict[str, dict[str, Any]] = field(default_factory=dict)
     done: asyncio.Future[CompletedCheckpoint] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
@@ -142,15 +157,20 @@ class CheckpointCoordinator:
         """Stop periodic triggers (the job is finishing) but keep enforcing timeouts."""
         self._periodic = False
 
-    def trigger(self, kind: str = "checkpoint") -> PendingCheckpoint:
-        """Inject barrier n into every source task and return the pending checkpoint."""
+    def trigger(self, kind: str = "checkpoint", commit: bool = True) -> PendingCheckpoint:
+        """Inject barrier n into every source task and return the pending checkpoint.
+
+        Args:
+            kind: ``"checkpoint"`` or ``"savepoint"``.
+            commit: notify the tasks on completion (see the module docstring).
+        """
         cid = self.next_id
         self.next_id += 1
         now = time.monotonic()
         stats = CheckpointStats(cid, kind=kind, trigger_time=time.time())
         pending = PendingCheckpoint(
             cid, kind, now + self.config.timeout, time.perf_counter(),
-            {t.task_id for t in self.tasks}, stats,
+            {t.task_id for t in self.tasks}, stats, commit,
         )
         self.pending[cid] = pending
         self.history.append(stats)
@@ -162,18 +182,36 @@ class CheckpointCoordinator:
             task.gate.post(functools.partial(task.trigger_checkpoint, barrier))
         return pending
 
-    async def checkpoint(self, kind: str = "checkpoint") -> CompletedCheckpoint:
+    async def checkpoint(
+        self,
+        kind: str = "checkpoint",
+        *,
+        commit: bool = True,
+        on_trigger: Callable[[], None] | None = None,
+    ) -> CompletedCheckpoint:
         """Trigger a checkpoint (when a concurrency slot is free) and wait for completion.
 
+        Args:
+            kind: ``"checkpoint"`` or ``"savepoint"``.
+            commit: notify the tasks on completion (False: an intermediate savepoint).
+            on_trigger: called right after the barrier-injection actions were posted to the
+                source tasks (synchronously, so an action it posts runs right after them;
+                stop-with-savepoint parks the sources this way).
+
         Raises:
-            CheckpointError: if it is aborted.
+            CheckpointError: if it is aborted, or the coordinator is stopped.
         """
         if self._stopped.is_set():
             raise CheckpointError("the job is finishing or stopped: no more checkpoints")
         while len(self.pending) >= self.config.max_concurrent:
             self._slot_free.clear()
             await self._slot_free.wait()
-        return await self.trigger(kind).done
+            if self._stopped.is_set():
+                raise CheckpointError("the job is finishing or stopped: no more checkpoints")
+        pending = self.trigger(kind, commit)
+        if on_trigger is not None:
+            on_trigger()
+        return await pending.done
 
     # ------------------------------------------------------------------ acknowledgements
     async def acknowledge(
@@ -218,6 +256,14 @@ class CheckpointCoordinator:
             "operators": p.operators,
             "stats": {k: v for k, v in p.stats.to_dict().items() if k != "tasks"},
         }
+        if p.kind == "savepoint":
+            try:
+                body["operators"] = rebase_savepoint_paths(
+                    p.operators, self.storage.checkpoint_dir(p.checkpoint_id).name)
+            except CheckpointError as exc:
+                self._fail_pending(p, str(exc))
+                return
+            body["self_contained"] = True
         try:
             # inline, not in a thread: the metadata is small, and a worker thread would wait
             # for the GIL held by the busy tasks longer than the write and fsync take
@@ -231,8 +277,10 @@ class CheckpointCoordinator:
         self.consecutive_failures = 0
         for older in [cid for cid in self.pending if cid < p.checkpoint_id]:
             self.abort(older, f"subsumed by checkpoint {p.checkpoint_id}", count_failure=False)
-        for task in self.tasks:
-            task.gate.post(functools.partial(task.notify_checkpoint_complete, p.checkpoint_id))
+        if p.commit:
+            for task in self.tasks:
+                task.gate.post(functools.partial(task.notify_checkpoint_complete,
+                                                 p.checkpoint_id))
         # resolved after the notifications are queued, so whoever waits for this checkpoint
         # (e.g. the final one) acts after every task was told to commit
         if not p.done.done():
