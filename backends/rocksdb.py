@@ -754,7 +754,9 @@ class _ValueState(ValueState):
         self._b._store(self._t, self._b.current_key, _ABSENT)
 
 
-class _ListState(ListState):
+class _CachedWholeValue:
+    """List and map state store one value per key: read through the write-back cache."""
+
     __slots__ = ("_b", "_cache", "_t")
 
     def __init__(self, backend: RocksDBKeyedStateBackend, table: _Table) -> None:
@@ -766,6 +768,10 @@ class _ListState(ListState):
         key = self._b.current_key
         v = self._cache.get(key, _MISS)
         return self._b._load(self._t, key) if v is _MISS else v
+
+
+class _ListState(_CachedWholeValue, ListState):
+    __slots__ = ()
 
     def get(self) -> list[Any]:
         v = self._get()
@@ -798,18 +804,8 @@ class _ListState(ListState):
         self._b._store(self._t, self._b.current_key, _ABSENT)
 
 
-class _MapState(MapState):
-    __slots__ = ("_b", "_cache", "_t")
-
-    def __init__(self, backend: RocksDBKeyedStateBackend, table: _Table) -> None:
-        self._b = backend
-        self._t = table
-        self._cache = table.cache
-
-    def _get(self) -> Any:
-        key = self._b.current_key
-        v = self._cache.get(key, _MISS)
-        return self._b._load(self._t, key) if v is _MISS else v
+class _MapState(_CachedWholeValue, MapState):
+    __slots__ = ()
 
     def get(self, user_key: Any, default: Any = None) -> Any:
         m = self._get()

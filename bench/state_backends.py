@@ -29,6 +29,7 @@ import numpy as np
 from backends.heap import HeapStateBackend
 from backends.rocksdb import RocksDBStateBackend
 from bench.common import peak_rss_mb, print_table, zipf_keys
+from bench.w1 import bare_loop
 from connectors.collections import DiscardingSink
 from reactive import (
     CheckpointConfig,
@@ -50,16 +51,6 @@ class Count(KeyedProcessFunction):
 
     def process_element(self, value: Any, ctx: Any) -> None:
         self.count.update(self.count.value() + 1)
-
-
-def bare_loop(keys: list[str]) -> float:
-    """Records/s of a plain dict count over ``keys``."""
-    t = time.perf_counter()
-    counts: dict[str, int] = {}
-    get = counts.get
-    for k in keys:
-        counts[k] = get(k, 0) + 1
-    return len(keys) / (time.perf_counter() - t)
 
 
 async def pipeline(keys: list[str], parallelism: int, interval: float, directory: Path,
