@@ -731,31 +731,9 @@ class _RocksDBSnapshot(KeyedStateSnapshot):
 
 
 # ---------------------------------------------------------------------- state objects
-class _ValueState(ValueState):
-    __slots__ = ("_b", "_cache", "_default", "_t")
-
-    def __init__(self, backend: RocksDBKeyedStateBackend, table: _Table, default: Any) -> None:
-        self._b = backend
-        self._t = table
-        self._cache = table.cache
-        self._default = default
-
-    def value(self) -> Any:
-        key = self._b.current_key
-        v = self._cache.get(key, _MISS)
-        if v is _MISS:
-            v = self._b._load(self._t, key)
-        return self._default if v is _ABSENT else v
-
-    def update(self, value: Any) -> None:
-        self._b._store(self._t, self._b.current_key, value)
-
-    def clear(self) -> None:
-        self._b._store(self._t, self._b.current_key, _ABSENT)
-
-
-class _CachedWholeValue:
-    """List and map state store one value per key: read through the write-back cache."""
+class _CachedState:
+    """Every state kind stores one value per key: reads go through the write-back cache,
+    then RocksDB; writes go to the cache (``_store``); clearing stores ``_ABSENT``."""
 
     __slots__ = ("_b", "_cache", "_t")
 
@@ -769,8 +747,26 @@ class _CachedWholeValue:
         v = self._cache.get(key, _MISS)
         return self._b._load(self._t, key) if v is _MISS else v
 
+    def clear(self) -> None:
+        self._b._store(self._t, self._b.current_key, _ABSENT)
 
-class _ListState(_CachedWholeValue, ListState):
+
+class _ValueState(_CachedState, ValueState):
+    __slots__ = ("_default",)
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, table: _Table, default: Any) -> None:
+        super().__init__(backend, table)
+        self._default = default
+
+    def value(self) -> Any:
+        v = self._get()
+        return self._default if v is _ABSENT else v
+
+    def update(self, value: Any) -> None:
+        self._b._store(self._t, self._b.current_key, value)
+
+
+class _ListState(_CachedState, ListState):
     __slots__ = ()
 
     def get(self) -> list[Any]:
@@ -800,11 +796,8 @@ class _ListState(_CachedWholeValue, ListState):
         new = list(values)
         self._b._store(self._t, self._b.current_key, new if new else _ABSENT)
 
-    def clear(self) -> None:
-        self._b._store(self._t, self._b.current_key, _ABSENT)
 
-
-class _MapState(_CachedWholeValue, MapState):
+class _MapState(_CachedState, MapState):
     __slots__ = ()
 
     def get(self, user_key: Any, default: Any = None) -> Any:
@@ -831,36 +824,23 @@ class _MapState(_CachedWholeValue, MapState):
         m = self._get()
         return iter([] if m is _ABSENT else list(m.items()))
 
-    def clear(self) -> None:
-        self._b._store(self._t, self._b.current_key, _ABSENT)
 
-
-class _ReducingState(ReducingState):
-    __slots__ = ("_b", "_cache", "_fn", "_t")
+class _ReducingState(_CachedState, ReducingState):
+    __slots__ = ("_fn",)
 
     def __init__(self, backend: RocksDBKeyedStateBackend, table: _Table,
                  fn: Callable[[Any, Any], Any]) -> None:
-        self._b = backend
-        self._t = table
-        self._cache = table.cache
+        super().__init__(backend, table)
         self._fn = fn
 
     def get(self) -> Any:
-        key = self._b.current_key
-        v = self._cache.get(key, _MISS)
-        if v is _MISS:
-            v = self._b._load(self._t, key)
+        v = self._get()
         return None if v is _ABSENT else v
 
     def add(self, value: Any) -> None:
-        key = self._b.current_key
-        v = self._cache.get(key, _MISS)
-        if v is _MISS:
-            v = self._b._load(self._t, key)
-        self._b._store(self._t, key, value if v is _ABSENT else self._fn(v, value))
-
-    def clear(self) -> None:
-        self._b._store(self._t, self._b.current_key, _ABSENT)
+        v = self._get()
+        self._b._store(self._t, self._b.current_key,
+                       value if v is _ABSENT else self._fn(v, value))
 
 
 # ---------------------------------------------------------------------- tools
