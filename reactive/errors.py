@@ -17,6 +17,7 @@ __all__ = [
     "ReactiveError",
     "RestoreError",
     "StateAccessError",
+    "StateSerializationError",
     "UserFunctionError",
 ]
 
@@ -75,6 +76,31 @@ class StateAccessError(ReactiveError):
 
 class CheckpointError(ReactiveError):
     """A checkpoint could not be taken (declined, timed out or failed while writing)."""
+
+
+class StateSerializationError(CheckpointError):
+    """A state value (or operator-state entry) cannot be serialized into a snapshot.
+
+    Deterministic: the same state fails every later checkpoint, so the job fails at once
+    (no restart) instead of running on towards a final checkpoint that cannot succeed.
+
+    Attributes:
+        operator: the operator's uid.
+        state_name: the state's name.
+        key: the key whose value failed (None for operator state).
+    """
+
+    def __init__(self, operator: str, state_name: str, key: object, cause: BaseException
+                 ) -> None:
+        self.operator = operator
+        self.state_name = state_name
+        self.key = key
+        where = f", key {_preview(key)}" if key is not None else ""
+        super().__init__(
+            f"operator {operator!r}: state {state_name!r}{where} cannot be serialized: "
+            f"{type(cause).__name__}: {cause}. Keep state values to picklable data, or give "
+            "the state descriptor a serializer that handles them"
+        )
 
 
 class RestoreError(ReactiveError):

@@ -295,10 +295,18 @@ class CheckpointCoordinator:
         except OSError as exc:  # retention is housekeeping: never fail the job for it
             log.warning("checkpoint retention failed: %s", exc)
 
-    def decline(self, checkpoint_id: int, task: StreamTask, reason: BaseException) -> None:
-        """A task could not snapshot: abort the checkpoint."""
+    def decline(self, checkpoint_id: int, task: StreamTask, reason: BaseException,
+                count_failure: bool = True) -> None:
+        """A task could not snapshot: abort the checkpoint.
+
+        Args:
+            count_failure: False when the checkpoint was subsumed by a newer one (Flink's
+                ``CHECKPOINT_DECLINED_SUBSUMED``): it does not count towards
+                ``tolerable_failed_checkpoints``.
+        """
         log.warning("task %s declined checkpoint %d: %r", task.task_id, checkpoint_id, reason)
-        self.abort(checkpoint_id, f"declined by {task.task_id}: {type(reason).__name__}: {reason}")
+        self.abort(checkpoint_id, f"declined by {task.task_id}: {type(reason).__name__}: {reason}",
+                   count_failure)
 
     def abort(self, checkpoint_id: int, reason: str, count_failure: bool = True) -> None:
         """Abort a pending checkpoint: drop its files and tell the tasks."""

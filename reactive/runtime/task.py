@@ -50,7 +50,8 @@ class CheckpointAcknowledger(Protocol):
     async def acknowledge(self, checkpoint_id: int, task: StreamTask,
                           states: dict[str, dict[str, Any]], stats: dict[str, float]) -> None: ...
 
-    def decline(self, checkpoint_id: int, task: StreamTask, reason: BaseException) -> None: ...
+    def decline(self, checkpoint_id: int, task: StreamTask, reason: BaseException,
+                count_failure: bool = True) -> None: ...
 
 
 @dataclass
