@@ -64,8 +64,9 @@ class Dataflow:
         buffer_timeout: float = 0.05,
         channel_capacity: int = 8,
     ) -> None:
-        if not name or any(c in name for c in "/\\"):
-            raise ConfigurationError(f"job name {name!r} must be non-empty and contain no '/'")
+        from .checkpoint.storage import validate_job_name
+
+        validate_job_name(name)
         if parallelism < 1:
             raise ConfigurationError(f"parallelism must be >= 1, got {parallelism}")
         if not 1 <= max_parallelism <= 32768:
@@ -136,22 +137,37 @@ class Dataflow:
         resume: bool = False,
         restore_from: str | os.PathLike[str] | None = None,
         allow_non_restored_state: bool = False,
+        allow_replayed_output: bool = False,
     ) -> Job:
         """Start the job on the running event loop and return its handle at once.
+
+        Each call starts a new *run* (``job.run_id``). Without ``resume`` or
+        ``restore_from`` the run starts fresh, whatever the checkpoint directory holds
+        (checkpoint ids continue after the ones on disk). After a failure the restart
+        strategy restores the newest checkpoint of this run (or the one it started from),
+        never one of another run (``reactive.checkpoint.lineage``).
 
         Args:
             checkpoints: checkpointing configuration; None disables checkpoints.
             restart: restart strategy (default: three restarts with checkpointing, none
                 without).
             state_backend: keyed state backend (default: heap).
-            resume: restore the latest completed checkpoint of the checkpoint directory
-                (start fresh when there is none).
-            restore_from: restore this checkpoint or savepoint directory.
+            resume: restore the newest completed checkpoint of ``<directory>/<job>``,
+                whichever earlier run wrote it, after checking its files (start fresh when
+                the directory holds none; fail, listing why, when it holds some but none can
+                be restored).
+            restore_from: restore exactly this checkpoint or savepoint directory; the job
+                fails with the reason if it cannot (never a fresh start).
             allow_non_restored_state: accept a checkpoint with state of operators that the
                 program no longer has.
+            allow_replayed_output: accept restoring an older checkpoint when a newer one is
+                damaged although the newer one had committed output (its records are then
+                published again by exactly-once sinks).
 
         Raises:
             ConfigurationError: for an invalid program or options, before anything runs.
+            RestoreError: when ``restore_from`` is not a completed checkpoint, was taken with
+                another max parallelism, or holds state of unknown operators.
         """
         from .runtime.job import Job, JobOptions
 
@@ -164,6 +180,7 @@ class Dataflow:
             resume=resume,
             restore_from=Path(restore_from) if restore_from is not None else None,
             allow_non_restored_state=allow_non_restored_state,
+            allow_replayed_output=allow_replayed_output,
         )
         job = Job(self, options)
         job.start()
@@ -316,8 +333,10 @@ class Stream:
         from .defaults import callback_sink
 
         s: Sink = sink if isinstance(sink, Sink) else callback_sink(sink)
-        return self._then("sink", name or type(s).__name__,
-                          lambda t: ops.SinkOperator(t.name, t.resolved_uid, s))
+        stream = self._then("sink", name or type(s).__name__,
+                            lambda t: ops.SinkOperator(t.name, t.resolved_uid, s))
+        stream.transformation.sink = s
+        return stream
 
 
 class KeyedStream(Stream):

@@ -48,6 +48,8 @@ class Transformation:
         max_parallelism: a bound imposed by the operator (e.g. a non-parallel source).
         timestamp_fn: record -> event time (seconds), set by ``assign_timestamps``; event-time
             windows downstream re-derive record timestamps with it.
+        sink: the :class:`~reactive.sinks.Sink` of a ``sink`` transformation (the job asks
+            it whether it is exactly-once when choosing a checkpoint to restore).
     """
 
     id: int
@@ -59,6 +61,7 @@ class Transformation:
     parallelism: int | None = None
     max_parallelism: int | None = None
     timestamp_fn: Callable[[Any], float] | None = None
+    sink: Any = None
 
     @property
     def resolved_uid(self) -> str:

@@ -47,7 +47,19 @@ class SinkWriter(ABC):
 
 
 class Sink(ABC):
-    """A sink factory (``stream.sink(s)``)."""
+    """A sink factory (``stream.sink(s)``).
+
+    Attributes:
+        exactly_once: True when the sink publishes each record once across failures
+            (two-phase commit); the runtime then refuses a restore that would make it
+            publish committed output a second time (``reactive.checkpoint.lineage``).
+        deduplicates_by_checkpoint_id: True when the sink drops a checkpoint interval it
+            already committed (e.g. it keys its output by checkpoint id), so replaying
+            committed intervals does not duplicate its output.
+    """
+
+    exactly_once: bool = False
+    deduplicates_by_checkpoint_id: bool = False
 
     @abstractmethod
     def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:

@@ -71,6 +71,7 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT]):
 
     subtask: int = 0
     parallelism: int = 1
+    exactly_once = True
 
     # ------------------------------------------------------------------ the protocol
     @abstractmethod

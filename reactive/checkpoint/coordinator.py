@@ -17,6 +17,12 @@ so it can be moved and restored anywhere, at another parallelism (thesis 4.2). A
 are not notified; the next completed checkpoint commits what it pre-committed), so that a
 failover to the previous checkpoint cannot replay records a savepoint already committed;
 stop-with-savepoint commits (``commit=True``), since the job ends with it.
+
+Whoever must not move on before side effects are committed (stop-with-savepoint, the job's
+final checkpoint) waits with ``await_commit=True``: the checkpoint's ``committed`` future
+resolves when every task has run its ``notify_checkpoint_complete`` (Flink waits for
+``notifyCheckpointComplete`` of the final/synchronous savepoint the same way). When the
+attempt ends, :meth:`shutdown` fails every future still pending, so no caller hangs.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import CheckpointConfig
-from ..errors import CheckpointError
+from ..errors import CheckpointError, StateSerializationError
 from ..runtime.events import CheckpointBarrier
 from .stats import CheckpointStats
 from .storage import CheckpointStorage, CompletedCheckpoint, rebase_savepoint_paths
@@ -74,6 +80,9 @@ class PendingCheckpoint:
     done: asyncio.Future[CompletedCheckpoint] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    committed: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
 
 class CheckpointCoordinator:
@@ -87,6 +96,8 @@ class CheckpointCoordinator:
         operators: every operator of the job.
         first_id: id of the first checkpoint of this attempt (ids never repeat per job).
         history: list the statistics of each checkpoint are appended to.
+        run_id: the run (one ``Dataflow.start``) the checkpoints belong to; stored in the
+            metadata so failover restores only this run's lineage.
     """
 
     def __init__(
@@ -98,6 +109,7 @@ class CheckpointCoordinator:
         operators: Sequence[OperatorInfo],
         first_id: int,
         history: list[CheckpointStats],
+        run_id: str = "",
     ) -> None:
         self.config = config
         self.storage = storage
@@ -106,6 +118,9 @@ class CheckpointCoordinator:
         self.operators = {op.uid: op for op in operators}
         self.next_id = first_id
         self.history = history
+        self.run_id = run_id
+        # checkpoints completed with commit=True whose notifications have not all run yet
+        self._committing: dict[int, PendingCheckpoint] = {}
         self.tasks: list[StreamTask] = []
         self.sources: list[StreamTask] = []
         self.pending: dict[int, PendingCheckpoint] = {}
@@ -188,6 +203,7 @@ class CheckpointCoordinator:
         *,
         commit: bool = True,
         on_trigger: Callable[[], None] | None = None,
+        await_commit: bool = False,
     ) -> CompletedCheckpoint:
         """Trigger a checkpoint (when a concurrency slot is free) and wait for completion.
 
@@ -197,9 +213,13 @@ class CheckpointCoordinator:
             on_trigger: called right after the barrier-injection actions were posted to the
                 source tasks (synchronously, so an action it posts runs right after them;
                 stop-with-savepoint parks the sources this way).
+            await_commit: with ``commit``, return only after every task has finished its
+                ``notify_checkpoint_complete`` (its commits).
 
         Raises:
-            CheckpointError: if it is aborted, or the coordinator is stopped.
+            CheckpointError: if it is aborted, the coordinator is stopped, or the attempt
+                ends (fails, is cancelled) before it completed (or, with ``await_commit``,
+                before every commit ran).
         """
         if self._stopped.is_set():
             raise CheckpointError("the job is finishing or stopped: no more checkpoints")
@@ -211,7 +231,10 @@ class CheckpointCoordinator:
         pending = self.trigger(kind, commit)
         if on_trigger is not None:
             on_trigger()
-        return await pending.done
+        completed = await pending.done
+        if commit and await_commit:
+            await pending.committed
+        return completed
 
     # ------------------------------------------------------------------ acknowledgements
     async def acknowledge(
@@ -253,6 +276,9 @@ class CheckpointCoordinator:
             "timestamp": p.stats.trigger_time,
             "max_parallelism": self.max_parallelism,
             "mode": self.config.mode,
+            "run_id": self.run_id,
+            # whether completing it commits side effects (lineage.committed_output)
+            "commits": p.commit,
             "operators": p.operators,
             "stats": {k: v for k, v in p.stats.to_dict().items() if k != "tasks"},
         }
@@ -278,9 +304,12 @@ class CheckpointCoordinator:
         for older in [cid for cid in self.pending if cid < p.checkpoint_id]:
             self.abort(older, f"subsumed by checkpoint {p.checkpoint_id}", count_failure=False)
         if p.commit:
+            self._committing[p.checkpoint_id] = p
+            waiting = {t.task_id for t in self.tasks}
             for task in self.tasks:
-                task.gate.post(functools.partial(task.notify_checkpoint_complete,
-                                                 p.checkpoint_id))
+                task.gate.post(functools.partial(self._notify_complete, task, p, waiting))
+        elif not p.committed.done():
+            p.committed.set_result(None)
         # resolved after the notifications are queued, so whoever waits for this checkpoint
         # (e.g. the final one) acts after every task was told to commit
         if not p.done.done():
@@ -295,6 +324,33 @@ class CheckpointCoordinator:
         except OSError as exc:  # retention is housekeeping: never fail the job for it
             log.warning("checkpoint retention failed: %s", exc)
 
+    async def _notify_complete(self, task: StreamTask, p: PendingCheckpoint,
+                               waiting: set[str]) -> None:
+        """Mailbox action: the task commits; the last one resolves ``p.committed``."""
+        await task.notify_checkpoint_complete(p.checkpoint_id)
+        waiting.discard(task.task_id)
+        if not waiting:
+            self._committing.pop(p.checkpoint_id, None)
+            if not p.committed.done():
+                p.committed.set_result(None)
+
+    def shutdown(self, reason: str) -> None:
+        """The attempt ends: stop, and fail every checkpoint and commit still awaited.
+
+        Called by the job when the attempt's task group exits (failure, cancellation or
+        finish), so ``job.checkpoint()``, ``savepoint`` and ``stop`` never wait forever.
+        """
+        self.stop()
+        error = CheckpointError(reason)
+        for p in [*self.pending.values(), *self._committing.values()]:
+            for fut in (p.done, p.committed):
+                if not fut.done():
+                    fut.set_exception(error)
+                    fut.exception()  # retrieved: a periodic checkpoint has no waiter
+        self.pending.clear()
+        self._committing.clear()
+        self._slot_free.set()
+
     def decline(self, checkpoint_id: int, task: StreamTask, reason: BaseException,
                 count_failure: bool = True) -> None:
         """A task could not snapshot: abort the checkpoint.
@@ -307,6 +363,11 @@ class CheckpointCoordinator:
         log.warning("task %s declined checkpoint %d: %r", task.task_id, checkpoint_id, reason)
         self.abort(checkpoint_id, f"declined by {task.task_id}: {type(reason).__name__}: {reason}",
                    count_failure)
+        if isinstance(reason, StateSerializationError):
+            # deterministic: every later checkpoint would fail the same way, so the job
+            # fails now rather than running on to a final checkpoint that cannot succeed
+            self._failure = reason
+            self._stopped.set()
 
     def abort(self, checkpoint_id: int, reason: str, count_failure: bool = True) -> None:
         """Abort a pending checkpoint: drop its files and tell the tasks."""
@@ -320,9 +381,11 @@ class CheckpointCoordinator:
         p.stats.status = "aborted"
         p.stats.failure = reason
         p.stats.duration = time.perf_counter() - p.started
-        if not p.done.done():
-            p.done.set_exception(CheckpointError(f"checkpoint {p.checkpoint_id} aborted: {reason}"))
-            p.done.exception()  # mark retrieved: nobody may be waiting for a periodic one
+        error = CheckpointError(f"checkpoint {p.checkpoint_id} aborted: {reason}")
+        for fut in (p.done, p.committed):
+            if not fut.done():
+                fut.set_exception(error)
+                fut.exception()  # mark retrieved: nobody may be waiting for a periodic one
         self.storage.discard(p.checkpoint_id)
         self._free_slot()
         for task in self.tasks:

@@ -10,21 +10,9 @@ from typing import Any
 
 from ..errors import CorruptCheckpointError
 
-__all__ = ["file_ref", "fsync_dir", "verify_file", "write_atomic"]
+__all__ = ["fsync_dir", "resolve_under", "verify_file", "write_atomic"]
 
 _CHUNK = 1 << 20
-
-
-def file_ref(path: Path, job_dir: Path, sha256: str | None = None) -> dict[str, Any]:
-    """Return ``{"path", "size", "sha256"}`` for ``path`` (hashing it when not given)."""
-    if sha256 is None:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-        sha256 = h.hexdigest()
-    return {"path": path.relative_to(job_dir).as_posix(), "size": path.stat().st_size,
-            "sha256": sha256}
 
 
 def fsync_dir(path: Path) -> None:
@@ -62,13 +50,46 @@ def write_atomic(path: Path, chunks: Iterable[bytes]) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
+def resolve_under(root: Path, relative: Any) -> Path:
+    """Join a path read from checkpoint metadata to its root, refusing any escape.
+
+    Metadata is input: a crafted or damaged ``_metadata`` could name ``../../x`` or an
+    absolute path, and restoring, exporting or moving it would then read or write outside
+    the checkpoint. Every path a handle holds is relative to its root (the job directory,
+    or a self-contained savepoint's own directory) and must stay under it.
+
+    Args:
+        root: the directory the path is relative to.
+        relative: the path as stored (a POSIX-style relative ``str``).
+
+    Returns:
+        ``root / relative``.
+
+    Raises:
+        CorruptCheckpointError: when ``relative`` is not a relative path string, or
+            resolves (following ``..`` and symbolic links) outside ``root``.
+    """
+    if not isinstance(relative, str) or not relative or relative.startswith(("/", "\\")) \
+            or ".." in relative.replace("\\", "/").split("/"):
+        raise CorruptCheckpointError(f"checkpoint metadata names the path {relative!r}, which "
+                                     f"may lead outside {root}: only relative paths without "
+                                     "'..' are allowed")
+    path = root / relative
+    base = root.resolve()
+    if not path.resolve().is_relative_to(base):
+        raise CorruptCheckpointError(f"checkpoint metadata names the path {relative!r}, which "
+                                     f"leads outside {root}: refusing to use it")
+    return path
+
+
 def verify_file(job_dir: Path, ref: dict[str, Any]) -> None:
-    """Check that a referenced file exists with the recorded size and sha256.
+    """Check that a referenced file lies under ``job_dir`` and exists with the recorded size
+    and sha256.
 
     Raises:
         CorruptCheckpointError: naming the file and what differs.
     """
-    path = job_dir / ref["path"]
+    path = resolve_under(job_dir, ref.get("path"))
     try:
         size = path.stat().st_size
     except FileNotFoundError:

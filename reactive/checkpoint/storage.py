@@ -11,6 +11,15 @@ atomically (temp file, fsync, rename, fsync of the directory). Directories witho
 incomplete and are ignored and removed. Shared files are reference counted from the
 metadata of the retained checkpoints, so the count survives restarts.
 
+Every checkpoint names the *run* that wrote it (``run_id``: one per ``Dataflow.start``, as
+Flink gives each submission a job id), so a run's failover restores only its own lineage.
+
+Trust: checkpoint files hold pickled values, so restoring runs whatever a crafted file says.
+When the environment variable ``REACTIVE_CHECKPOINT_KEY`` is set, every ``_metadata`` is
+signed with HMAC-SHA256 under that key, and a restore checks the signature before it reads
+any other file; the metadata holds the sha256 of every file, so no unsigned byte is ever
+unpickled. Every path read from metadata must stay under its checkpoint's root.
+
 Savepoints (Flink's savepoints; thesis 4.2 for rescaling them) are *self-contained*: their
 metadata says ``"self_contained": true``, they reference no shared file, and their handle
 paths are relative to the savepoint directory itself (``uid-0.heap``, not
@@ -21,6 +30,7 @@ to ``restore_from``. Retention never deletes a checkpoint of kind ``savepoint``.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -31,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError, CorruptCheckpointError, RestoreError
-from .files import fsync_dir, verify_file, write_atomic
+from ..errors import CheckpointError, ConfigurationError, CorruptCheckpointError, RestoreError
+from .files import fsync_dir, resolve_under, verify_file, write_atomic
 
 __all__ = [
     "CheckpointStorage",
@@ -42,13 +52,36 @@ __all__ = [
     "move_savepoint",
     "read_metadata",
     "rebase_savepoint_paths",
+    "validate_job_name",
 ]
 
 log = logging.getLogger("reactive.checkpoint")
 
 METADATA = "_metadata"
-FORMAT_VERSION = 1
+# 2: canonical key encoding (key groups and RocksDB keys of format 1 differ), run ids
+FORMAT_VERSION = 2
 _CHK = re.compile(r"^chk-(\d+)$")
+KEY_ENV = "REACTIVE_CHECKPOINT_KEY"
+"""Environment variable holding the key that signs and checks checkpoint metadata."""
+
+
+def validate_job_name(name: str) -> str:
+    """Check that a job name is one path component (it names ``<directory>/<job>``).
+
+    Raises:
+        ConfigurationError: for an empty name, ``.``/``..``, or a name with a separator.
+    """
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name \
+            or "\\" in name or "\0" in name:
+        raise ConfigurationError(
+            f"job name {name!r} must be a single path component (no '/', not '.' or '..'): "
+            "it names the job's checkpoint directory")
+    return name
+
+
+def _signing_key() -> bytes | None:
+    value = os.environ.get(KEY_ENV)
+    return value.encode() if value else None
 
 
 @dataclass(frozen=True)
@@ -154,12 +187,22 @@ def rebase_savepoint_paths(operators: dict[str, Any], checkpoint_dir_name: str
     return _rebase(operators, mapping)  # type: ignore[no-any-return]
 
 
+def _signature(key: bytes, body: dict[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key, canonical, hashlib.sha256).hexdigest()
+
+
 def read_metadata(checkpoint_dir: Path) -> dict[str, Any]:
     """Read and check a checkpoint's ``_metadata``.
 
+    With ``REACTIVE_CHECKPOINT_KEY`` set, the metadata must carry a valid HMAC-SHA256
+    signature under that key (checked here, before any state file is read).
+
     Raises:
-        RestoreError: if there is no metadata (an incomplete checkpoint).
-        CorruptCheckpointError: if it does not parse or its checksum does not match.
+        RestoreError: if there is no metadata (an incomplete checkpoint), or it was written
+            by another format version.
+        CorruptCheckpointError: if it does not parse, its checksum does not match, or (with
+            a key set) it is unsigned or its signature does not match.
     """
     path = checkpoint_dir / METADATA
     if not path.exists():
@@ -171,11 +214,26 @@ def read_metadata(checkpoint_dir: Path) -> dict[str, Any]:
         body, checksum = doc["body"], doc["sha256"]
     except (ValueError, KeyError) as exc:
         raise CorruptCheckpointError(f"{path} is not valid checkpoint metadata: {exc}") from exc
-    if _checksum(body) != checksum:
+    if not isinstance(body, dict) or _checksum(body) != checksum:
         raise CorruptCheckpointError(f"{path} fails its checksum")
+    key = _signing_key()
+    if key is not None:
+        signature = doc.get("hmac-sha256")
+        if not isinstance(signature, str):
+            raise CorruptCheckpointError(
+                f"{path} is not signed, but {KEY_ENV} is set: only signed checkpoints are "
+                f"restored (unset {KEY_ENV} to trust unsigned ones)")
+        if not hmac.compare_digest(signature, _signature(key, body)):
+            raise CorruptCheckpointError(f"{path} fails its signature check under the key in "
+                                         f"{KEY_ENV}: it was altered or signed with another key")
     if body.get("format") != FORMAT_VERSION:
-        raise RestoreError(f"{path} has format {body.get('format')}, expected {FORMAT_VERSION}")
-    return body  # type: ignore[no-any-return]
+        raise RestoreError(f"{path} has format {body.get('format')}, expected {FORMAT_VERSION} "
+                           "(written by another version of reactive)")
+    root = checkpoint_dir if body.get("self_contained") else checkpoint_dir.parent
+    for ref in iter_file_refs(body):
+        # fail on a path that leaves the checkpoint before anyone joins it to a directory
+        resolve_under(root, ref.get("path"))
+    return body
 
 
 def move_savepoint(savepoint: CompletedCheckpoint, dest: str | Path) -> CompletedCheckpoint:
@@ -248,8 +306,9 @@ def export_savepoint(checkpoint: CompletedCheckpoint, dest: str | Path) -> Compl
         old = ref["path"]
         new = old[len(prefix):] if prefix and old.startswith(prefix) else old
         mapping[old] = new
-        (target / new).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(checkpoint.job_dir / old, target / new)
+        dest_file = resolve_under(target, new)
+        dest_file.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(resolve_under(checkpoint.job_dir, old), dest_file)
     body = dict(_rebase(checkpoint.metadata, mapping))
     for op in body.get("operators", {}).values():
         for sub in op.get("subtasks", {}).values():
@@ -268,6 +327,9 @@ def export_savepoint(checkpoint: CompletedCheckpoint, dest: str | Path) -> Compl
 def _write_metadata(directory: Path, body: dict[str, Any]) -> None:
     body = {"format": FORMAT_VERSION, **body}
     doc = {"body": body, "sha256": _checksum(body)}
+    key = _signing_key()
+    if key is not None:
+        doc["hmac-sha256"] = _signature(key, body)
     write_atomic(directory / METADATA, [json.dumps(doc, indent=1).encode()])
     fsync_dir(directory)
 
@@ -281,6 +343,7 @@ class CheckpointStorage:
     """
 
     def __init__(self, directory: str | Path, job_name: str) -> None:
+        validate_job_name(job_name)
         self.root = Path(directory)
         self.job_dir = self.root / job_name
         self.shared_dir = self.job_dir / "shared"
@@ -298,6 +361,10 @@ class CheckpointStorage:
         chk = self.checkpoint_dir(checkpoint_id)
         _write_metadata(chk, body)
         return chk
+
+    def checkpoint_dirs(self) -> list[tuple[int, Path]]:
+        """Every ``chk-<n>`` directory, completed or not, as ``(n, path)``, oldest first."""
+        return self._dirs()
 
     def _dirs(self) -> list[tuple[int, Path]]:
         if not self.job_dir.is_dir():
@@ -338,9 +405,18 @@ class CheckpointStorage:
         body = read_metadata(p)
         chk = CompletedCheckpoint(int(body["checkpoint_id"]), p, body)
         if verify:
-            for ref in iter_file_refs(body):
-                verify_file(chk.job_dir, ref)
+            CheckpointStorage.verify(chk)
         return chk
+
+    @staticmethod
+    def verify(chk: CompletedCheckpoint) -> None:
+        """Check every file ``chk`` references (under its root, size, sha256).
+
+        Raises:
+            CorruptCheckpointError: naming the first file that fails.
+        """
+        for ref in iter_file_refs(chk.metadata):
+            verify_file(chk.job_dir, ref)
 
     def latest_restorable(self) -> CompletedCheckpoint | None:
         """The newest completed checkpoint whose files all pass their checksums.
@@ -349,8 +425,7 @@ class CheckpointStorage:
         """
         for chk in reversed(self.completed()):
             try:
-                for ref in iter_file_refs(chk.metadata):
-                    verify_file(chk.job_dir, ref)
+                self.verify(chk)
             except CorruptCheckpointError as exc:
                 log.warning("checkpoint %d is corrupted, trying the previous one: %s",
                             chk.checkpoint_id, exc)

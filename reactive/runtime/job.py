@@ -22,16 +22,32 @@ import asyncio
 import functools
 import logging
 import os
+import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..checkpoint.coordinator import CheckpointCoordinator, OperatorInfo
+from ..checkpoint.lineage import (
+    RejectedCheckpoint,
+    ReplayPolicy,
+    candidates_in,
+    committed_output,
+    select_restore,
+)
 from ..checkpoint.state_assignment import StateAssignment
 from ..checkpoint.storage import CheckpointStorage, CompletedCheckpoint, move_savepoint
 from ..config import CheckpointConfig, RestartStrategy
-from ..errors import CheckpointError, JobCancelledError, JobFailedError, ReactiveError
+from ..errors import (
+    CheckpointError,
+    ConfigurationError,
+    JobCancelledError,
+    JobFailedError,
+    ReactiveError,
+    RestoreError,
+    StateSerializationError,
+)
 from ..state.backend import StateBackend
 from .execution_graph import ExecutionGraph, validate
 from .metrics import JobMetrics
@@ -59,14 +75,32 @@ class JobOptions:
     resume: bool
     restore_from: Path | None
     allow_non_restored_state: bool = False
+    allow_replayed_output: bool = False
+
+
+# Failures that a restart would only repeat: the job fails at once with the reason (a
+# restore that cannot be honoured must never turn into a fresh start or a retry loop).
+_NOT_RESTARTABLE = (RestoreError, StateSerializationError, ConfigurationError)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
 
 
 def _root_cause(exc: BaseException) -> BaseException:
-    """The first real failure inside (nested) exception groups."""
-    while isinstance(exc, BaseExceptionGroup):
-        real = [e for e in exc.exceptions if not isinstance(e, asyncio.CancelledError)]
-        exc = real[0] if real else exc.exceptions[0]
-    return exc
+    """The failure that ended an attempt, out of (nested) exception groups.
+
+    A failure that no restart can fix wins over the errors it caused elsewhere (e.g. the
+    final checkpoint failing because the coordinator stopped on that failure).
+    """
+    leaves = _leaves(exc)
+    real = [e for e in leaves if not isinstance(e, asyncio.CancelledError)]
+    for e in real:
+        if isinstance(e, _NOT_RESTARTABLE):
+            return e
+    return real[0] if real else leaves[0]
 
 
 class _SourceHold:
@@ -111,6 +145,8 @@ class Job:
             ``cancelled``.
         metrics: live :class:`~reactive.runtime.metrics.JobMetrics`.
         restored_from: the checkpoint the latest attempt restored, if any.
+        run_id: this run's id (one per ``Dataflow.start``, Flink's job id); every checkpoint
+            the run completes names it, and failover restores only this run's lineage.
     """
 
     def __init__(self, flow: Dataflow, options: JobOptions) -> None:
@@ -120,6 +156,11 @@ class Job:
         self.status: JobStatus = "created"
         self.metrics = JobMetrics()
         self.restored_from: CompletedCheckpoint | None = None
+        self.run_id = uuid.uuid4().hex[:16]
+        # where this run's lineage starts, and the first checkpoint id it may use
+        self._initial: CompletedCheckpoint | None = None
+        self._first_id = 1
+        self._next_id = 1
         self.storage = (
             CheckpointStorage(options.checkpoints.directory, flow.name)
             if options.checkpoints is not None else None
@@ -164,17 +205,38 @@ class Job:
             raise
 
     async def cancel(self) -> None:
-        """Cancel the job and wait until every task stopped; checkpoints stay on disk."""
+        """Cancel the job and wait until every task stopped; checkpoints stay on disk.
+
+        Raises:
+            asyncio.CancelledError: when the caller itself is cancelled meanwhile (its own
+                cancellation is never swallowed).
+        """
         if self._task is None or self._task.done():
             return
         self._task.cancel()
         try:
             await self._task
         except asyncio.CancelledError:
-            pass
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the caller was cancelled too: that is not ours to swallow
         except ReactiveError:
             pass
         self.status = "cancelled"
+
+    async def _wait_running(self) -> CheckpointCoordinator:
+        """Wait until an attempt runs; raise CheckpointError if the job ended first."""
+        assert self._task is not None
+        if not self._running.is_set():
+            running = asyncio.ensure_future(self._running.wait())
+            try:
+                await asyncio.wait({running, self._task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                running.cancel()
+        coordinator = self._coordinator
+        if coordinator is None or self.status != "running" or self._task.done():
+            raise CheckpointError(f"job {self.name!r} is {self.status}: cannot checkpoint")
+        return coordinator
 
     async def checkpoint(self) -> CompletedCheckpoint:
         """Trigger a checkpoint now and wait for it to complete.
@@ -188,10 +250,7 @@ class Job:
         """
         if self.options.checkpoints is None:
             raise CheckpointError("checkpointing is off: pass checkpoints=CheckpointConfig(...)")
-        await self._running.wait()
-        coordinator = self._coordinator
-        if coordinator is None or self.status != "running":
-            raise CheckpointError(f"job {self.name!r} is {self.status}: cannot checkpoint")
+        coordinator = await self._wait_running()
         return await coordinator.checkpoint()
 
     async def savepoint(self, path: str | os.PathLike[str] | None = None) -> CompletedCheckpoint:
@@ -223,9 +282,10 @@ class Job:
         """Stop the job, with a savepoint by default (Flink's stop-with-savepoint).
 
         The sources are parked right after they inject the savepoint's barrier, so no record
-        after it is processed; when it completes, side effects are committed (the tasks are
-        notified) and the job is cancelled; ``wait`` then returns normally and ``status`` is
-        ``stopped``. If the savepoint fails, the sources resume and the job keeps running.
+        after it is processed; when it completes, side effects are committed (every task's
+        ``notify_checkpoint_complete`` has finished) and then the job is cancelled; ``wait``
+        then returns normally and ``status`` is ``stopped``. If the savepoint fails, the
+        sources resume and the job keeps running.
 
         Args:
             savepoint: take a savepoint first (False: just stop, like ``cancel``).
@@ -253,14 +313,12 @@ class Job:
             if target.exists() and (not target.is_dir() or any(target.iterdir())):
                 raise CheckpointError(f"savepoint target {target} exists and is not an "
                                       "empty directory")
-        await self._running.wait()
-        coordinator = self._coordinator
-        if coordinator is None or self.status != "running":
-            raise CheckpointError(f"job {self.name!r} is {self.status}: cannot take a savepoint")
+        coordinator = await self._wait_running()
         hold = _SourceHold(coordinator.sources) if stop else None
         try:
             completed = await coordinator.checkpoint(
-                "savepoint", commit=stop, on_trigger=hold.park if hold else None)
+                "savepoint", commit=stop, on_trigger=hold.park if hold else None,
+                await_commit=stop)
         except BaseException:
             if hold is not None:
                 hold.release()
@@ -274,16 +332,55 @@ class Job:
         return completed
 
     # ------------------------------------------------------------------ attempts
+    def _replay_policy(self) -> ReplayPolicy:
+        """What the job's sinks allow when a restore falls back past committed output."""
+        exactly_once, dedup = [], []
+        for t in self.flow.transformations:
+            sink = t.sink
+            if sink is None or not getattr(sink, "exactly_once", False):
+                continue
+            label = f"{t.name} (uid {t.resolved_uid!r})"
+            if getattr(sink, "deduplicates_by_checkpoint_id", False):
+                dedup.append(label)
+            else:
+                exactly_once.append(label)
+        return ReplayPolicy(self.options.allow_replayed_output, exactly_once, dedup)
+
     def _initial_restore(self) -> CompletedCheckpoint | None:
+        """The checkpoint this run starts from (see ``reactive.checkpoint.lineage``)."""
         o = self.options
         if o.restore_from is not None:
             return CheckpointStorage.load(o.restore_from)
         if o.resume and self.storage is not None:
-            return self.storage.latest_restorable()
+            return select_restore(candidates_in(self.storage), self._replay_policy(), "resume")
         return None
 
+    def _failover_restore(self) -> CompletedCheckpoint | None:
+        """The newest checkpoint of this run's lineage that can be restored, if any."""
+        if self.storage is None:
+            return None
+        candidates: list[Any] = candidates_in(self.storage, self._first_id, self.run_id)
+        initial = self._initial
+        if initial is not None:
+            try:  # read again: the files may have changed since the run started
+                candidates.append(CheckpointStorage.load(initial.path, verify=False))
+            except RestoreError as exc:
+                candidates.append(RejectedCheckpoint(initial.checkpoint_id, initial.path,
+                                                     str(exc), committed_output(None)))
+        return select_restore(candidates, self._replay_policy(), "failover")
+
     async def _main(self) -> None:
-        restore = self._initial_restore()
+        try:
+            restore = self._initial_restore()
+        except ReactiveError as exc:
+            self.status = "failed"
+            raise JobFailedError(self.name, 1, exc) from exc
+        self._initial = restore
+        # checkpoint ids continue after the restored one and after every id on disk, so
+        # no id (and no file named after one, like a sink's part-<subtask>-<id>) repeats
+        on_disk = self.storage.latest_id() if self.storage is not None else 0
+        self._first_id = self._next_id = max(
+            on_disk, restore.checkpoint_id if restore is not None else 0) + 1
         attempt = 0
         strategy = self.options.restart
         while True:
@@ -299,7 +396,7 @@ class Job:
                 cause = _root_cause(exc)
                 if isinstance(cause, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                     raise
-                if attempt > strategy.attempts:
+                if attempt > strategy.attempts or isinstance(cause, _NOT_RESTARTABLE):
                     self.status = "failed"
                     raise JobFailedError(self.name, attempt, cause) from cause
                 self.metrics.restarts += 1
@@ -308,7 +405,11 @@ class Job:
                             type(cause).__name__, cause, attempt, strategy.attempts,
                             strategy.delay)
                 await asyncio.sleep(strategy.delay)
-                restore = self.storage.latest_restorable() if self.storage else None
+                try:
+                    restore = self._failover_restore()
+                except RestoreError as restore_exc:
+                    self.status = "failed"
+                    raise JobFailedError(self.name, attempt, restore_exc) from restore_exc
 
     async def _run_attempt(self, restore: CompletedCheckpoint | None) -> None:
         flow = self.flow
@@ -327,15 +428,32 @@ class Job:
         if restore is not None:
             assignment = StateAssignment(restore, flow.max_parallelism, uids,
                                          options.allow_non_restored_state)
-        sources_left: set[str] = set()
-        all_sources_done = asyncio.Event()
         coordinator: CheckpointCoordinator | None = None
         if config is not None and self.storage is not None:
             coordinator = CheckpointCoordinator(
                 config, self.storage, flow.name, flow.max_parallelism,
-                [], self.storage.latest_id() + 1, self.metrics.checkpoints,
+                [], max(self._next_id, self.storage.latest_id() + 1), self.metrics.checkpoints,
+                self.run_id,
             )
+        try:
+            await self._run_tasks(flow, options, config, backend, assignment, coordinator)
+        except BaseException as exc:
+            if coordinator is not None:
+                coordinator.shutdown(f"job {self.name!r} attempt ended before the checkpoint "
+                                     f"completed: {type(_root_cause(exc)).__name__}: "
+                                     f"{_root_cause(exc)}")
+            raise
+        finally:
+            if coordinator is not None:
+                self._next_id = coordinator.next_id
+                coordinator.shutdown(f"job {self.name!r} ended")
 
+    async def _run_tasks(self, flow: Dataflow, options: JobOptions,
+                         config: CheckpointConfig | None, backend: StateBackend,
+                         assignment: StateAssignment | None,
+                         coordinator: CheckpointCoordinator | None) -> None:
+        sources_left: set[str] = set()
+        all_sources_done = asyncio.Event()
         async with asyncio.TaskGroup() as tg:
 
             def spawn(coro: Coroutine[Any, Any, None]) -> None:
@@ -393,7 +511,9 @@ class Job:
             coordinator.stop_periodic()
             for attempt in range(3):
                 try:
-                    await coordinator.checkpoint()
+                    # wait for the commits too: end-of-input must not overtake them, and a
+                    # commit still running must not be cancelled when the tasks end
+                    await coordinator.checkpoint(await_commit=True)
                     break
                 except CheckpointError as exc:
                     if attempt == 2:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..checkpoint.files import write_atomic
-from ..errors import ReactiveError, UserFunctionError
+from ..errors import ReactiveError, StateSerializationError, UserFunctionError
 from ..state.backend import KeyedStateSnapshot, SnapshotContext
 from ..time.mailbox import OperatorMailbox
 from ..time.watermarks import ACTIVE, IDLE, WatermarkStatus
@@ -42,6 +42,28 @@ if TYPE_CHECKING:
     from ..checkpoint.storage import CheckpointStorage
 
 __all__ = ["CheckpointAcknowledger", "StreamTask", "TaskEnvironment"]
+
+
+def _serialize_operator_state(uid: str, states: dict[str, tuple[str, list[Any]]]) -> bytes:
+    """Pickle an operator's state in the synchronous part of its snapshot.
+
+    Operator-state entries are often mutable objects the operator keeps changing in place
+    (a source's position, a counter); serializing them before the barrier moves on is what
+    makes the snapshot hold the values *at* the barrier (a shallow copy would let later
+    in-place changes leak into the checkpoint). Operator state is small by design.
+
+    Raises:
+        StateSerializationError: naming the operator and the state that cannot be pickled.
+    """
+    try:
+        return pickle.dumps(states, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        for name, entry in states.items():
+            try:
+                pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as inner:
+                raise StateSerializationError(uid, name, None, inner) from inner
+        raise StateSerializationError(uid, "<operator state>", None, exc) from exc
 
 
 class CheckpointAcknowledger(Protocol):
@@ -358,7 +380,7 @@ class StreamTask:
         cid = barrier.checkpoint_id
         t0 = time.perf_counter()
         captures: list[tuple[StreamOperator, SnapshotContext, KeyedStateSnapshot | None,
-                             dict[str, tuple[str, list[Any]]] | None]] = []
+                             bytes | None]] = []
         try:
             for op in self.operators:
                 await maybe_await(op.snapshot_state(cid))
@@ -367,7 +389,8 @@ class StreamTask:
                     env.storage.shared_dir, op.uid, self.subtask, barrier.kind == "savepoint",
                 )
                 keyed = op.keyed_backend.snapshot(ctx) if op.keyed_backend is not None else None
-                opstate = None if op.operator_state.is_empty() else op.operator_state.snapshot()
+                opstate = None if op.operator_state.is_empty() else _serialize_operator_state(
+                    op.uid, op.operator_state.snapshot())
                 captures.append((op, ctx, keyed, opstate))
         except Exception as exc:
             for _, _, keyed, _ in captures:
@@ -386,7 +409,7 @@ class StreamTask:
         self,
         cid: int,
         captures: list[tuple[StreamOperator, SnapshotContext, KeyedStateSnapshot | None,
-                             dict[str, tuple[str, list[Any]]] | None]],
+                             bytes | None]],
         alignment: float,
         sync: float,
     ) -> None:
@@ -407,7 +430,7 @@ class StreamTask:
                                 if r not in handle.get("shared_reused", []))
                 if opstate is not None:
                     path = ctx.exclusive_path(".opstate")
-                    blob = pickle.dumps(opstate, protocol=pickle.HIGHEST_PROTOCOL)
+                    blob = opstate
                     # inline: a hop to a worker thread waits for the GIL held by the busy
                     # loop (measured ~100 ms under load), far longer than this small write
                     n, sha = write_atomic(path, [blob])
