@@ -2,7 +2,7 @@
 
 ```
 reactive run MODULE[:ATTR] [--checkpoint-dir D] [--interval S] [--backend heap|rocksdb]
-             [--parallelism N] [--resume]
+             [--parallelism N] [--resume | --fresh] [--allow-replayed-output]
 reactive checkpoints list D
 reactive checkpoints inspect D/<job>/chk-N
 reactive savepoint D/<job>[/chk-N] --output P   (a checkpoint -> a self-contained savepoint)
@@ -99,10 +99,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CliError("--parallelism must be >= 1")
         flow.parallelism = args.parallelism
     checkpoint_dir = Path(args.checkpoint_dir)
+    if not args.resume and not args.fresh:
+        earlier = CheckpointStorage(checkpoint_dir, flow.name).completed()
+        if earlier:
+            raise CliError(
+                f"{checkpoint_dir / flow.name} holds checkpoints of an earlier run (newest: "
+                f"chk-{earlier[-1].checkpoint_id}); pass --resume to continue from it, or "
+                "--fresh to start a new run from the beginning of the input")
     options: dict[str, Any] = {
         "checkpoints": CheckpointConfig(interval=args.interval, directory=checkpoint_dir),
         "state_backend": make_backend(args.backend, checkpoint_dir),
         "resume": args.resume,
+        "allow_replayed_output": args.allow_replayed_output,
     }
     job = flow.execute(**options)
     m = job.metrics
@@ -225,8 +233,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints")
     run.add_argument("--backend", choices=["heap", "rocksdb"], default="heap")
     run.add_argument("--parallelism", type=int, default=None)
-    run.add_argument("--resume", action="store_true",
-                     help="restore the latest completed checkpoint of the directory")
+    start = run.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true",
+                       help="continue from the newest completed checkpoint of the job in the "
+                       "checkpoint directory (written by any earlier run)")
+    start.add_argument("--fresh", action="store_true",
+                       help="start a new run from the beginning of the input even though the "
+                       "directory holds checkpoints of an earlier run (they are left alone; "
+                       "new checkpoint ids continue after theirs)")
+    run.add_argument("--allow-replayed-output", action="store_true",
+                     help="with --resume: accept restoring an older checkpoint when a newer "
+                     "one is damaged although it had committed output (that output is then "
+                     "published again)")
     run.set_defaults(func=cmd_run)
     chk = sub.add_parser("checkpoints", help="list or inspect checkpoints")
     chk_sub = chk.add_subparsers(dest="action", required=True)

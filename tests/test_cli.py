@@ -68,3 +68,21 @@ def test_errors_exit_non_zero_with_one_line(tmp_path):
 
     r = run("run", str(tmp_path / "missing.py"))
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def test_run_over_earlier_checkpoints_needs_resume_or_fresh(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(Path(__file__).parent.parent)
+    pipeline = _write_pipeline(tmp_path)
+    chk = tmp_path / "chk"
+    args = ["run", f"{pipeline}:flow", "--checkpoint-dir", str(chk), "--interval", "0.01"]
+    assert main(args) == 0
+    capsys.readouterr()
+    # a second plain run would silently start over (or, before, resume a finished run)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "holds checkpoints of an earlier run" in err
+    assert "--resume" in err and "--fresh" in err
+    assert main([*args, "--fresh"]) == 0
+    assert "in 20,000" in capsys.readouterr().out  # a new run reads the whole input
+    assert main([*args, "--resume"]) == 0
+    assert "in 0 " in capsys.readouterr().out  # the finished run has nothing left to read

@@ -34,3 +34,35 @@ def test_flights_job_recovers_from_a_kill_and_validates_exactly(tmp_path):
     committed = list((tmp_path / "out").glob("part-*.parquet"))
     assert committed
     assert not [p for p in (tmp_path / "out").rglob(".*") if p.is_file()], "in-progress files left"
+
+
+def test_second_run_refuses_to_double_the_output_and_fresh_runs_again(tmp_path):
+    import pyarrow.parquet as pq
+
+    limit = 4_000
+    base = [sys.executable, str(EXAMPLE), "--limit", str(limit), "--interval", "0.2",
+            "--no-validate", "--data", str(tmp_path / "flights.csv"),
+            "--output", str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "chk")]
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*base, *extra], capture_output=True, text=True, timeout=600)
+
+    def committed_flights() -> tuple[int, int]:
+        table = pq.read_table([str(p) for p in (tmp_path / "out").glob("part-*.parquet")])
+        keys = set(zip(*(table.column(c).to_pylist()
+                         for c in ("origin", "carrier", "window_start")), strict=True))
+        return table.num_rows - len(keys), sum(table.column("flights").to_pylist())
+
+    first = run()
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert committed_flights() == (0, limit)
+    again = run()
+    assert again.returncode == 2
+    assert "already holds" in again.stderr and "--fresh" in again.stderr
+    assert committed_flights() == (0, limit)  # untouched
+    crashed = run("--fresh", "--crash-at", "0.5")
+    assert crashed.returncode == 0, crashed.stdout + crashed.stderr
+    assert "crash: killing the job's process" in crashed.stdout
+    assert '"crashes": 1' in crashed.stdout
+    assert '"records": 0' not in crashed.stdout  # the restarted run did real work
+    assert committed_flights() == (0, limit)  # no duplicated or missing window
