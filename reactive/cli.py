@@ -100,12 +100,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         flow.parallelism = args.parallelism
     checkpoint_dir = Path(args.checkpoint_dir)
     if not args.resume and not args.fresh:
-        earlier = CheckpointStorage(checkpoint_dir, flow.name).completed()
-        if earlier:
+        storage = CheckpointStorage(checkpoint_dir, flow.name)
+        if storage.runs() or storage.completed():
             raise CliError(
-                f"{checkpoint_dir / flow.name} holds checkpoints of an earlier run (newest: "
-                f"chk-{earlier[-1].checkpoint_id}); pass --resume to continue from it, or "
-                "--fresh to start a new run from the beginning of the input")
+                f"{storage.job_dir} holds checkpoints of an earlier run; pass --resume to "
+                "continue that run, or --fresh to start a new run from the beginning of the "
+                "input")
     options: dict[str, Any] = {
         "checkpoints": CheckpointConfig(interval=args.interval, directory=checkpoint_dir),
         "state_backend": make_backend(args.backend, checkpoint_dir),

@@ -4,6 +4,7 @@ lineage, restores that cannot be honoured, and falling back past damaged checkpo
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import shutil
@@ -22,6 +23,7 @@ from reactive import (
 )
 from reactive.checkpoint.storage import export_savepoint
 from reactive.errors import JobFailedError, RestoreError
+from reactive.sources import Source, SourceReader
 from tests.conftest import Count, FailureInjector, failing_count
 
 JOB = "lineage"
@@ -246,3 +248,79 @@ async def test_copied_checkpoint_directory_keeps_working(tmp_path):
     # the failover restored a checkpoint the new run took (ids continue after the restored)
     assert job.metrics.restored_checkpoints[1] > latest.checkpoint_id
     assert_exactly_once(tmp_path / "out", words)
+
+
+class StallingSource(Source):
+    """The words, then no end: the run can be stopped before any checkpoint completes."""
+
+    max_source_parallelism = 1
+
+    def __init__(self, words: list[str], emitted: asyncio.Event) -> None:
+        self.words = words
+        self.emitted = emitted
+
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+        return _StallingReader(self)
+
+
+class _StallingReader(SourceReader):
+    def __init__(self, source: StallingSource) -> None:
+        self.source = source
+        self.position = 0
+
+    async def read_batch(self, max_records: int) -> list[Any] | None:
+        words = self.source.words
+        if self.position >= len(words):
+            self.source.emitted.set()
+            await asyncio.Event().wait()
+        batch = words[self.position:self.position + max_records]
+        self.position += len(batch)
+        return batch
+
+    def snapshot_state(self) -> list[Any]:
+        return [self.position]
+
+    def restore_state(self, entries: list[Any]) -> None:
+        self.position = entries[0]
+
+
+async def _run_killed_before_its_first_checkpoint(flow_words: list[str], out: Path,
+                                                  config: CheckpointConfig,
+                                                  **options: Any) -> None:
+    emitted = asyncio.Event()
+    flow = Dataflow(JOB, parallelism=2, batch_size=64)
+    (flow.source(StallingSource(flow_words, emitted), uid="words")
+         .key_by(lambda w: w).process(Count()).uid("count")
+         .sink(CommittingFileSink(out, format="jsonl")).uid("files"))
+    job = await flow.start(checkpoints=config, **options)
+    await emitted.wait()
+    await job.cancel()  # as a kill would: no checkpoint of this run completed
+    assert job.metrics.completed_checkpoints == []
+
+
+async def test_resume_continues_a_fresh_run_killed_before_its_first_checkpoint(tmp_path):
+    """Resume continues the most recent run: a fresh run that never checkpointed resumes
+    from the beginning, not from an older run's checkpoint."""
+    words = words_of(1_000)
+    config = CheckpointConfig(interval=None, directory=tmp_path / "chk")
+    await counts_flow(words, tmp_path / "a").run(checkpoints=config)
+    await _run_killed_before_its_first_checkpoint(words, tmp_path / "b", config)
+    job = await counts_flow(words, tmp_path / "b").run(checkpoints=config, resume=True)
+    assert job.metrics.restored_checkpoints == []
+    assert_exactly_once(tmp_path / "b", words)
+
+
+async def test_resume_continues_a_restored_run_killed_before_its_first_checkpoint(tmp_path):
+    """A run restored from a savepoint elsewhere and stopped before its first checkpoint is
+    resumed from that savepoint (the checkpoint directory alone does not hold it)."""
+    out = tmp_path / "out"
+    config = CheckpointConfig(interval=None, directory=tmp_path / "chk")
+    await counts_flow(words_of(300), out).run(checkpoints=config)
+    sp = export_savepoint(CheckpointStorage(tmp_path / "chk", JOB).latest_restorable(),
+                          tmp_path / "sp")
+    shutil.rmtree(tmp_path / "chk")  # the savepoint is all that is left of the first run
+    more = words_of(900)
+    await _run_killed_before_its_first_checkpoint(more, out, config, restore_from=sp.path)
+    job = await counts_flow(more, out).run(checkpoints=config, resume=True)
+    assert job.metrics.restored_checkpoints == [sp.checkpoint_id]
+    assert_exactly_once(out, more)

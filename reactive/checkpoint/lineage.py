@@ -7,8 +7,11 @@ grow across runs within a checkpoint directory. What a run restores:
 - ``restore_from=PATH``: exactly that checkpoint or savepoint. If it cannot be honoured
   (missing, damaged, another max parallelism) the run fails with the reason; it never
   falls back to another checkpoint or to a fresh start.
-- ``resume=True``: the newest completed checkpoint of ``<directory>/<job>`` written by any
-  earlier run, verified; none on disk means a fresh start.
+- ``resume=True``: continue the most recent run of ``<directory>/<job>`` (runs record where
+  they started in ``_runs/``): its newest completed checkpoint, else the checkpoint or
+  savepoint it started from, else the beginning of the input (it had started fresh and was
+  stopped before its first checkpoint). Without run records (a directory of an older
+  version), the newest completed checkpoint of any run.
 - neither: a fresh start (a new lineage; ids continue after those on disk).
 - failover (a task failed, the restart strategy restarts the run): the newest checkpoint
   *this run* completed, else the checkpoint it started from, else a fresh start. Never a
@@ -34,7 +37,7 @@ from ..errors import CorruptCheckpointError, RestoreError
 from .storage import METADATA, CheckpointStorage, CompletedCheckpoint, read_metadata
 
 __all__ = ["RejectedCheckpoint", "ReplayPolicy", "candidates_in", "committed_output",
-           "select_restore"]
+           "lineage_candidates", "resume_candidates", "select_restore"]
 
 log = logging.getLogger("reactive.checkpoint")
 
@@ -108,6 +111,43 @@ def candidates_in(storage: CheckpointStorage, min_id: int = 0, run_id: str | Non
             continue
         out.append(chk)
     return out
+
+
+def lineage_candidates(storage: CheckpointStorage, run_id: str, first_id: int,
+                       start: CompletedCheckpoint | Path | None
+                       ) -> list[CompletedCheckpoint | RejectedCheckpoint]:
+    """The checkpoints a run's lineage may restore, newest first: the run's own completed
+    checkpoints, then the checkpoint or savepoint it started from (read again from disk).
+
+    Args:
+        storage: the run's checkpoint storage.
+        run_id: the run.
+        first_id: the first checkpoint id the run used.
+        start: what the run restored when it started (a checkpoint, or its directory), or
+            None when it started from the beginning of the input.
+    """
+    out = candidates_in(storage, first_id, run_id)
+    if start is not None:
+        path = start.path if isinstance(start, CompletedCheckpoint) else Path(start)
+        try:
+            out.append(CheckpointStorage.load(path, verify=False))
+        except RestoreError as exc:
+            n = start.checkpoint_id if isinstance(start, CompletedCheckpoint) else -1
+            out.append(RejectedCheckpoint(n, path, f"the run started from it, but: {exc}",
+                                          committed_output(None)))
+    return out
+
+
+def resume_candidates(storage: CheckpointStorage
+                      ) -> list[CompletedCheckpoint | RejectedCheckpoint]:
+    """What ``resume=True`` may restore, newest first (see the module docstring)."""
+    runs = storage.runs()
+    if not runs:
+        return candidates_in(storage)
+    last = runs[-1]
+    restored = last.get("restored_from")
+    return lineage_candidates(storage, str(last["run_id"]), int(last["first_checkpoint_id"]),
+                              Path(restored["path"]) if restored else None)
 
 
 def select_restore(

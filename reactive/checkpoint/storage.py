@@ -13,6 +13,14 @@ metadata of the retained checkpoints, so the count survives restarts.
 
 Every checkpoint names the *run* that wrote it (``run_id``: one per ``Dataflow.start``, as
 Flink gives each submission a job id), so a run's failover restores only its own lineage.
+Each run also records where it started, before it takes any checkpoint:
+
+```
+<dir>/<job>/_runs/<run_id>.json  {"run_id", "first_checkpoint_id", "restored_from"}
+```
+
+so that resuming continues the most recent run even when it was killed before its first
+checkpoint (it started from a savepoint elsewhere, or from the beginning of the input).
 
 Trust: checkpoint files hold pickled values, so restoring runs whatever a crafted file says.
 When the environment variable ``REACTIVE_CHECKPOINT_KEY`` is set, every ``_metadata`` is
@@ -389,9 +397,57 @@ class CheckpointStorage:
         return out
 
     def latest_id(self) -> int:
-        """Highest checkpoint id present on disk, completed or not (0 when none)."""
+        """Highest checkpoint id used in the directory (0 when none): of every ``chk-<n>``,
+        completed or not, and of the ids runs reserved when they started."""
         dirs = self._dirs()
-        return dirs[-1][0] if dirs else 0
+        used = dirs[-1][0] if dirs else 0
+        return max([used, *(int(r["first_checkpoint_id"]) for r in self.runs())])
+
+    # ------------------------------------------------------------------ runs
+    @property
+    def runs_dir(self) -> Path:
+        """``<job_dir>/_runs``: one record per run (see the module docstring)."""
+        return self.job_dir / "_runs"
+
+    def record_run(self, run_id: str, first_checkpoint_id: int,
+                   restored_from: CompletedCheckpoint | None, keep: int = 20) -> None:
+        """Record, durably, that run ``run_id`` starts here (before its first checkpoint).
+
+        Args:
+            run_id: the run's id.
+            first_checkpoint_id: the first id the run may use (reserved: later runs start
+                above it even if this one never completes a checkpoint).
+            restored_from: what the run restored, None for a start from the beginning.
+            keep: how many run records to keep (the oldest are removed).
+        """
+        body = {
+            "run_id": run_id,
+            "first_checkpoint_id": first_checkpoint_id,
+            "restored_from": None if restored_from is None else {
+                "path": str(restored_from.path.resolve()),
+                "checkpoint_id": restored_from.checkpoint_id,
+            },
+        }
+        write_atomic(self.runs_dir / f"{run_id}.json", [json.dumps(body).encode()])
+        fsync_dir(self.runs_dir)
+        for old in self.runs()[:-keep]:
+            (self.runs_dir / f"{old['run_id']}.json").unlink(missing_ok=True)
+
+    def runs(self) -> list[dict[str, Any]]:
+        """The run records, oldest first (by their first checkpoint id); unreadable ones are
+        skipped."""
+        if not self.runs_dir.is_dir():
+            return []
+        out = []
+        for f in self.runs_dir.glob("*.json"):
+            try:
+                rec = json.loads(f.read_text())
+                int(rec["first_checkpoint_id"])
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning("ignoring unreadable run record %s", f)
+                continue
+            out.append(rec)
+        return sorted(out, key=lambda r: int(r["first_checkpoint_id"]))
 
     @staticmethod
     def load(path: str | Path, verify: bool = True) -> CompletedCheckpoint:

@@ -30,10 +30,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..checkpoint.coordinator import CheckpointCoordinator, OperatorInfo
 from ..checkpoint.lineage import (
-    RejectedCheckpoint,
     ReplayPolicy,
-    candidates_in,
-    committed_output,
+    lineage_candidates,
+    resume_candidates,
     select_restore,
 )
 from ..checkpoint.state_assignment import StateAssignment
@@ -352,22 +351,17 @@ class Job:
         if o.restore_from is not None:
             return CheckpointStorage.load(o.restore_from)
         if o.resume and self.storage is not None:
-            return select_restore(candidates_in(self.storage), self._replay_policy(), "resume")
+            return select_restore(resume_candidates(self.storage), self._replay_policy(),
+                                  "resume")
         return None
 
     def _failover_restore(self) -> CompletedCheckpoint | None:
         """The newest checkpoint of this run's lineage that can be restored, if any."""
         if self.storage is None:
             return None
-        candidates: list[Any] = candidates_in(self.storage, self._first_id, self.run_id)
-        initial = self._initial
-        if initial is not None:
-            try:  # read again: the files may have changed since the run started
-                candidates.append(CheckpointStorage.load(initial.path, verify=False))
-            except RestoreError as exc:
-                candidates.append(RejectedCheckpoint(initial.checkpoint_id, initial.path,
-                                                     str(exc), committed_output(None)))
-        return select_restore(candidates, self._replay_policy(), "failover")
+        return select_restore(
+            lineage_candidates(self.storage, self.run_id, self._first_id, self._initial),
+            self._replay_policy(), "failover")
 
     async def _main(self) -> None:
         try:
@@ -381,6 +375,13 @@ class Job:
         on_disk = self.storage.latest_id() if self.storage is not None else 0
         self._first_id = self._next_id = max(
             on_disk, restore.checkpoint_id if restore is not None else 0) + 1
+        if self.storage is not None:
+            try:
+                # before any checkpoint: a later resume must find where this run started
+                self.storage.record_run(self.run_id, self._first_id, restore)
+            except OSError as exc:
+                self.status = "failed"
+                raise JobFailedError(self.name, 1, exc) from exc
         attempt = 0
         strategy = self.options.restart
         while True:
