@@ -37,6 +37,7 @@ from .events import (
 from .operators import SinkOperator, SourceOperator, StreamOperator, maybe_await
 from .partitioner import KeySelectorError
 from .record_writer import RecordWriter
+from .watermark_valve import StatusWatermarkValve
 
 if TYPE_CHECKING:
     from ..checkpoint.storage import CheckpointStorage
@@ -142,11 +143,11 @@ class StreamTask:
         self.records_in = 0
         self._ended = False
         self._closed = False
-        self._channel_watermarks = [float("-inf")] * len(gate.channels)
         self.watermark = float("-inf")
-        # event time (reactive.time): idle input channels are left out of the minimum, and
-        # chained operators reach the task (timers, watermark generators) via the mailbox
-        self._idle_channels: set[int] = set()
+        # event time (reactive.time): the valve combines the input channels' watermarks and
+        # idle/active statuses; chained operators reach the task (timers, watermark
+        # generators) via the mailbox
+        self._valve = StatusWatermarkValve(len(gate.channels))
         self._idle_out = False
         for i, op in enumerate(self.chain):
             op.mailbox = OperatorMailbox(self, i)
@@ -213,8 +214,13 @@ class StreamTask:
 
     async def _run_inputs(self) -> None:
         gate = self.gate
+        coordinator = self.env.coordinator
+        # a checkpoint subsumed by a newer barrier during alignment is declined at once;
+        # it is not a failure (Flink's CHECKPOINT_DECLINED_SUBSUMED): the newer one replaces it
+        on_decline = None if coordinator is None else (
+            lambda cid, reason: coordinator.decline(cid, self, reason, count_failure=False))
         handler: BarrierHandler = (
-            AlignedBarrierHandler(gate, self._on_aligned)
+            AlignedBarrierHandler(gate, self._on_aligned, on_decline)
             if self.env.exactly_once
             else BarrierTracker(gate, self._on_aligned)
         )
@@ -292,34 +298,30 @@ class StreamTask:
             await w.flush()
 
     async def _on_watermark(self, channel: int, timestamp: float) -> None:
-        wms = self._channel_watermarks
-        if timestamp > wms[channel]:
-            wms[channel] = timestamp
-            await self._recompute_watermark()
-
-    async def _recompute_watermark(self) -> None:
-        idle = self._idle_channels
-        live = [wm for ch, wm in zip(self.gate.channels, self._channel_watermarks, strict=True)
-                if not ch.finished and ch.index not in idle]
-        if not live and any(not ch.finished for ch in self.gate.channels):
-            return  # every live input is idle: event time stands still (Flink)
-        low = min(live) if live else MAX_WATERMARK
-        if low > self.watermark:
+        """Input channel ``channel`` sent watermark ``timestamp`` (seconds); the input loop
+        also calls this with ``MAX_WATERMARK`` for a channel that just ended."""
+        valve = self._valve
+        if self.gate.channels[channel].finished:
+            low = valve.end_of_input(channel)
+        else:
+            low = valve.input_watermark(channel, timestamp)
+        if low is not None:
             await self._advance_watermark(low)
 
     async def _on_watermark_status(self, channel: int, idle: bool) -> None:
-        """An input channel became idle or active (``reactive.time.watermarks``)."""
-        if idle:
-            self._idle_channels.add(channel)
-        else:
-            self._idle_channels.discard(channel)
-        all_idle = all(ch.finished or ch.index in self._idle_channels
-                       for ch in self.gate.channels)
+        """An input channel became idle or active (``reactive.time.watermarks``).
+
+        The status goes out first, so downstream tasks see the task active again before a
+        watermark it emits for the change.
+        """
+        valve = self._valve
+        low = valve.input_watermark_status(channel, idle)
+        all_idle = valve.all_idle()
         generator = any(op.generates_watermarks for op in self.chain)
         if not generator and all_idle != self._idle_out:
             await self.emit_watermark_status(IDLE if all_idle else ACTIVE)
-        if not idle or not all_idle:
-            await self._recompute_watermark()
+        if low is not None:
+            await self._advance_watermark(low)
 
     async def _advance_watermark(self, timestamp: float) -> None:
         self.watermark = timestamp
