@@ -18,6 +18,11 @@ Restore loads only the key groups of the instance's range (rescaling, thesis 4.2
 snapshots or from RocksDB snapshots (``backends.rocksdb.iter_rocksdb_key_groups`` yields the
 same per-key-group form), so a job can move between the two backends through any completed
 checkpoint or savepoint.
+
+Keys are stored as the Python objects themselves; only their key group comes from their
+bytes (:mod:`reactive.key_encoding`, or the ``key_by`` key serializer), which handles record
+as ``key_encoding``. A value that cannot be serialized fails the snapshot with
+:class:`~reactive.errors.StateSerializationError` naming the state and the key.
 """
 
 from __future__ import annotations
@@ -34,8 +39,21 @@ from pathlib import Path
 from typing import Any
 
 from reactive.checkpoint.files import write_atomic
-from reactive.errors import RestoreError, StateAccessError
-from reactive.keygroups import KeyGroupRange, assign_to_key_group
+from reactive.errors import (
+    RestoreError,
+    StateAccessError,
+    StateSerializationError,
+    UnsupportedKeyError,
+)
+from reactive.key_encoding import (
+    KEY_ENCODING,
+    check_key_encoding,
+    decode_key,
+    encode_key,
+    key_encoding_name,
+    unhashable_key_error,
+)
+from reactive.keygroups import KeyGroupRange, key_group_of_bytes
 from reactive.serialization import Serializer
 from reactive.state.api import ListState, MapState, ReducingState, State, ValueState
 from reactive.state.backend import (
@@ -98,11 +116,16 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     Args:
         key_group_range: the key groups this instance owns.
         max_parallelism: the job's number of key groups.
+        operator_uid: the operator's uid, named in errors (None: unnamed).
     """
 
-    def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int) -> None:
+    def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, *,
+                 operator_uid: str | None = None) -> None:
         self.key_group_range = key_group_range
         self.max_parallelism = max_parallelism
+        self.operator_uid = operator_uid
+        self._key_serializer: Serializer | None = None
+        self._encode_key: Callable[[Any], bytes] = encode_key
         self._start = key_group_range.start
         self._n = len(key_group_range)
         # key -> index of its key group in this instance's range (bounded memo)
@@ -114,9 +137,27 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._pending: set[int] = set()
 
     # ------------------------------------------------------------------ keys
+    def set_key_serializer(self, serializer: Serializer | None) -> None:
+        """Compute key groups from ``serializer.serialize(key)`` instead of the canonical key
+        encoding (``key_by(selector, key_serializer=...)``); call before any key is set or
+        state restored. None restores the canonical encoding."""
+        self._key_serializer = serializer
+        self._encode_key = encode_key if serializer is None else serializer.serialize
+        self._idx_cache.clear()
+
     def set_current_key(self, key: Any) -> None:
+        """Scope state calls to ``key``.
+
+        Raises:
+            UnsupportedKeyError: if ``key`` is not hashable, or has no canonical encoding
+                and no key serializer was set (naming the operator).
+            StateAccessError: if ``key`` belongs to another instance's key groups.
+        """
         # hot path: one dict hit for a known key; hashing and the range check only on a miss
-        idx = self._idx_cache.get(key)
+        try:
+            idx = self._idx_cache.get(key)
+        except TypeError:
+            raise unhashable_key_error(key, self.operator_uid) from None
         if idx is None:
             idx = self._index_of(key)
         if self._pending and idx in self._pending:
@@ -125,7 +166,11 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._idx = idx
 
     def _index_of(self, key: Any) -> int:
-        idx = assign_to_key_group(key, self.max_parallelism) - self._start
+        try:
+            data = self._encode_key(key)
+        except UnsupportedKeyError as exc:
+            raise exc.for_operator(self.operator_uid) from None
+        idx = key_group_of_bytes(data, self.max_parallelism) - self._start
         if not 0 <= idx < self._n:
             raise StateAccessError(
                 f"key {key!r} belongs to key group {idx + self._start}, outside this "
@@ -175,30 +220,65 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         return iter([k for d in table.maps[: self._n] for k in d])
 
     # ------------------------------------------------------------------ snapshots
-    def _serialize_key_group(self, idx: int) -> bytes | None:
-        data: dict[str, dict[Any, Any]] = {}
+    def _serialize_key_group(self, idx: int, operator: str) -> bytes | None:
+        """Return the snapshot bytes of key group ``idx`` (None when it holds no state).
+
+        Raises:
+            StateSerializationError: if a value (or key) cannot be serialized, naming
+                ``operator``, the state and the key.
+        """
+        try:
+            data: dict[str, dict[Any, Any]] = {}
+            for name, table in self._tables.items():
+                d = table.maps[idx]
+                if not d:
+                    continue
+                ser = None if table.serialized else _serializer(table.descriptor)
+                data[name] = {k: ser.serialize(v) for k, v in d.items()} if ser else d
+            if not data:
+                return None
+            serialized = [name for name, t in self._tables.items() if name in data and
+                          (t.serialized or _serializer(t.descriptor) is not None)]
+            return pickle.dumps((serialized, data), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            # the fast path pickles whole key groups at C speed; only now look entry by
+            # entry for the one to name
+            error = self._unserializable(idx, operator)
+            if error is None:  # no entry fails on its own: not a value's fault
+                raise
+            raise error from exc
+
+    def _unserializable(self, idx: int, operator: str) -> StateSerializationError | None:
+        """Return the error naming the first entry of key group ``idx`` that cannot be
+        serialized (None when every entry can on its own)."""
         for name, table in self._tables.items():
-            d = table.maps[idx]
-            if not d:
-                continue
             ser = None if table.serialized else _serializer(table.descriptor)
-            data[name] = {k: ser.serialize(v) for k, v in d.items()} if ser else d
-        if not data:
-            return None
-        serialized = [name for name, t in self._tables.items() if name in data and
-                      (t.serialized or _serializer(t.descriptor) is not None)]
-        return pickle.dumps((serialized, data), protocol=pickle.HIGHEST_PROTOCOL)
+            for k, v in table.maps[idx].items():
+                try:
+                    pickle.dumps((k, ser.serialize(v) if ser else v),
+                                 protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception as exc:
+                    return StateSerializationError(operator, name, k, exc)
+        return None
 
     def _capture(self, idx: int) -> None:
         blob: bytes | None = None
+        failure: StateSerializationError | None = None
         done = False
         for snap in self._snapshots:
             if idx in snap.pending:
                 if not done:
-                    blob = self._serialize_key_group(idx)
+                    try:
+                        blob = self._serialize_key_group(idx, snap.ctx.operator_uid)
+                    except StateSerializationError as exc:
+                        # copy-on-write runs on the data path: the snapshot fails, not the
+                        # record that touched the key group
+                        failure = exc
                     done = True
                 snap.pending.discard(idx)
                 snap.blobs[idx] = blob
+                if failure is not None and snap.failure is None:
+                    snap.failure = failure
         self._recompute_pending()
 
     def _recompute_pending(self) -> None:
@@ -222,6 +302,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     def restore(self, handles: list[dict[str, Any]], job_dir: Path) -> None:
         for handle in handles:
+            check_key_encoding(handle, self._key_serializer, self.operator_uid)
             if handle.get("backend") == "rocksdb":
                 self._restore_rocksdb(handle, job_dir)
                 continue
@@ -251,9 +332,11 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         except ImportError as exc:  # rocksdict not installed
             raise RestoreError(f"cannot restore a RocksDB snapshot: {exc}") from exc
         scratch = Path(tempfile.mkdtemp(prefix="reactive-restore-")) / "db"
+        ser = self._key_serializer
         try:
-            for kg, serialized, data in iter_rocksdb_key_groups(handle, job_dir, scratch,
-                                                                self.key_group_range):
+            for kg, serialized, data in iter_rocksdb_key_groups(
+                    handle, job_dir, scratch, self.key_group_range,
+                    key_decoder=decode_key if ser is None else ser.deserialize):
                 self._install(kg - self._start, serialized, data)
         finally:
             shutil.rmtree(scratch.parent, ignore_errors=True)
@@ -282,10 +365,22 @@ class _HeapSnapshot(KeyedStateSnapshot):
         self.ctx = ctx
         self.pending = pending
         self.blobs: dict[int, bytes | None] = {}
+        # set when copy-on-write met a value that cannot be serialized
+        self.failure: StateSerializationError | None = None
 
     async def write(self) -> dict[str, Any]:
+        """Write the snapshot file and return its handle.
+
+        Raises:
+            StateSerializationError: if a value or key cannot be serialized (naming the
+                operator, the state and the key).
+            OSError: if the file cannot be written.
+        """
         b = self.backend
         ctx = self.ctx
+        if self.failure is not None:
+            b._release(self)
+            raise self.failure
         path = ctx.exclusive_path(".heap")
         tmp = path.with_name("." + path.name + ".tmp")
         index: dict[str, list[int]] = {}
@@ -298,10 +393,12 @@ class _HeapSnapshot(KeyedStateSnapshot):
                     if idx in self.blobs:
                         blob = self.blobs.pop(idx)
                     elif idx in self.pending:
-                        blob = b._serialize_key_group(idx)
+                        blob = b._serialize_key_group(idx, ctx.operator_uid)
                         self.pending.discard(idx)
                     else:
                         continue
+                    if self.failure is not None:
+                        raise self.failure
                     if blob:
                         f.write(blob)
                         h.update(blob)
@@ -311,10 +408,15 @@ class _HeapSnapshot(KeyedStateSnapshot):
                         await asyncio.sleep(0)
                         last_yield = time.perf_counter()
                 b._release(self)
+                if self.failure is not None:
+                    raise self.failure
                 f.flush()
                 # inline: fsync takes < 1 ms here, a worker thread would first wait for the GIL
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         finally:
             b._release(self)
         return {
@@ -322,6 +424,7 @@ class _HeapSnapshot(KeyedStateSnapshot):
             "format": FORMAT,
             "files": [{"path": ctx.relative(path), "size": offset, "sha256": h.hexdigest()}],
             "key_groups": index,
+            "key_encoding": key_encoding_name(b._key_serializer),
         }
 
     def discard(self) -> None:
@@ -519,7 +622,8 @@ def iter_heap_key_groups(
 
 
 def write_heap_snapshot(
-    path: Path, job_dir: Path, key_groups: Iterable[tuple[int, dict[str, dict[Any, Any]]]]
+    path: Path, job_dir: Path, key_groups: Iterable[tuple[int, dict[str, dict[Any, Any]]]],
+    key_encoding: str = KEY_ENCODING,
 ) -> dict[str, Any]:
     """Write keyed state as a heap snapshot file (atomically) and return its handle, the
     same ``keyed_state`` handle a checkpoint of this backend holds (for savepoints written
@@ -531,10 +635,12 @@ def write_heap_snapshot(
         key_groups: ``(key group, {state name: {key: value}})`` pairs, each key group at most
             once; values are stored as given (restored as is, whatever the descriptor's
             serializer); key groups without entries are skipped.
+        key_encoding: how the key groups were computed from the keys (see
+            :func:`reactive.key_encoding.key_encoding_name`); a restore checks it.
 
     Returns:
         ``{"backend": "heap", "format": "heap-v1", "files": [{path, size, sha256}],
-        "key_groups": {kg: [offset, length]}}``.
+        "key_groups": {kg: [offset, length]}, "key_encoding": key_encoding}``.
     """
     index: dict[str, list[int]] = {}
 
@@ -555,6 +661,7 @@ def write_heap_snapshot(
         "format": FORMAT,
         "files": [{"path": path.relative_to(job_dir).as_posix(), "size": size, "sha256": sha}],
         "key_groups": index,
+        "key_encoding": key_encoding,
     }
 
 
@@ -577,4 +684,4 @@ class HeapStateBackend(StateBackend):
         key_group_range: KeyGroupRange,
         max_parallelism: int,
     ) -> KeyedStateBackend:
-        return HeapKeyedStateBackend(key_group_range, max_parallelism)
+        return HeapKeyedStateBackend(key_group_range, max_parallelism, operator_uid=operator_uid)

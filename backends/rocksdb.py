@@ -2,19 +2,25 @@
 asynchronous and incremental snapshots.
 
 Layout (thesis section 4.2, Flink's ``RocksDBKeyedStateBackend``): every value lives under the
-RocksDB key ``key_group (2 bytes, big-endian) | state id (4 bytes) | serialized key``, so the
+RocksDB key ``key_group (2 bytes, big-endian) | state id (4 bytes) | encoded key``, so the
 state of a key-group range is one contiguous key range (iteration, deletion and rescaling by
 range). The state id is derived from the state's name (a 4-byte BLAKE2b digest), so instances
 that never met agree on it and a restore can merge their files without rewriting keys. Values
 are bytes produced by the descriptor's serializer (pickle by default). List and map state are
 stored as one value per key (the descriptors' serializers apply to the whole list or map); the
-user-key suffix of Flink's layout is not used.
+user-key suffix of Flink's layout is not used. The encoded key is its canonical encoding
+(:mod:`reactive.key_encoding`: equal keys, equal bytes, in every process), or the ``key_by``
+key serializer's bytes; handles record which as ``key_encoding``, and the key group is the
+murmur3 hash of the same bytes.
 
 Per-record cost: a RocksDB get + put per record costs microseconds from Python, so each
 instance keeps a bounded *write-back cache* of deserialized values per state. Reads hit the
 cache first; writes only mark the entry dirty. Dirty entries go to RocksDB in one
 ``WriteBatch`` when there are ``write_batch_entries`` of them, when the cache overflows
-``cache_entries`` (it is then emptied), before ``keys()``, and before every snapshot.
+``cache_entries`` (it is then emptied), before ``keys()``, and before every snapshot. A value
+its serializer refuses fails that write with :class:`~reactive.errors.StateSerializationError`
+naming the operator, the state and the key (in a snapshot's synchronous part, or on the data
+path when the cache writes out).
 
 Snapshots (thesis 4.5.1 asynchronous snapshot invocation, 4.5.2 incremental snapshots, and
 Flink's ``RocksIncrementalSnapshotStrategy`` / ``RocksFullSnapshotStrategy``):
@@ -61,7 +67,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-import msgpack
 from rocksdict import (
     AccessType,
     BlockBasedOptions,
@@ -72,8 +77,22 @@ from rocksdict import (
     WriteOptions,
 )
 
-from reactive.errors import ConfigurationError, RestoreError, StateAccessError
+from reactive.errors import (
+    ConfigurationError,
+    RestoreError,
+    StateAccessError,
+    StateSerializationError,
+    UnsupportedKeyError,
+)
+from reactive.key_encoding import (
+    KEY_ENCODING,
+    check_key_encoding,
+    decode_key,
+    encode_key,
+    key_encoding_name,
+)
 from reactive.keygroups import KeyGroupAssigner, KeyGroupRange
+from reactive.serialization import Serializer
 from reactive.state.api import ListState, MapState, ReducingState, State, ValueState
 from reactive.state.backend import (
     KeyedStateBackend,
@@ -92,6 +111,7 @@ from reactive.state.descriptors import (
 __all__ = [
     "RocksDBKeyedStateBackend",
     "RocksDBStateBackend",
+    "iter_rocksdb_entries",
     "iter_rocksdb_key_groups",
     "read_rocksdb_snapshot",
     "state_id",
@@ -109,23 +129,6 @@ def state_id(name: str) -> bytes:
 
 def _safe(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
-
-
-# ---------------------------------------------------------------------- key encoding
-def encode_key(key: Any) -> bytes:
-    """Encode a key for RocksDB: ``b"m"`` + MessagePack for primitives and tuples of them
-    (deterministic), else ``b"p"`` + pickle protocol 4."""
-    try:
-        return b"m" + msgpack.packb(key, use_bin_type=True)  # type: ignore[no-any-return]
-    except (TypeError, ValueError, OverflowError):
-        return b"p" + pickle.dumps(key, protocol=4)
-
-
-def decode_key(data: bytes) -> Any:
-    """Inverse of :func:`encode_key` (tuples come back as tuples)."""
-    if data[:1] == b"m":
-        return msgpack.unpackb(data[1:], raw=False, use_list=False, strict_map_key=False)
-    return pickle.loads(data[1:])
 
 
 def _kg_bytes(kg: int) -> bytes:
@@ -306,6 +309,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         write_batch_entries: dirty keys per state before they are written to RocksDB.
         write_buffer_size: RocksDB memtable size, bytes.
         options_factory: called with the RocksDB ``Options`` before the DB opens.
+        operator_uid: the operator's uid, named in errors (None: unnamed).
 
     Raises:
         ConfigurationError: if ``max_parallelism`` exceeds 65536 (2-byte key groups).
@@ -322,6 +326,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         write_batch_entries: int = 20_000,
         write_buffer_size: int = 4 << 20,
         options_factory: Callable[[Options], None] | None = None,
+        operator_uid: str | None = None,
     ) -> None:
         if max_parallelism > 1 << 16:
             raise ConfigurationError("the RocksDB backend supports max_parallelism <= 65536")
@@ -338,6 +343,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._db: Rdict = _open(self._db_dir, self._opts)
         self._start = key_group_range.start
         self._end = key_group_range.end
+        self.operator_uid = operator_uid
+        self._key_serializer: Serializer | None = None
+        self._encode_key: Callable[[Any], bytes] = encode_key
+        self._decode_key: Callable[[bytes], Any] = decode_key
         self._assign = KeyGroupAssigner(max_parallelism)
         self._kg = [_kg_bytes(kg) for kg in range(max_parallelism)]
         self._kgb: bytes | None = None  # the current key's key group, 2 bytes
@@ -349,8 +358,30 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._disposed = False
 
     # ------------------------------------------------------------------ keys
+    def set_key_serializer(self, serializer: Serializer | None) -> None:
+        """Store keys as ``serializer.serialize(key)`` (and compute key groups from those
+        bytes) instead of the canonical key encoding (``key_by(selector,
+        key_serializer=...)``); call before any key is set or state restored. None restores
+        the canonical encoding."""
+        self._key_serializer = serializer
+        if serializer is None:
+            self._encode_key, self._decode_key = encode_key, decode_key
+        else:
+            self._encode_key, self._decode_key = serializer.serialize, serializer.deserialize
+        self._assign = KeyGroupAssigner(self.max_parallelism, key_serializer=serializer)
+
     def set_current_key(self, key: Any) -> None:
-        kg = self._assign(key)
+        """Scope state calls to ``key``.
+
+        Raises:
+            UnsupportedKeyError: if ``key`` is not hashable, or has no canonical encoding
+                and no key serializer was set (naming the operator).
+            StateAccessError: if ``key`` belongs to another instance's key groups.
+        """
+        try:
+            kg = self._assign(key)
+        except UnsupportedKeyError as exc:
+            raise exc.for_operator(self.operator_uid) from None
         if not self._start <= kg <= self._end:
             raise StateAccessError(
                 f"key {key!r} belongs to key group {kg}, outside this instance's range "
@@ -411,14 +442,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 k = cast(bytes, k)  # raw mode: keys are bytes
                 if k[:n] != prefix:
                     break
-                out.append(decode_key(k[n:]))
+                out.append(self._decode_key(k[n:]))
         return iter(out)
 
     # ------------------------------------------------------------------ cache
     def _load(self, table: _Table, key: Any) -> Any:
         """Cache miss: read ``key`` of ``table`` from RocksDB into the cache."""
         kgb = self._require_key()
-        raw = self._db.get(kgb + table.sid + encode_key(key))
+        raw = self._db.get(kgb + table.sid + self._encode_key(key))
         value = _ABSENT if raw is None else table.loads(raw)
         cache = table.cache
         if len(cache) >= self.cache_entries:
@@ -443,13 +474,19 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         table.cache.clear()
 
     def _flush_dirty(self, only: _Table | None = None) -> None:
-        """Write dirty cache entries to RocksDB in one WriteBatch (entries stay cached)."""
+        """Write dirty cache entries to RocksDB in one WriteBatch (entries stay cached).
+
+        Raises:
+            StateSerializationError: if a value's serializer refuses it (nothing of the
+                batch is written; the entries stay dirty).
+        """
         tables = [only] if only is not None else list(self._tables.values())
         if not any(t.dirty for t in tables):
             return
         wb = WriteBatch(raw_mode=True)
         put = wb.put
         delete = wb.delete
+        encode = self._encode_key
         for t in tables:
             if not t.dirty:
                 continue
@@ -459,9 +496,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             for key, kgb in t.dirty.items():
                 value = cache.get(key, _ABSENT)
                 if value is _ABSENT:
-                    delete(kgb + sid + encode_key(key))
+                    delete(kgb + sid + encode(key))
                 else:
-                    put(kgb + sid + encode_key(key), dumps(value))
+                    try:
+                        data = dumps(value)
+                    except Exception as exc:
+                        raise StateSerializationError(
+                            self.operator_uid or "?", t.name, key, exc) from exc
+                    put(kgb + sid + encode(key), data)
+        for t in tables:
             t.dirty.clear()
         self._db.write(wb)
 
@@ -500,6 +543,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         handles = [h for h in handles if h.get("backend") != "heap"]
         for handle in handles:
             _check_handle(handle)
+        for handle in heap + handles:
+            check_key_encoding(handle, self._key_serializer, self.operator_uid)
         for handle in heap:
             self._restore_heap(handle, job_dir)
         if not handles:
@@ -566,7 +611,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 prefix = kgb + table.sid
                 for key, value in entries.items():
                     # values of custom-serialized states are that serializer's bytes already
-                    wb.put(prefix + encode_key(key), value if custom else _pickle_dumps(value))
+                    wb.put(prefix + self._encode_key(key),
+                           value if custom else _pickle_dumps(value))
                     n += 1
                     if n >= _RESTORE_BATCH:
                         self._db.write(wb)
@@ -717,6 +763,7 @@ class _RocksDBSnapshot(KeyedStateSnapshot):
             "max_parallelism": b.max_parallelism,
             "states": self.states,
             "custom_serializers": self.custom,
+            "key_encoding": key_encoding_name(b._key_serializer),
             "db_files": up.db_files,
         }
 
@@ -844,8 +891,77 @@ class _ReducingState(_CachedState, ReducingState):
 
 
 # ---------------------------------------------------------------------- tools
-def read_rocksdb_snapshot(handle: dict[str, Any], job_dir: Path,
-                          scratch: Path) -> dict[str, dict[Any, bytes]]:
+def _key_decoder(handle: dict[str, Any],
+                 key_decoder: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]:
+    """``key_decoder``, else the canonical decoder for canonical handles and raw bytes for
+    handles whose keys a ``key_by`` key serializer wrote; errors become RestoreError."""
+    if key_decoder is None:
+        if handle.get("key_encoding", KEY_ENCODING) != KEY_ENCODING:
+            return bytes
+        key_decoder = decode_key
+    decode = key_decoder
+
+    def checked(data: bytes) -> Any:
+        try:
+            return decode(data)
+        except Exception as exc:
+            raise RestoreError(f"cannot decode the RocksDB key {data[:40]!r}: {exc}") from exc
+
+    return checked
+
+
+def iter_rocksdb_entries(
+    handle: dict[str, Any], job_dir: Path, scratch: Path,
+    key_group_range: KeyGroupRange | None = None,
+) -> Iterator[tuple[int, str, bytes, bytes]]:
+    """Yield ``(key group, state name, key bytes, value bytes)`` for every entry of a RocksDB
+    snapshot handle in ``key_group_range`` (all when None), in key-group order, as stored:
+    keys in the handle's ``key_encoding`` (:func:`reactive.key_encoding.decode_key` reads
+    canonical ones), values in the descriptor's serializer's bytes (pickle by default). Only
+    the key range of the wanted key groups is iterated.
+
+    Args:
+        handle: a ``keyed_state`` handle of this backend.
+        job_dir: the directory its paths are relative to.
+        scratch: a directory that does not exist yet, used (and removed) to open the files.
+        key_group_range: the key groups to read.
+
+    Raises:
+        RestoreError: if the handle is not a RocksDB snapshot or its files are unreadable.
+    """
+    _check_handle(handle)
+    names = {state_id(name): name for name in handle.get("states", {})}
+    old_start, old_end = handle["key_group_range"]
+    start, end = old_start, old_end
+    if key_group_range is not None:
+        start, end = max(start, key_group_range.start), min(end, key_group_range.end)
+    if start > end:
+        return
+    _materialize(handle, job_dir, scratch)
+    try:
+        try:
+            db = _open(scratch, _options(4 << 20, None), read_only=True)
+        except Exception as exc:
+            raise RestoreError(f"cannot open the RocksDB snapshot: {exc}") from exc
+        try:
+            lower, upper = _range_bounds(start, end)
+            for k, v in db.items(from_key=lower):
+                k = cast(bytes, k)  # raw mode: keys are bytes
+                if upper is not None and k >= upper:
+                    break
+                name = names.get(k[2:6])
+                if name is not None:
+                    yield int.from_bytes(k[:2], "big"), name, k[6:], cast(bytes, v)
+        finally:
+            db.close()
+            del db
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def read_rocksdb_snapshot(handle: dict[str, Any], job_dir: Path, scratch: Path,
+                          key_decoder: Callable[[bytes], Any] | None = None,
+                          ) -> dict[str, dict[Any, bytes]]:
     """Read a RocksDB snapshot handle into ``{state name: {key: value bytes}}``.
 
     Values stay as the descriptor's serializer wrote them (pickle by default). Used by tools
@@ -855,33 +971,25 @@ def read_rocksdb_snapshot(handle: dict[str, Any], job_dir: Path,
         handle: a ``keyed_state`` handle from a checkpoint's metadata.
         job_dir: the job directory its paths are relative to.
         scratch: a directory that does not exist yet, used (and removed) to open the files.
+        key_decoder: key bytes -> key (e.g. the ``key_by`` key serializer's
+            ``deserialize``); None decodes canonical keys and leaves keys that a key
+            serializer wrote as bytes.
 
     Raises:
-        RestoreError: if the handle is not a RocksDB snapshot or its files are unreadable.
+        RestoreError: if the handle is not a RocksDB snapshot, its files are unreadable, or
+            a key cannot be decoded.
     """
-    _check_handle(handle)
-    names = {state_id(name): name for name in handle.get("states", {})}
-    _materialize(handle, job_dir, scratch)
+    decode = _key_decoder(handle, key_decoder)
     out: dict[str, dict[Any, bytes]] = {}
-    try:
-        db = _open(scratch, _options(4 << 20, None), read_only=True)
-        try:
-            for k, v in db.items():
-                k = cast(bytes, k)  # raw mode: keys are bytes
-                name = names.get(k[2:6])
-                if name is not None:
-                    out.setdefault(name, {})[decode_key(k[6:])] = v
-        finally:
-            db.close()
-            del db
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    for _, name, key, value in iter_rocksdb_entries(handle, job_dir, scratch):
+        out.setdefault(name, {})[decode(key)] = value
     return out
 
 
 def iter_rocksdb_key_groups(
     handle: dict[str, Any], job_dir: Path, scratch: Path,
     key_group_range: KeyGroupRange | None = None,
+    key_decoder: Callable[[bytes], Any] | None = None,
 ) -> Iterator[tuple[int, list[str], dict[str, dict[Any, Any]]]]:
     """Yield ``(key group, serialized state names, {state name: {key: value}})`` for each key
     group of a RocksDB snapshot handle in ``key_group_range`` (all when None), in order: the
@@ -897,51 +1005,26 @@ def iter_rocksdb_key_groups(
         job_dir: the directory its paths are relative to.
         scratch: a directory that does not exist yet, used (and removed) to open the files.
         key_group_range: the key groups to read.
+        key_decoder: key bytes -> key (the ``key_by`` key serializer's ``deserialize``);
+            None decodes canonical keys and leaves keys that a key serializer wrote as bytes.
 
     Raises:
-        RestoreError: if the handle is not a RocksDB snapshot or its files are unreadable.
+        RestoreError: if the handle is not a RocksDB snapshot, its files are unreadable, or
+            a key cannot be decoded.
     """
-    _check_handle(handle)
-    names = {state_id(name): name for name in handle.get("states", {})}
     custom = set(handle.get("custom_serializers", ()))
     serialized = sorted(custom)
-    old_start, old_end = handle["key_group_range"]
-    start, end = old_start, old_end
-    if key_group_range is not None:
-        start, end = max(start, key_group_range.start), min(end, key_group_range.end)
-    if start > end:
-        return
-    _materialize(handle, job_dir, scratch)
-    try:
-        try:
-            db = _open(scratch, _options(4 << 20, None), read_only=True)
-        except Exception as exc:
-            raise RestoreError(f"cannot open the RocksDB snapshot: {exc}") from exc
-        try:
-            lower, upper = _range_bounds(start, end)
-            current = -1
-            data: dict[str, dict[Any, Any]] = {}
-            for k, v in db.items(from_key=lower):
-                k = cast(bytes, k)  # raw mode: keys are bytes
-                if upper is not None and k >= upper:
-                    break
-                kg = int.from_bytes(k[:2], "big")
-                if kg != current:
-                    if data:
-                        yield current, serialized, data
-                    current, data = kg, {}
-                name = names.get(k[2:6])
-                if name is None:
-                    continue
-                data.setdefault(name, {})[decode_key(k[6:])] = (
-                    v if name in custom else pickle.loads(cast(bytes, v)))
+    decode = _key_decoder(handle, key_decoder)
+    current = -1
+    data: dict[str, dict[Any, Any]] = {}
+    for kg, name, key, v in iter_rocksdb_entries(handle, job_dir, scratch, key_group_range):
+        if kg != current:
             if data:
                 yield current, serialized, data
-        finally:
-            db.close()
-            del db
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+            current, data = kg, {}
+        data.setdefault(name, {})[decode(key)] = v if name in custom else pickle.loads(v)
+    if data:
+        yield current, serialized, data
 
 
 class RocksDBStateBackend(StateBackend):
@@ -1010,4 +1093,5 @@ class RocksDBStateBackend(StateBackend):
             write_batch_entries=self.write_batch_entries,
             write_buffer_size=self.write_buffer_size,
             options_factory=self.options_factory,
+            operator_uid=operator_uid,
         )

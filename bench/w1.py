@@ -31,7 +31,7 @@ class Count(KeyedProcessFunction):
     def process_element(self, word: str, ctx: Any) -> Any:
         n = self.count.value() + 1
         self.count.update(n)
-        return ((word, n),)
+        return [(word, n)]
 
 
 def bare_loop(keys: list[str]) -> float:

@@ -22,6 +22,7 @@ from .errors import ConfigurationError
 from .functions import KeyedProcessFunction, ProcessFunction
 from .graph import Edge, Partitioning, Transformation
 from .runtime import operators as ops
+from .serialization import Serializer
 from .sinks import Sink
 from .sources import Source
 from .time.clock import ProcessingClock, SystemClock
@@ -304,10 +305,37 @@ class Stream:
         stream.transformation.timestamp_fn = timestamp_fn
         return stream
 
-    def key_by(self, key_selector: Callable[[Any], Any]) -> KeyedStream:
+    def key_by(self, key_selector: Callable[[Any], Any],
+               key_serializer: Serializer | None = None) -> KeyedStream:
         """Partition by key: records with equal keys go to the same instance, and keyed
-        state is scoped to the key. Keys must be hashable and deterministic."""
-        return KeyedStream(self.flow, self.transformation, key_selector)
+        state is scoped to the key.
+
+        A key's key group (and its bytes in the RocksDB backend) come from its canonical
+        encoding (:mod:`reactive.key_encoding`), the same in every process, so keys that
+        compare equal (``1``, ``1.0``, ``True``) share their state. Keys must be None, bool,
+        int, float (not NaN), str, bytes, or tuples and frozensets of them, unless a
+        ``key_serializer`` is given.
+
+        Args:
+            key_selector: record -> key; deterministic and hashable.
+            key_serializer: encodes the keys instead of the canonical encoding, for other
+                key types (Decimal, datetime, frozen dataclasses ...). It must write equal
+                keys as identical bytes in every process, and ``deserialize(serialize(k))``
+                must equal ``k`` (the RocksDB backend stores keys as these bytes). State
+                written with one key encoding is not restored with another.
+
+        Returns:
+            The keyed stream.
+
+        Raises:
+            ConfigurationError: if ``key_serializer`` has no ``serialize``/``deserialize``.
+        """
+        if key_serializer is not None and not isinstance(key_serializer, Serializer):
+            raise ConfigurationError(
+                f"key_serializer must have serialize(key) -> bytes and deserialize(bytes), "
+                f"got {type(key_serializer).__name__}"
+            )
+        return KeyedStream(self.flow, self.transformation, key_selector, key_serializer)
 
     def rebalance(self) -> Stream:
         """Distribute batches round robin over the next operator's instances."""
@@ -343,12 +371,14 @@ class KeyedStream(Stream):
     """A stream partitioned by key (after ``key_by``)."""
 
     def __init__(self, flow: Dataflow, transformation: Transformation,
-                 key_selector: Callable[[Any], Any]) -> None:
+                 key_selector: Callable[[Any], Any],
+                 key_serializer: Serializer | None = None) -> None:
         super().__init__(flow, transformation, "hash")
         self.key_selector = key_selector
+        self.key_serializer = key_serializer
 
     def _edge(self) -> Edge:
-        return Edge(self.transformation, "hash", self.key_selector)
+        return Edge(self.transformation, "hash", self.key_selector, self.key_serializer)
 
     def process(self, fn: ProcessFunction, name: str | None = None) -> Stream:
         """Run a :class:`KeyedProcessFunction`; state is scoped to each record's key, and

@@ -18,6 +18,7 @@ __all__ = [
     "RestoreError",
     "StateAccessError",
     "StateSerializationError",
+    "UnsupportedKeyError",
     "UserFunctionError",
 ]
 
@@ -130,3 +131,35 @@ class JobFailedError(ReactiveError):
 
 class JobCancelledError(ReactiveError):
     """The job was cancelled through its handle before it finished."""
+
+
+class UnsupportedKeyError(ConfigurationError, TypeError):
+    """A key returned by a ``key_by`` selector has no canonical byte encoding.
+
+    Raised at the first record that carries such a key (not before the job starts, unlike
+    other configuration errors): the key is not hashable, or its type (or the type of an
+    element of a tuple or frozenset key) is not one :mod:`reactive.key_encoding` encodes,
+    and ``key_by`` was given no ``key_serializer``. Deterministic: a restart meets it again.
+
+    Attributes:
+        key: the key.
+        key_type: the type without an encoding (the key's, or that of one of its elements).
+        operator: the uid of the keyed operator, or None when not known where it was raised.
+        detail: the message without the operator.
+    """
+
+    def __init__(self, detail: str, key: object, key_type: type, operator: str | None = None
+                 ) -> None:
+        self.detail = detail
+        self.key = key
+        self.key_type = key_type
+        self.operator = operator
+        where = f"operator {operator!r}: " if operator is not None else ""
+        super().__init__(where + detail)
+
+    def for_operator(self, operator: str | None) -> UnsupportedKeyError:
+        """Return this error naming ``operator`` (a new error; self when ``operator`` is None
+        or already named)."""
+        if operator is None or self.operator is not None:
+            return self
+        return UnsupportedKeyError(self.detail, self.key, self.key_type, operator)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .runtime.operators import StreamOperator
+from .serialization import Serializer
 
 __all__ = ["Edge", "Partitioning", "Transformation"]
 
@@ -26,11 +27,14 @@ class Edge:
         upstream: the producing transformation.
         partitioning: how records are routed to the consumer's instances.
         key_selector: record -> key, for ``"hash"`` (key_by) edges.
+        key_serializer: encodes the keys of a ``"hash"`` edge instead of the canonical key
+            encoding (``key_by(selector, key_serializer=...)``); None for the canonical one.
     """
 
     upstream: Transformation
     partitioning: Partitioning
     key_selector: Callable[[Any], Any] | None = None
+    key_serializer: Serializer | None = None
 
 
 @dataclass(eq=False)

@@ -1,8 +1,10 @@
-"""Serializers for state values and keys.
+"""Serializers for state values (and for ``key_by`` keys of types without a canonical
+encoding).
 
 A :class:`Serializer` turns a Python object into ``bytes`` and back. State descriptors take
 one; the default (:class:`PickleSerializer`) handles any picklable object. Checkpoint files
-written with pickle must be treated as trusted input, like any pickle.
+written with pickle must be treated as trusted input, like any pickle. Keys are encoded by
+:mod:`reactive.key_encoding` unless ``key_by`` is given a serializer.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ __all__ = [
     "MsgpackSerializer",
     "PickleSerializer",
     "Serializer",
-    "stable_key_bytes",
 ]
 
 
@@ -61,15 +62,3 @@ class MsgpackSerializer:
     def deserialize(self, data: bytes) -> Any:
         return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
-
-def stable_key_bytes(key: Any) -> bytes:
-    """Return a process-independent byte encoding of a key, for hashing into key groups.
-
-    ``str``, ``bytes``, ``int``, ``float``, ``bool``, ``None`` and tuples/lists of them encode
-    with MessagePack (deterministic); other objects with pickle protocol 4. Python's ``hash()``
-    is salted per process and must never decide a key group.
-    """
-    try:
-        return msgpack.packb(key, use_bin_type=True)  # type: ignore[no-any-return]
-    except (TypeError, ValueError, OverflowError):
-        return pickle.dumps(key, protocol=4)

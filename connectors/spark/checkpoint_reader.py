@@ -166,7 +166,9 @@ class CheckpointReader:
     def entries(self, uid: str, state_name: str, deserializer: Serializer | None = None
                 ) -> Iterator[tuple[int, Any, Any]]:
         """Yield ``(key group, key, value)`` of keyed state ``state_name`` of operator
-        ``uid``, instance by instance (plain Python, no Spark).
+        ``uid``, instance by instance (plain Python, no Spark). Keys from RocksDB snapshots
+        are in their canonical form (``True`` as ``1``, a ``NamedTuple`` as a tuple; see
+        :mod:`.state_readers`).
 
         Raises:
             RestoreError: for an unknown uid, an unsupported backend, or an unreadable file.

@@ -10,8 +10,9 @@ await flow.run(restore_from="savepoints/wordcount/chk-1", checkpoints=...)
 ```
 
 Spark computes each row's key group with the runtime's own hash
-(:func:`reactive.assign_to_key_group`, in a Python UDF, so ``reactive`` must be importable on
-the executors) and sorts by it; the driver then streams the rows in key-group order and
+(:func:`reactive.assign_to_key_group` over the key's canonical encoding, or the pipeline's
+``key_by`` key serializer; in a Python UDF, so ``reactive`` must be importable on the
+executors) and sorts by it; the driver then streams the rows in key-group order and
 writes one heap snapshot file (format ``heap-v1``, through
 :func:`backends.heap.write_heap_snapshot`) per target instance, holding one key group in
 memory at a time. The metadata (kind ``savepoint``) is written last and atomically, like a
@@ -29,12 +30,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reactive.checkpoint.storage import CheckpointStorage
-from reactive.errors import ConfigurationError
+from reactive.errors import ConfigurationError, UnsupportedKeyError
+from reactive.key_encoding import encode_key, key_encoding_name
 from reactive.keygroups import (
     assign_to_key_group,
     key_group_range_for_operator,
     operator_index_for_key_group,
 )
+from reactive.serialization import Serializer
 
 from .errors import SavepointWriteError
 
@@ -66,11 +69,31 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-def _key_group(max_parallelism: int, *parts: Any) -> int:
-    """Key group of the key made of ``parts`` (one column: the value itself; several: a
-    tuple), exactly as the pipeline's ``key_by`` computes it."""
-    key = _plain(parts[0]) if len(parts) == 1 else tuple(_plain(p) for p in parts)
-    return assign_to_key_group(key, max_parallelism)
+# the key group a row gets when its key has no canonical encoding (the driver reports it)
+_NO_KEY_GROUP = -1
+
+
+def _key(parts: Sequence[Any]) -> Any:
+    """The key made of ``parts``: one column, the value itself; several, a tuple."""
+    return _plain(parts[0]) if len(parts) == 1 else tuple(_plain(p) for p in parts)
+
+
+def _key_group(max_parallelism: int, key_serializer: Serializer | None, *parts: Any) -> int:
+    """Key group of the key made of ``parts``, exactly as the pipeline's ``key_by`` computes
+    it, or ``_NO_KEY_GROUP`` for a key without a canonical encoding."""
+    try:
+        return assign_to_key_group(_key(parts), max_parallelism, key_serializer)
+    except UnsupportedKeyError:
+        return _NO_KEY_GROUP
+
+
+def _refusal(parts: Sequence[Any]) -> str:
+    """Why the key made of ``parts`` got no key group (the UDF only returns a number)."""
+    try:
+        encode_key(_key(parts))
+    except UnsupportedKeyError as exc:
+        return str(exc)
+    return f"key {_key(parts)!r} got no key group"
 
 
 class SavepointWriter:
@@ -94,6 +117,7 @@ class SavepointWriter:
         self.job_name = job_name
         self._states: dict[str, list[_StateSource]] = {}
         self._parallelism: dict[str, int] = {}
+        self._key_serializers: dict[str, Serializer | None] = {}
 
     def with_keyed_state(
         self,
@@ -103,6 +127,7 @@ class SavepointWriter:
         key_column: str | Sequence[str],
         value_column: str,
         parallelism: int = 1,
+        key_serializer: Serializer | None = None,
     ) -> SavepointWriter:
         """Add value state ``state_name`` of operator ``uid``: one entry per row of ``df``.
 
@@ -118,14 +143,17 @@ class SavepointWriter:
             parallelism: number of operator instances (files) to split the key groups into;
                 any parallelism restores it (state is split by key group), this only sets
                 the files' granularity. Several states of one uid must agree.
+            key_serializer: the ``key_serializer`` the pipeline's ``key_by`` uses, if any
+                (it decides the key groups; it is shipped to the executors, so it must be
+                picklable). Several states of one uid must agree.
 
         Returns:
             this writer (to chain calls).
 
         Raises:
             ConfigurationError: on a missing column, a parallelism outside
-                1..max_parallelism, a state added twice, or a parallelism that differs from
-                an earlier state of the same uid.
+                1..max_parallelism, a state added twice, or a parallelism or key serializer
+                that differs from an earlier state of the same uid.
         """
         keys = (key_column,) if isinstance(key_column, str) else tuple(key_column)
         missing = [c for c in (*keys, value_column) if c not in df.columns]
@@ -138,6 +166,10 @@ class SavepointWriter:
         if self._parallelism.setdefault(uid, parallelism) != parallelism:
             raise ConfigurationError(f"operator {uid!r} was given parallelism "
                                      f"{self._parallelism[uid]} before, now {parallelism}")
+        earlier = self._key_serializers.setdefault(uid, key_serializer)
+        if earlier is not key_serializer and earlier != key_serializer:
+            raise ConfigurationError(f"operator {uid!r} was given key serializer {earlier!r} "
+                                     f"before, now {key_serializer!r}")
         sources = self._states.setdefault(uid, [])
         if any(s.state_name == state_name for s in sources):
             raise ConfigurationError(f"state {state_name!r} of operator {uid!r} added twice")
@@ -145,15 +177,16 @@ class SavepointWriter:
         return self
 
     # ------------------------------------------------------------------ writing
-    def _sorted_entries(self, source: _StateSource) -> Iterator[_Entry]:
+    def _sorted_entries(self, uid: str, source: _StateSource) -> Iterator[_Entry]:
         """The entries of one state in key-group order, streamed from Spark."""
         from pyspark.sql import functions as F
         from pyspark.sql.types import IntegerType
 
         maxp = self.max_parallelism
+        key_serializer = self._key_serializers.get(uid)
 
         def key_group(*parts: Any) -> int:
-            return _key_group(maxp, *parts)
+            return _key_group(maxp, key_serializer, *parts)
 
         kg = F.udf(key_group, IntegerType())
         ordered = (source.df
@@ -167,6 +200,9 @@ class SavepointWriter:
             if any(p is None for p in parts):
                 raise SavepointWriteError(
                     f"state {source.state_name!r}: a row has a null key {tuple(parts)}")
+            if row[0] == _NO_KEY_GROUP:
+                raise SavepointWriteError(
+                    f"state {source.state_name!r} of operator {uid!r}: {_refusal(parts)}")
             value = row[1 + n]
             if value is None:
                 continue
@@ -174,7 +210,7 @@ class SavepointWriter:
 
     def _key_groups(self, uid: str) -> Iterator[tuple[int, dict[str, dict[Any, Any]]]]:
         """``(key group, {state name: {key: value}})`` of operator ``uid``, ascending."""
-        streams = [self._sorted_entries(s) for s in self._states[uid]]
+        streams = [self._sorted_entries(uid, s) for s in self._states[uid]]
         merged = heapq.merge(*streams, key=lambda e: e[0]) if len(streams) > 1 else streams[0]
         for kg, group in itertools.groupby(merged, key=lambda e: e[0]):
             data: dict[str, dict[Any, Any]] = {}
@@ -231,7 +267,9 @@ class SavepointWriter:
                 if pending is not None and pending[0] == i:
                     part = pending[1]
                 path = chk / f"{_safe(uid)}-{i}.heap"
-                handle = write_heap_snapshot(path, storage.job_dir, part)
+                handle = write_heap_snapshot(
+                    path, storage.job_dir, part,
+                    key_encoding=key_encoding_name(self._key_serializers.get(uid)))
                 if pending is not None and pending[0] == i:
                     pending = next(stream, None)
                 subtasks[str(i)] = {

@@ -7,6 +7,11 @@ of the registered readers (``heap`` and ``rocksdb`` are built in), so a new back
 with :func:`register_state_reader` without touching the checkpoint reader. Source: Flink's
 State Processor API, which reads savepoints of any state backend through the backend's own
 restore path.
+
+Keys come back as the program's ``key_by`` returned them (heap) or in their canonical form
+(RocksDB stores :func:`reactive.key_encoding.encode_key` bytes: ``True`` reads back as ``1``,
+a ``NamedTuple`` as a tuple); keys that a ``key_by`` key serializer wrote into a RocksDB
+snapshot stay bytes.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from reactive.errors import RestoreError
-from reactive.keygroups import KeyGroupRange, assign_to_key_group
+from reactive.key_encoding import KEY_ENCODING, decode_key
+from reactive.keygroups import KeyGroupRange
 from reactive.serialization import Serializer
 
 __all__ = ["StateEntry", "StateReader", "read_keyed_state", "register_state_reader",
@@ -96,21 +102,23 @@ def _read_heap(handle: dict[str, Any], job_dir: Path, max_parallelism: int,
 def _read_rocksdb(handle: dict[str, Any], job_dir: Path, max_parallelism: int,
                   deserializer: Serializer | None) -> Iterator[StateEntry]:
     try:
-        from backends.rocksdb import read_rocksdb_snapshot
+        from backends.rocksdb import iter_rocksdb_entries
     except ImportError as exc:  # rocksdict missing
         raise RestoreError(f"reading a RocksDB snapshot needs rocksdict: {exc}") from exc
     decode = deserializer.deserialize if deserializer is not None else pickle.loads
+    # keys a key_by key serializer wrote cannot be decoded here: they stay bytes
+    canonical = handle.get("key_encoding", KEY_ENCODING) == KEY_ENCODING
     scratch_root = Path(tempfile.mkdtemp(prefix="reactive-spark-rocksdb-"))
     try:
         # the RocksDB reader materializes the files under a directory that must not exist
-        states = read_rocksdb_snapshot(handle, job_dir, scratch_root / "db")
+        for kg, name, key, value in iter_rocksdb_entries(handle, job_dir, scratch_root / "db"):
+            try:
+                plain_key = decode_key(key) if canonical else key
+            except ValueError as exc:
+                raise RestoreError(f"state {name!r}: cannot decode a RocksDB key: {exc}") from exc
+            yield kg, name, plain_key, decode(value)
     finally:
         shutil.rmtree(scratch_root, ignore_errors=True)
-    for name, entries in states.items():
-        for key, value in entries.items():
-            # the key group is the first two bytes of the RocksDB key, which the reader
-            # drops; the same hash recomputes it
-            yield assign_to_key_group(key, max_parallelism), name, key, decode(value)
 
 
 register_state_reader("heap", _read_heap)

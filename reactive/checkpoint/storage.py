@@ -396,11 +396,14 @@ class CheckpointStorage:
                 log.warning("ignoring checkpoint %s: %s", p, exc)
         return out
 
-    def latest_id(self) -> int:
+    def latest_id(self, include_runs: bool = True) -> int:
         """Highest checkpoint id used in the directory (0 when none): of every ``chk-<n>``,
-        completed or not, and of the ids runs reserved when they started."""
+        completed or not, and (``include_runs``) of the first ids runs reserved when they
+        started."""
         dirs = self._dirs()
         used = dirs[-1][0] if dirs else 0
+        if not include_runs:
+            return used
         return max([used, *(int(r["first_checkpoint_id"]) for r in self.runs())])
 
     # ------------------------------------------------------------------ runs

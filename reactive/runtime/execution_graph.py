@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..checkpoint.state_assignment import StateAssignment
 from ..errors import ConfigurationError
 from ..graph import Edge, Transformation
+from ..key_encoding import bind_key_serializer
 from ..keygroups import key_group_range_for_operator
 from ..state.backend import StateBackend
 from .channel import Channel, InputGate
@@ -161,7 +162,9 @@ class ExecutionGraph:
                         partitioner = BroadcastPartitioner(p_down)
                     else:
                         assert e.key_selector is not None
-                        partitioner = KeyGroupPartitioner(p_down, e.key_selector, max_parallelism)
+                        partitioner = KeyGroupPartitioner(
+                            p_down, e.key_selector, max_parallelism,
+                            key_serializer=e.key_serializer, operator=c.head.resolved_uid)
                     writers[up.id][i].append(RecordWriter(partitioner, channels, batch_size))
 
         # tasks
@@ -180,6 +183,11 @@ class ExecutionGraph:
                             job_name=env.job_name, operator_uid=op.uid, subtask=i,
                             key_group_range=kgr, max_parallelism=max_parallelism,
                         )
+                        # the backend computes key groups from the same bytes as the partitioner
+                        key_serializer = next((e.key_serializer for e in t.inputs
+                                               if e.key_serializer is not None), None)
+                        if key_serializer is not None:
+                            bind_key_serializer(keyed_backend, key_serializer, op.uid)
                     op.setup(i, c.parallelism, max_parallelism, keyed_backend)
                     if restore is not None:
                         r = restore.for_subtask(op.uid, i, c.parallelism, kgr)

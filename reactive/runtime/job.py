@@ -82,6 +82,19 @@ class JobOptions:
 _NOT_RESTARTABLE = (RestoreError, StateSerializationError, ConfigurationError)
 
 
+def _not_restartable(exc: BaseException) -> bool:
+    """True when ``exc``, or what it wraps (a user-function error around a key that has no
+    canonical encoding, say), is a failure a restart would only repeat."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, _NOT_RESTARTABLE):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__
+    return False
+
+
 def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for e in exc.exceptions for leaf in _leaves(e)]
@@ -97,7 +110,7 @@ def _root_cause(exc: BaseException) -> BaseException:
     leaves = _leaves(exc)
     real = [e for e in leaves if not isinstance(e, asyncio.CancelledError)]
     for e in real:
-        if isinstance(e, _NOT_RESTARTABLE):
+        if _not_restartable(e):
             return e
     return real[0] if real else leaves[0]
 
@@ -397,7 +410,7 @@ class Job:
                 cause = _root_cause(exc)
                 if isinstance(cause, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                     raise
-                if attempt > strategy.attempts or isinstance(cause, _NOT_RESTARTABLE):
+                if attempt > strategy.attempts or _not_restartable(cause):
                     self.status = "failed"
                     raise JobFailedError(self.name, attempt, cause) from cause
                 self.metrics.restarts += 1
@@ -433,7 +446,9 @@ class Job:
         if config is not None and self.storage is not None:
             coordinator = CheckpointCoordinator(
                 config, self.storage, flow.name, flow.max_parallelism,
-                [], max(self._next_id, self.storage.latest_id() + 1), self.metrics.checkpoints,
+                # this run's own record reserved _first_id: only directories count here
+                [], max(self._next_id, self.storage.latest_id(include_runs=False) + 1),
+                self.metrics.checkpoints,
                 self.run_id,
             )
         try:

@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import UnsupportedKeyError
 from ..keygroups import KeyGroupAssigner
+from ..serialization import Serializer
 
 __all__ = [
     "BroadcastPartitioner",
@@ -75,19 +77,31 @@ class KeyGroupPartitioner(Partitioner):
         num_channels: the downstream parallelism.
         key_selector: record -> hashable key.
         max_parallelism: the number of key groups.
+        key_serializer: the ``key_by`` key serializer (None: the canonical key encoding); the
+            keyed operator's state backend encodes keys with the same one.
+        operator: the uid of the keyed operator downstream, named in key errors.
     """
 
     def __init__(
-        self, num_channels: int, key_selector: Callable[[Any], Any], max_parallelism: int
+        self, num_channels: int, key_selector: Callable[[Any], Any], max_parallelism: int,
+        key_serializer: Serializer | None = None, operator: str | None = None,
     ) -> None:
         super().__init__(num_channels)
         self.key_selector = key_selector
         self.max_parallelism = max_parallelism
-        self.assigner = KeyGroupAssigner(max_parallelism)
+        self.operator = operator
+        self.assigner = KeyGroupAssigner(max_parallelism, key_serializer=key_serializer)
         # key group -> channel, precomputed: instance_for(kg) = kg * p // maxp
         self._channel_of = [kg * num_channels // max_parallelism for kg in range(max_parallelism)]
 
     def split(self, batch: list[Any]) -> list[list[Any]]:
+        """Split ``batch`` by the owning instance of each record's key group.
+
+        Raises:
+            KeySelectorError: if the key selector raises, or returns a key without an
+                encoding (its cause is then an :class:`~reactive.errors.UnsupportedKeyError`
+                naming the keyed operator).
+        """
         n = self.num_channels
         if n == 1:
             return [batch]
@@ -100,6 +114,8 @@ class KeyGroupPartitioner(Partitioner):
         try:
             for r in batch:
                 appends[channel_of[kg_of(key_of(r))]](r)
+        except UnsupportedKeyError as exc:
+            raise KeySelectorError(r, exc.for_operator(self.operator)) from exc
         except Exception as exc:
             raise KeySelectorError(r, exc) from exc
         return out
