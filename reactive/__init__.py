@@ -4,8 +4,9 @@ Asynchronous Barrier Snapshotting (the algorithm of Apache Flink's checkpoints).
 The public API is re-exported here; everything else is internal.
 """
 
+from .checkpoint.metadata import CompletedCheckpoint
 from .checkpoint.stats import CheckpointStats
-from .checkpoint.storage import CheckpointStorage, CompletedCheckpoint
+from .checkpoint.storage import CheckpointStorage
 from .config import CheckpointConfig, RestartStrategy
 from .dataflow import Dataflow, KeyedStream, Stream
 from .errors import (

@@ -25,13 +25,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .checkpoint.storage import (
-    METADATA,
-    CheckpointStorage,
-    export_savepoint,
-    iter_file_refs,
-    read_metadata,
-)
+from .checkpoint.metadata import METADATA, iter_file_refs, read_metadata
+from .checkpoint.savepoints import export_savepoint
+from .checkpoint.storage import CheckpointStorage
 from .config import CheckpointConfig
 from .dataflow import Dataflow
 from .errors import ConfigurationError, JobFailedError, ReactiveError

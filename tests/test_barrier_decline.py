@@ -153,6 +153,7 @@ async def test_task_declines_subsumed_checkpoint_without_waiting_for_the_timeout
     assert first.stats.status == "aborted"
     assert "declined by upper (1/1)" in (first.stats.failure or "")
     assert "subsumed" in (first.stats.failure or "")
+    assert first.stats.failure_reason == "CHECKPOINT_DECLINED_SUBSUMED"
     assert coordinator.consecutive_failures == 0  # a subsumed checkpoint is no failure
     assert 1 not in coordinator.pending and 2 not in coordinator.pending
     assert [c.checkpoint_id for c in storage.completed()] == [2]

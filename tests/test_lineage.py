@@ -21,7 +21,7 @@ from reactive import (
     Dataflow,
     RestartStrategy,
 )
-from reactive.checkpoint.storage import export_savepoint
+from reactive.checkpoint.savepoints import export_savepoint
 from reactive.errors import JobFailedError, RestoreError
 from reactive.sources import Source, SourceReader
 from tests.conftest import Count, FailureInjector, failing_count

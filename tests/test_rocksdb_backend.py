@@ -32,7 +32,7 @@ from reactive import (
     SourceReader,
     ValueStateDescriptor,
 )
-from reactive.checkpoint.storage import iter_file_refs
+from reactive.checkpoint.metadata import iter_file_refs
 
 from .conftest import Count, FailureInjector, failing_count, final_counts, zipf_words
 

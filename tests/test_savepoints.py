@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from reactive import CheckpointConfig, CheckpointError, CheckpointStorage, RestartStrategy
-from reactive.checkpoint.storage import iter_file_refs
+from reactive.checkpoint.metadata import iter_file_refs
 from reactive.cli import main as cli_main
 
 from .test_rescaling import (

@@ -11,7 +11,8 @@ import pytest
 
 from connectors.collections import ListSink
 from reactive import CheckpointConfig, CheckpointStorage, Dataflow
-from reactive.checkpoint.storage import KEY_ENV, export_savepoint
+from reactive.checkpoint.metadata import KEY_ENV
+from reactive.checkpoint.savepoints import export_savepoint
 from reactive.cli import main as cli
 from reactive.errors import ConfigurationError, CorruptCheckpointError
 from tests.conftest import Count

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reactive.checkpoint.storage import CheckpointStorage, CompletedCheckpoint
+from reactive.checkpoint.metadata import CompletedCheckpoint
+from reactive.checkpoint.storage import CheckpointStorage
 from reactive.errors import RestoreError
 from reactive.keygroups import KeyGroupRange
 from reactive.serialization import Serializer

@@ -39,8 +39,12 @@ from typing import TYPE_CHECKING, Any
 from ..config import CheckpointConfig
 from ..errors import CheckpointError, StateSerializationError
 from ..runtime.events import CheckpointBarrier
+from .completed_checkpoint_store import CompletedCheckpointStore
+from .failure_reason import CheckpointFailureReason
+from .metadata import CompletedCheckpoint
+from .savepoints import rebase_savepoint_paths
 from .stats import CheckpointStats
-from .storage import CheckpointStorage, CompletedCheckpoint, rebase_savepoint_paths
+from .storage import CheckpointStorage
 
 if TYPE_CHECKING:
     from ..runtime.task import StreamTask
@@ -121,6 +125,7 @@ class CheckpointCoordinator:
         self.run_id = run_id
         # checkpoints completed with commit=True whose notifications have not all run yet
         self._committing: dict[int, PendingCheckpoint] = {}
+        self.store = CompletedCheckpointStore(storage, config.retained)
         self.tasks: list[StreamTask] = []
         self.sources: list[StreamTask] = []
         self.pending: dict[int, PendingCheckpoint] = {}
@@ -144,6 +149,10 @@ class CheckpointCoordinator:
         Raises:
             CheckpointError: after too many consecutive failed checkpoints.
         """
+        try:
+            self.store.remove_orphans()
+        except OSError as exc:  # housekeeping: never fail the job for it
+            log.warning("removing unreferenced shared files failed: %s", exc)
         interval = self.config.interval
         next_trigger = time.monotonic() + (interval or 0.0)
         tick = min(0.05, interval) if interval else 0.05
@@ -153,7 +162,8 @@ class CheckpointCoordinator:
             now = time.monotonic()
             for p in list(self.pending.values()):
                 if now >= p.deadline:
-                    self.abort(p.checkpoint_id, f"timed out after {self.config.timeout} s")
+                    self.abort(p.checkpoint_id, CheckpointFailureReason.CHECKPOINT_EXPIRED,
+                               f"timed out after {self.config.timeout} s")
             if self._periodic and interval and now >= next_trigger:
                 if len(self.pending) < self.config.max_concurrent:
                     self.trigger()
@@ -287,7 +297,8 @@ class CheckpointCoordinator:
                 body["operators"] = rebase_savepoint_paths(
                     p.operators, self.storage.checkpoint_dir(p.checkpoint_id).name)
             except CheckpointError as exc:
-                self._fail_pending(p, str(exc))
+                self._fail_pending(p, CheckpointFailureReason.FINALIZE_CHECKPOINT_FAILURE,
+                                   str(exc))
                 return
             body["self_contained"] = True
         try:
@@ -295,14 +306,16 @@ class CheckpointCoordinator:
             # for the GIL held by the busy tasks longer than the write and fsync take
             path = self.storage.write_metadata(p.checkpoint_id, body)
         except OSError as exc:
-            self._fail_pending(p, f"writing the metadata failed: {exc}")
+            self._fail_pending(p, CheckpointFailureReason.IO_EXCEPTION,
+                               f"writing the metadata failed: {exc}")
             return
         p.stats.path = str(path)
         completed = CompletedCheckpoint(p.checkpoint_id, path, body)
         self.latest_completed = completed
         self.consecutive_failures = 0
         for older in [cid for cid in self.pending if cid < p.checkpoint_id]:
-            self.abort(older, f"subsumed by checkpoint {p.checkpoint_id}", count_failure=False)
+            self.abort(older, CheckpointFailureReason.CHECKPOINT_SUBSUMED,
+                       f"subsumed by checkpoint {p.checkpoint_id}")
         if p.commit:
             self._committing[p.checkpoint_id] = p
             waiting = {t.task_id for t in self.tasks}
@@ -320,7 +333,7 @@ class CheckpointCoordinator:
         try:
             # inline on the loop: in a thread it would race with the next checkpoint's
             # metadata write and could delete a checkpoint completed meanwhile
-            self.storage.apply_retention(self.config.retained)
+            self.store.add(completed)
         except OSError as exc:  # retention is housekeeping: never fail the job for it
             log.warning("checkpoint retention failed: %s", exc)
 
@@ -343,6 +356,10 @@ class CheckpointCoordinator:
         self.stop()
         error = CheckpointError(reason)
         for p in [*self.pending.values(), *self._committing.values()]:
+            if p.stats.status == "pending":
+                p.stats.status = "aborted"
+                p.stats.failure = CheckpointFailureReason.CHECKPOINT_COORDINATOR_SHUTDOWN.message
+                p.stats.failure_reason = CheckpointFailureReason.CHECKPOINT_COORDINATOR_SHUTDOWN.name
             for fut in (p.done, p.committed):
                 if not fut.done():
                     fut.set_exception(error)
@@ -352,34 +369,43 @@ class CheckpointCoordinator:
         self._slot_free.set()
 
     def decline(self, checkpoint_id: int, task: StreamTask, reason: BaseException,
-                count_failure: bool = True) -> None:
+                failure_reason: CheckpointFailureReason = CheckpointFailureReason.CHECKPOINT_DECLINED
+                ) -> None:
         """A task could not snapshot: abort the checkpoint.
 
         Args:
-            count_failure: False when the checkpoint was subsumed by a newer one (Flink's
-                ``CHECKPOINT_DECLINED_SUBSUMED``): it does not count towards
-                ``tolerable_failed_checkpoints``.
+            failure_reason: ``CHECKPOINT_DECLINED_SUBSUMED`` when a newer checkpoint's barrier
+                overtook it at the task (it does not count towards
+                ``tolerable_failed_checkpoints``).
         """
         log.warning("task %s declined checkpoint %d: %r", task.task_id, checkpoint_id, reason)
-        self.abort(checkpoint_id, f"declined by {task.task_id}: {type(reason).__name__}: {reason}",
-                   count_failure)
+        self.abort(checkpoint_id, failure_reason,
+                   f"declined by {task.task_id}: {type(reason).__name__}: {reason}")
         if isinstance(reason, StateSerializationError):
             # deterministic: every later checkpoint would fail the same way, so the job
             # fails now rather than running on to a final checkpoint that cannot succeed
             self._failure = reason
             self._stopped.set()
 
-    def abort(self, checkpoint_id: int, reason: str, count_failure: bool = True) -> None:
-        """Abort a pending checkpoint: drop its files and tell the tasks."""
+    def abort(self, checkpoint_id: int, reason: CheckpointFailureReason, detail: str = "") -> None:
+        """Abort a pending checkpoint: drop its files and tell the tasks.
+
+        Args:
+            reason: why; whether it counts as a failure is the reason's.
+            detail: what happened, in words (default: the reason's message).
+        """
         p = self.pending.get(checkpoint_id)
         if p is None:
             return
-        self._fail_pending(p, reason, count_failure)
+        self._fail_pending(p, reason, detail)
 
-    def _fail_pending(self, p: PendingCheckpoint, reason: str, count_failure: bool = True) -> None:
+    def _fail_pending(self, p: PendingCheckpoint, why: CheckpointFailureReason,
+                      detail: str = "") -> None:
+        reason = detail or why.message
         self.pending.pop(p.checkpoint_id, None)
         p.stats.status = "aborted"
         p.stats.failure = reason
+        p.stats.failure_reason = why.name
         p.stats.duration = time.perf_counter() - p.started
         error = CheckpointError(f"checkpoint {p.checkpoint_id} aborted: {reason}")
         for fut in (p.done, p.committed):
@@ -391,7 +417,7 @@ class CheckpointCoordinator:
         for task in self.tasks:
             task.gate.post(functools.partial(task.notify_checkpoint_aborted, p.checkpoint_id))
         log.warning("checkpoint %d aborted: %s", p.checkpoint_id, reason)
-        if count_failure:
+        if why.counts_as_failure:
             self.consecutive_failures += 1
             if self.consecutive_failures > self.config.tolerable_failed_checkpoints:
                 self._failure = CheckpointError(

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import CorruptCheckpointError, RestoreError
-from .storage import METADATA, CheckpointStorage, CompletedCheckpoint, read_metadata
+from .metadata import METADATA, CompletedCheckpoint, read_metadata
+from .storage import CheckpointStorage
 
 __all__ = ["RejectedCheckpoint", "ReplayPolicy", "candidates_in", "committed_output",
            "lineage_candidates", "resume_candidates", "select_restore"]

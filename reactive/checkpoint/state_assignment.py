@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import RestoreError
 from ..keygroups import KeyGroupRange
-from .storage import CompletedCheckpoint
+from .metadata import CompletedCheckpoint
 
 __all__ = ["StateAssignment", "SubtaskRestore"]
 

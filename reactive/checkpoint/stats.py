@@ -22,7 +22,9 @@ class CheckpointStats:
         async_: max over tasks of the asynchronous part, seconds.
         size: bytes written by this checkpoint (shared files it only references excluded).
         path: the checkpoint directory once completed.
-        failure: the reason for an abort.
+        failure: the reason for an abort, in words.
+        failure_reason: the reason's name in
+            :class:`~reactive.checkpoint.failure_reason.CheckpointFailureReason`.
         tasks: per-task figures ``{task: {"alignment", "sync", "async", "size"}}``.
     """
 
@@ -37,6 +39,7 @@ class CheckpointStats:
     size: int = 0
     path: str | None = None
     failure: str | None = None
+    failure_reason: str | None = None
     tasks: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -35,8 +35,10 @@ from ..checkpoint.lineage import (
     resume_candidates,
     select_restore,
 )
+from ..checkpoint.metadata import CompletedCheckpoint
+from ..checkpoint.savepoints import move_savepoint
 from ..checkpoint.state_assignment import StateAssignment
-from ..checkpoint.storage import CheckpointStorage, CompletedCheckpoint, move_savepoint
+from ..checkpoint.storage import CheckpointStorage
 from ..config import CheckpointConfig, RestartStrategy
 from ..errors import (
     CheckpointError,

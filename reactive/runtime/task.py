@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..checkpoint.failure_reason import CheckpointFailureReason
 from ..checkpoint.files import write_atomic
 from ..errors import ReactiveError, StateSerializationError, UserFunctionError
 from ..state.backend import KeyedStateSnapshot, SnapshotContext
@@ -74,7 +75,7 @@ class CheckpointAcknowledger(Protocol):
                           states: dict[str, dict[str, Any]], stats: dict[str, float]) -> None: ...
 
     def decline(self, checkpoint_id: int, task: StreamTask, reason: BaseException,
-                count_failure: bool = True) -> None: ...
+                failure_reason: CheckpointFailureReason = ...) -> None: ...
 
 
 @dataclass
@@ -218,7 +219,8 @@ class StreamTask:
         # a checkpoint subsumed by a newer barrier during alignment is declined at once;
         # it is not a failure (Flink's CHECKPOINT_DECLINED_SUBSUMED): the newer one replaces it
         on_decline = None if coordinator is None else (
-            lambda cid, reason: coordinator.decline(cid, self, reason, count_failure=False))
+            lambda cid, reason: coordinator.decline(
+                cid, self, reason, CheckpointFailureReason.CHECKPOINT_DECLINED_SUBSUMED))
         handler: BarrierHandler = (
             AlignedBarrierHandler(gate, self._on_aligned, on_decline)
             if self.env.exactly_once

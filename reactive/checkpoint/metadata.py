@@ -1,0 +1,165 @@
+"""The checkpoint metadata format: the ``_metadata`` manifest of a completed checkpoint.
+
+A checkpoint is *completed* exactly when its ``_metadata`` exists: it is written last,
+atomically (temp file, fsync, rename, fsync of the directory). The manifest is JSON,
+``{"body": {...}, "sha256": ..., "hmac-sha256": ...}``; the body names the job, the run
+(``run_id``), the checkpoint id and kind, the max parallelism, whether completing it
+committed side effects (``commits``), and per operator and subtask the state handles: every
+file with its path (relative to the checkpoint's root), size and sha256.
+
+Trust: checkpoint files hold pickled values, so restoring runs whatever a crafted file says.
+When the environment variable ``REACTIVE_CHECKPOINT_KEY`` is set, every ``_metadata`` is
+signed with HMAC-SHA256 under that key, and reading it checks the signature before any other
+file is read; the body holds the sha256 of every file, so no unsigned byte is ever
+unpickled. Every path read from metadata must stay under its checkpoint's root.
+(Flink: ``Checkpoints.storeCheckpointMetadata`` / ``CompletedCheckpoint``.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import CorruptCheckpointError, RestoreError
+from .files import fsync_dir, resolve_under, write_atomic
+
+__all__ = [
+    "FORMAT_VERSION",
+    "KEY_ENV",
+    "METADATA",
+    "CompletedCheckpoint",
+    "iter_file_refs",
+    "read_metadata",
+    "shared_paths",
+    "write_metadata",
+]
+
+METADATA = "_metadata"
+# 2: canonical key encoding (key groups and RocksDB keys of format 1 differ), run ids
+FORMAT_VERSION = 2
+KEY_ENV = "REACTIVE_CHECKPOINT_KEY"
+"""Environment variable holding the key that signs and checks checkpoint metadata."""
+
+
+def _signing_key() -> bytes | None:
+    value = os.environ.get(KEY_ENV)
+    return value.encode() if value else None
+
+
+@dataclass(frozen=True)
+class CompletedCheckpoint:
+    """A completed checkpoint on disk.
+
+    Attributes:
+        checkpoint_id: its id.
+        path: its directory (``.../chk-<n>``).
+        metadata: the parsed ``_metadata``.
+    """
+
+    checkpoint_id: int
+    path: Path
+    metadata: dict[str, Any]
+
+    @property
+    def job_dir(self) -> Path:
+        """The directory that handle paths are relative to: the job directory (the parent of
+        ``chk-<n>``) for a checkpoint, the directory itself for a self-contained savepoint."""
+        return self.path if self.metadata.get("self_contained") else self.path.parent
+
+    @property
+    def is_savepoint(self) -> bool:
+        """True for a savepoint (kind ``savepoint``)."""
+        return self.metadata.get("kind") == "savepoint"
+
+
+def _checksum(body: dict[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def iter_file_refs(metadata: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Yield every ``{"path", "size", "sha256"}`` a checkpoint's metadata references."""
+    for op in metadata.get("operators", {}).values():
+        for sub in op.get("subtasks", {}).values():
+            for key in ("keyed_state", "operator_state"):
+                handle = sub.get(key)
+                if handle:
+                    yield from handle.get("files", [])
+
+
+def shared_paths(metadata: dict[str, Any]) -> set[str]:
+    """The paths under ``shared/`` that a checkpoint's keyed-state handles reference."""
+    out: set[str] = set()
+    for op in metadata.get("operators", {}).values():
+        for sub in op.get("subtasks", {}).values():
+            handle = sub.get("keyed_state")
+            if handle:
+                out.update(ref["path"] for ref in handle.get("shared", []))
+    return out
+
+
+def _signature(key: bytes, body: dict[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(key, canonical, hashlib.sha256).hexdigest()
+
+
+def read_metadata(checkpoint_dir: Path) -> dict[str, Any]:
+    """Read and check a checkpoint's ``_metadata``.
+
+    With ``REACTIVE_CHECKPOINT_KEY`` set, the metadata must carry a valid HMAC-SHA256
+    signature under that key (checked here, before any state file is read).
+
+    Raises:
+        RestoreError: if there is no metadata (an incomplete checkpoint), or it was written
+            by another format version.
+        CorruptCheckpointError: if it does not parse, its checksum does not match, or (with
+            a key set) it is unsigned or its signature does not match.
+    """
+    path = checkpoint_dir / METADATA
+    if not path.exists():
+        raise RestoreError(
+            f"{checkpoint_dir} has no {METADATA}: it is not a completed checkpoint"
+        )
+    try:
+        doc = json.loads(path.read_text())
+        body, checksum = doc["body"], doc["sha256"]
+    except (ValueError, KeyError) as exc:
+        raise CorruptCheckpointError(f"{path} is not valid checkpoint metadata: {exc}") from exc
+    if not isinstance(body, dict) or _checksum(body) != checksum:
+        raise CorruptCheckpointError(f"{path} fails its checksum")
+    key = _signing_key()
+    if key is not None:
+        signature = doc.get("hmac-sha256")
+        if not isinstance(signature, str):
+            raise CorruptCheckpointError(
+                f"{path} is not signed, but {KEY_ENV} is set: only signed checkpoints are "
+                f"restored (unset {KEY_ENV} to trust unsigned ones)")
+        if not hmac.compare_digest(signature, _signature(key, body)):
+            raise CorruptCheckpointError(f"{path} fails its signature check under the key in "
+                                         f"{KEY_ENV}: it was altered or signed with another key")
+    if body.get("format") != FORMAT_VERSION:
+        raise RestoreError(f"{path} has format {body.get('format')}, expected {FORMAT_VERSION} "
+                           "(written by another version of reactive)")
+    root = checkpoint_dir if body.get("self_contained") else checkpoint_dir.parent
+    for ref in iter_file_refs(body):
+        # fail on a path that leaves the checkpoint before anyone joins it to a directory
+        resolve_under(root, ref.get("path"))
+    return body
+
+
+def write_metadata(directory: Path, body: dict[str, Any]) -> None:
+    """Write ``body`` as ``directory/_metadata`` atomically (checksummed, signed when a key is
+    set): the step that completes a checkpoint."""
+    body = {"format": FORMAT_VERSION, **body}
+    doc = {"body": body, "sha256": _checksum(body)}
+    key = _signing_key()
+    if key is not None:
+        doc["hmac-sha256"] = _signature(key, body)
+    write_atomic(directory / METADATA, [json.dumps(doc, indent=1).encode()])
+    fsync_dir(directory)

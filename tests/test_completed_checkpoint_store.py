@@ -1,0 +1,101 @@
+"""Retention with explicit shared-file reference counts (``CompletedCheckpointStore``,
+``SharedStateRegistry``) and failure reasons as an enum (``CheckpointFailureReason``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from reactive.checkpoint.completed_checkpoint_store import CompletedCheckpointStore
+from reactive.checkpoint.failure_reason import CheckpointFailureReason
+from reactive.checkpoint.metadata import CompletedCheckpoint, write_metadata
+from reactive.checkpoint.shared_state_registry import SharedStateRegistry
+from reactive.checkpoint.storage import CheckpointStorage
+
+
+def test_registry_counts_references_per_checkpoint():
+    reg = SharedStateRegistry()
+    reg.register(1, ["shared/a", "shared/b"])
+    reg.register(2, ["shared/b", "shared/c"])
+    assert reg.reference_count("shared/b") == 2
+    assert reg.unregister(1) == ["shared/a"]
+    assert reg.reference_count("shared/b") == 1
+    assert reg.unregister(2) == ["shared/b", "shared/c"]
+    assert reg.unregister(2) == []  # unregistering twice frees nothing more
+
+
+def _complete(storage: CheckpointStorage, n: int, shared: list[str],
+              kind: str = "checkpoint") -> CompletedCheckpoint:
+    """Write checkpoint n referencing ``shared`` files (created) and its metadata."""
+    refs: list[dict[str, Any]] = []
+    for rel in shared:
+        path = storage.job_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rel.encode())
+        refs.append({"path": rel, "size": len(rel), "sha256": "-"})
+    handle = {"backend": "test", "files": refs, "shared": refs}
+    body = {"job": "j", "checkpoint_id": n, "kind": kind, "max_parallelism": 8,
+            "operators": {"op": {"subtasks": {"0": {"keyed_state": handle}}}}}
+    storage.checkpoint_dir(n).mkdir(parents=True, exist_ok=True)
+    write_metadata(storage.checkpoint_dir(n), body)
+    return storage.load(storage.checkpoint_dir(n), verify=False)
+
+
+def _shared_files(storage: CheckpointStorage) -> set[str]:
+    return {p.relative_to(storage.job_dir).as_posix()
+            for p in storage.shared_dir.rglob("*") if p.is_file()}
+
+
+def test_subsumed_checkpoints_release_their_shared_files(tmp_path: Path):
+    storage = CheckpointStorage(tmp_path, "j")
+    store = CompletedCheckpointStore(storage, retained=2)
+    store.add(_complete(storage, 1, ["shared/a", "shared/b"]))
+    store.add(_complete(storage, 2, ["shared/b", "shared/c"]))
+    assert store.add(_complete(storage, 3, ["shared/c", "shared/d"])) == [1]
+    # a is gone with checkpoint 1; b is still referenced by checkpoint 2
+    assert _shared_files(storage) == {"shared/b", "shared/c", "shared/d"}
+    assert store.add(_complete(storage, 4, ["shared/d"])) == [2]
+    assert _shared_files(storage) == {"shared/c", "shared/d"}
+    assert [c.checkpoint_id for c in store.checkpoints] == [3, 4]
+
+
+def test_deletion_waits_while_a_checkpoint_is_in_flight(tmp_path: Path):
+    storage = CheckpointStorage(tmp_path, "j")
+    store = CompletedCheckpointStore(storage, retained=1)
+    store.add(_complete(storage, 1, ["shared/a"]))
+    storage.checkpoint_dir(3).mkdir()  # checkpoint 3 is being taken: it may reuse shared/a
+    store.add(_complete(storage, 2, ["shared/b"]))
+    assert "shared/a" in _shared_files(storage)
+    (storage.checkpoint_dir(3)).rmdir()
+    store.add(_complete(storage, 4, ["shared/b"]))
+    assert _shared_files(storage) == {"shared/b"}
+
+
+def test_savepoints_in_storage_are_never_subsumed(tmp_path: Path):
+    storage = CheckpointStorage(tmp_path, "j")
+    store = CompletedCheckpointStore(storage, retained=1)
+    store.add(_complete(storage, 1, [], kind="savepoint"))
+    store.add(_complete(storage, 2, []))
+    store.add(_complete(storage, 3, []))
+    assert [c.checkpoint_id for c in store.checkpoints] == [1, 3]
+
+
+def test_counts_are_rebuilt_from_the_retained_metadata(tmp_path: Path):
+    """A new store (a restart) knows what the retained checkpoints reference, and removes
+    the uploads of checkpoints that never completed."""
+    storage = CheckpointStorage(tmp_path, "j")
+    first = CompletedCheckpointStore(storage, retained=2)
+    first.add(_complete(storage, 1, ["shared/a"]))
+    first.add(_complete(storage, 2, ["shared/a", "shared/b"]))
+    (storage.shared_dir / "orphan").write_bytes(b"an upload of an aborted checkpoint")
+    again = CompletedCheckpointStore(storage, retained=2)
+    assert again.registry.reference_count("shared/a") == 2
+    assert again.remove_orphans() == 1
+    assert _shared_files(storage) == {"shared/a", "shared/b"}
+
+
+def test_failure_reasons_say_whether_they_count():
+    assert CheckpointFailureReason.CHECKPOINT_EXPIRED.counts_as_failure
+    assert CheckpointFailureReason.CHECKPOINT_DECLINED.counts_as_failure
+    assert not CheckpointFailureReason.CHECKPOINT_SUBSUMED.counts_as_failure
+    assert not CheckpointFailureReason.CHECKPOINT_DECLINED_SUBSUMED.counts_as_failure
