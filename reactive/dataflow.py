@@ -205,16 +205,33 @@ class Dataflow:
 
 
 class Stream:
-    """A stream of records produced by one transformation; methods add operators."""
+    """A stream of records produced by one transformation; methods add operators.
+
+    Args:
+        flow: the dataflow being built.
+        transformation: the operator producing the stream.
+        partitioning: how the next operator's instances receive it.
+        primary: the stateful operator this stream's configuration belongs to, when the
+            stream is the output of a helper after it (a window operator's result filter):
+            ``uid`` and ``name`` then name that operator (its uid keys its state; the helper
+            gets ``<uid>/results``), and ``set_parallelism`` applies to both.
+    """
 
     def __init__(self, flow: Dataflow, transformation: Transformation,
-                 partitioning: Partitioning = "forward") -> None:
+                 partitioning: Partitioning = "forward",
+                 primary: Transformation | None = None) -> None:
         self.flow = flow
         self.transformation = transformation
         self._partitioning: Partitioning = partitioning
+        self._primary = primary
 
     def _edge(self) -> Edge:
         return Edge(self.transformation, self._partitioning)
+
+    def _derive(self, transformation: Transformation,
+                primary: Transformation | None = None) -> Stream:
+        """The stream of another transformation of the same dataflow."""
+        return Stream(self.flow, transformation, primary=primary)
 
     def _then(self, kind: str, name: str | None,
               factory: Callable[[Transformation], ops.StreamOperator]) -> Stream:
@@ -223,13 +240,17 @@ class Stream:
     # configuration of the last operator
     def name(self, name: str) -> Stream:
         """Set the operator's display name."""
-        self.transformation.name = name
+        (self._primary or self.transformation).name = name
         return self
 
     def uid(self, uid: str) -> Stream:
         """Set the operator's stable id (snapshots are keyed by it); set it on every stateful
         operator of a program that will evolve."""
-        self.transformation.uid = uid
+        if self._primary is not None:
+            self._primary.uid = uid
+            self.transformation.uid = f"{uid}/results"
+        else:
+            self.transformation.uid = uid
         return self
 
     def set_parallelism(self, parallelism: int) -> Stream:
@@ -246,6 +267,8 @@ class Stream:
                 f"operator {t.name!r} supports parallelism <= {t.max_parallelism}"
             )
         t.parallelism = parallelism
+        if self._primary is not None:
+            self._primary.parallelism = parallelism
         return self
 
     # transformations
@@ -392,7 +415,7 @@ class KeyedStream(Stream):
                                                               flow.processing_clock))
 
     def window(self, assigner: WindowAssigner,
-               timestamp: Callable[[Any], float] | None = None) -> WindowedStream:
+               timestamp: Callable[[Any], float] | None = None) -> WindowedStream[Stream]:
         """Cut each key's records into windows (``TumblingEventTimeWindows.of(60)`` ...).
 
         Args:
@@ -408,7 +431,7 @@ class KeyedStream(Stream):
         return WindowedStream(self, [assigner], timestamp)
 
     def windows(self, assigners: list[WindowAssigner],
-                timestamp: Callable[[Any], float] | None = None) -> WindowedStream:
+                timestamp: Callable[[Any], float] | None = None) -> WindowedStream[Stream]:
         """Several periodic window definitions over the same records, aggregated with
         shared partial aggregates (Cutty, thesis chapter 5); results carry the definition's
         index as ``WindowResult.query``.
@@ -420,7 +443,7 @@ class KeyedStream(Stream):
 
         return WindowedStream(self, list(assigners), timestamp)
 
-    def count_window(self, size: int, slide: int | None = None) -> WindowedStream:
+    def count_window(self, size: int, slide: int | None = None) -> WindowedStream[Stream]:
         """Windows of ``size`` records of a key, every ``slide`` records (tumbling when
         None); windows are ``[start, end)`` positions of the key's records.
 

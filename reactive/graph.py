@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from .runtime.operators import StreamOperator
 from .serialization import Serializer
+from .time.clock import ProcessingClock
 
-__all__ = ["Edge", "Partitioning", "Transformation"]
+__all__ = ["Edge", "GraphBuilder", "LogicalGraph", "Partitioning", "Transformation"]
 
 Partitioning = Literal["forward", "rebalance", "hash", "broadcast"]
 
@@ -71,3 +72,27 @@ class Transformation:
     def resolved_uid(self) -> str:
         """The uid, or the default derived from kind and position."""
         return self.uid if self.uid is not None else f"{self.kind}-{self.id}"
+
+
+class LogicalGraph(Protocol):
+    """A dataflow program as the runtime sees it (``reactive.Dataflow`` is one): its
+    transformations and the settings of its execution."""
+
+    name: str
+    parallelism: int
+    max_parallelism: int
+    batch_size: int
+    buffer_timeout: float
+    channel_capacity: int
+    transformations: list[Transformation]
+
+
+class GraphBuilder(Protocol):
+    """What the parts of the fluent API outside ``reactive.dataflow`` (windowed streams) use
+    to add operators to the dataflow being built."""
+
+    processing_clock: ProcessingClock
+
+    def _add(self, kind: str, name: str | None,
+             factory: Callable[[Transformation], StreamOperator], inputs: list[Edge],
+             max_parallelism: int | None = None) -> Transformation: ...

@@ -56,7 +56,7 @@ from .operators import maybe_await
 from .task import StreamTask, TaskEnvironment
 
 if TYPE_CHECKING:
-    from ..dataflow import Dataflow
+    from ..graph import LogicalGraph
 
 __all__ = ["Job", "JobOptions", "JobStatus"]
 
@@ -163,7 +163,7 @@ class Job:
             the run completes names it, and failover restores only this run's lineage.
     """
 
-    def __init__(self, flow: Dataflow, options: JobOptions) -> None:
+    def __init__(self, flow: LogicalGraph, options: JobOptions) -> None:
         self.flow = flow
         self.options = options
         self.name = flow.name
@@ -466,7 +466,7 @@ class Job:
                 self._next_id = coordinator.next_id
                 coordinator.shutdown(f"job {self.name!r} ended")
 
-    async def _run_tasks(self, flow: Dataflow, options: JobOptions,
+    async def _run_tasks(self, flow: LogicalGraph, options: JobOptions,
                          config: CheckpointConfig | None, backend: StateBackend,
                          assignment: StateAssignment | None,
                          coordinator: CheckpointCoordinator | None) -> None:

@@ -350,6 +350,10 @@ class StreamTask:
         for w in self.writers:
             await w.broadcast_event(status)
 
+    def post(self, action: Callable[[], Awaitable[None] | None]) -> None:
+        """Run ``action`` in this task between two batches (its mailbox)."""
+        self.gate.post(action)
+
     def push_from(self, start: int, batch: list[Any]) -> Awaitable[None]:
         """Send ``batch`` through the chain from operator ``start`` (mailbox actions)."""
         return self._push(batch, start)

@@ -9,33 +9,53 @@ enter the chain after the operator, as if the operator had returned them.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .watermarks import WatermarkStatus
 
-if TYPE_CHECKING:
-    from ..runtime.task import StreamTask
+__all__ = ["MailboxOwner", "OperatorMailbox"]
 
-__all__ = ["OperatorMailbox"]
+MailboxAction = Callable[[], Awaitable[None] | None]
+
+
+class MailboxOwner(Protocol):
+    """The task as its operators' mailbox sees it: the narrow interface the time layer uses,
+    so timers and watermark generators never depend on the task's implementation."""
+
+    def post(self, action: MailboxAction) -> None:
+        """Run ``action`` in the task between two batches."""
+        ...
+
+    def push_from(self, start: int, batch: list[Any]) -> Awaitable[None]:
+        """Send ``batch`` through the chain from operator ``start``."""
+        ...
+
+    def emit_watermark_from(self, start: int, timestamp: float) -> Awaitable[None]:
+        """Send a watermark through the chain from operator ``start`` and downstream."""
+        ...
+
+    def emit_watermark_status(self, status: WatermarkStatus) -> Awaitable[None]:
+        """Send an idle/active status downstream."""
+        ...
 
 
 class OperatorMailbox:
     """The mailbox of the task running chained operator ``index``.
 
     Args:
-        task: the task.
+        task: the task (anything with the :class:`MailboxOwner` methods).
         index: the operator's position in the task's chain.
     """
 
     __slots__ = ("index", "task")
 
-    def __init__(self, task: StreamTask, index: int) -> None:
+    def __init__(self, task: MailboxOwner, index: int) -> None:
         self.task = task
         self.index = index
 
-    def post(self, action: Callable[[], Awaitable[None] | None]) -> None:
+    def post(self, action: MailboxAction) -> None:
         """Run ``action`` in the task between two batches (sync or returning an awaitable)."""
-        self.task.gate.post(action)
+        self.task.post(action)
 
     def post_emitting(self, action: Callable[[], list[Any]]) -> None:
         """Run ``action`` in the task and send the records it returns downstream."""
@@ -45,7 +65,7 @@ class OperatorMailbox:
             out = action()
             return task.push_from(start, out) if out else None
 
-        task.gate.post(run)
+        task.post(run)
 
     def emit_watermark(self, timestamp: float) -> Awaitable[None]:
         """Send watermark ``timestamp`` (seconds) through the rest of the chain and downstream.

@@ -11,11 +11,10 @@ stream.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
-from ..dataflow import Dataflow, KeyedStream, Stream
 from ..errors import ConfigurationError
-from ..graph import Edge, Transformation
+from ..graph import Edge, GraphBuilder, Transformation
 from ..runtime import operators as ops
 from ..sinks import Sink
 from .assigners import CountWindows, PeriodicWindows, WindowAssigner
@@ -28,7 +27,36 @@ from .window_operator import (
     unwrap_late,
 )
 
-__all__ = ["WindowedStream", "find_timestamp_fn"]
+__all__ = ["KeyedInput", "WindowedStream", "find_timestamp_fn"]
+
+
+class _Sinkable(Protocol):
+    def sink(self, sink: Any, name: str | None = None) -> Any: ...
+
+
+S = TypeVar("S", bound=_Sinkable, covariant=True)
+
+
+class KeyedInput(Protocol[S]):
+    """What a windowed stream needs of the keyed stream it cuts into windows (the fluent
+    API's ``KeyedStream``), so that this module does not depend on the API module: its
+    dataflow, transformation and key selector, its edge, and how it makes a stream of
+    another transformation (the type of the streams ``aggregate`` and ``late_data`` return).
+    """
+
+    @property
+    def flow(self) -> GraphBuilder: ...
+
+    @property
+    def transformation(self) -> Transformation: ...
+
+    @property
+    def key_selector(self) -> Callable[[Any], Any]: ...
+
+    def _edge(self) -> Edge: ...
+
+    def _derive(self, transformation: Transformation,
+                primary: Transformation | None = None) -> S: ...
 
 # kinds that pass records through unchanged (the timestamp function still applies)
 _PASS_THROUGH = {"filter", "union"}
@@ -54,7 +82,7 @@ def find_timestamp_fn(t: Transformation) -> Callable[[Any], float]:
     )
 
 
-class WindowedStream:
+class WindowedStream(Generic[S]):
     """A keyed stream cut into windows; end it with :meth:`aggregate`, :meth:`reduce` or
     :meth:`process`.
 
@@ -69,7 +97,7 @@ class WindowedStream:
             windows, or event-time windows without timestamps.
     """
 
-    def __init__(self, keyed: KeyedStream, assigners: list[WindowAssigner],
+    def __init__(self, keyed: KeyedInput[S], assigners: list[WindowAssigner],
                  timestamp: Callable[[Any], float] | None = None) -> None:
         if not assigners:
             raise ConfigurationError("windows([...]) needs at least one window assigner")
@@ -88,11 +116,11 @@ class WindowedStream:
         self.lateness = 0.0
         self.window_transformation: Transformation | None = None
         self._late_enabled = False
-        self._late_stream: Stream | None = None
+        self._late_stream: S | None = None
         self._late_target: Sink | Callable[[Any], Any] | None = None
 
     # ------------------------------------------------------------------ options
-    def allowed_lateness(self, seconds: float) -> WindowedStream:
+    def allowed_lateness(self, seconds: float) -> WindowedStream[S]:
         """Keep window state ``seconds`` after the window's end: late records in that time
         update the window and fire it again.
 
@@ -107,7 +135,7 @@ class WindowedStream:
         return self
 
     def side_output_late_data(self, target: Sink | Callable[[Any], Any] | None = None
-                              ) -> WindowedStream:
+                              ) -> WindowedStream[S]:
         """Send late records (beyond the allowed lateness) to ``target`` (a sink or a
         callback); without a target, take them with :meth:`late_data`."""
         self._late_enabled = True
@@ -115,16 +143,16 @@ class WindowedStream:
         return self
 
     # ------------------------------------------------------------------ terminals
-    def aggregate(self, fn: AggregateFunction, name: str | None = None) -> Stream:
+    def aggregate(self, fn: AggregateFunction, name: str | None = None) -> S:
         """Incrementally aggregate each window; emits
         :class:`~reactive.windowing.functions.WindowResult` records."""
         return self._build(fn, None, name or f"window-{type(fn).__name__}")
 
-    def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None) -> Stream:
+    def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None) -> S:
         """``fn(a, b)`` over each window's records; emits ``WindowResult`` records."""
         return self._build(ReduceAggregate(fn), None, name or "window-reduce")
 
-    def process(self, fn: ProcessWindowFunction, name: str | None = None) -> Stream:
+    def process(self, fn: ProcessWindowFunction, name: str | None = None) -> S:
         """Run ``fn.process(key, window, records)`` per fired window.
 
         Raises:
@@ -135,7 +163,7 @@ class WindowedStream:
                                      "windows support aggregate() and reduce()")
         return self._build(None, fn, name or f"window-{type(fn).__name__}")
 
-    def late_data(self) -> Stream:
+    def late_data(self) -> S:
         """The late records of this window operator, as a stream (after ``aggregate``,
         ``reduce`` or ``process``).
 
@@ -153,11 +181,11 @@ class WindowedStream:
                              lambda lt: ops.FlatMapOperator(lt.name, lt.resolved_uid,
                                                             unwrap_late),
                              [Edge(t, "forward")])
-            self._late_stream = Stream(flow, late)
+            self._late_stream = self.keyed._derive(late)
         return self._late_stream
 
     def _build(self, agg: AggregateFunction | None, fn: ProcessWindowFunction | None,
-               name: str) -> Stream:
+               name: str) -> S:
         if self.window_transformation is not None:
             raise ConfigurationError("a WindowedStream can be ended only once")
         keyed = self.keyed
@@ -195,28 +223,5 @@ class WindowedStream:
                          [Edge(t, "forward")])
         if self._late_target is not None:
             self.late_data().sink(self._late_target)
-        return _WindowResultStream(flow, main, t)
-
-
-class _WindowResultStream(Stream):
-    """The stream of window results; ``uid``/``name`` apply to the window operator (whose
-    state they identify) and its result filter."""
-
-    def __init__(self, flow: Dataflow, transformation: Transformation,
-                 window: Transformation) -> None:
-        super().__init__(flow, transformation)
-        self.window = window
-
-    def uid(self, uid: str) -> Stream:
-        self.window.uid = uid
-        self.transformation.uid = f"{uid}/results"
-        return self
-
-    def name(self, name: str) -> Stream:
-        self.window.name = name
-        return self
-
-    def set_parallelism(self, parallelism: int) -> Stream:
-        super().set_parallelism(parallelism)
-        self.window.parallelism = parallelism
-        return self
+        # uid/name/parallelism set on the result stream belong to the window operator
+        return keyed._derive(main, primary=t)
