@@ -5,7 +5,7 @@ the same run, for the heap and RocksDB backends.
 The state (``--keys`` keys, one ``ValueState`` int each, ``max_parallelism`` 128) is written
 by 4 keyed backend instances and snapshotted as a savepoint (full, self-contained files);
 then, for each target parallelism, every new instance is created and restored from the
-handles whose key-group range intersects its own (what ``StateAssignment`` hands it), and
+handles whose key-group range intersects its own (what ``StateAssignmentOperation`` hands it), and
 the time until all instances have restored is reported, with its ratio to the same-
 parallelism restore. Instances restore one after the other, as the tasks of one job do in
 one process.

@@ -19,9 +19,10 @@ import random
 import time
 from typing import Any
 
+from bench.naive_windows import NaiveAggregator
 from connectors.collections import ListSink
 from reactive import AggregateFunction, Dataflow
-from reactive.windowing import CountWindows, CuttyAggregator, NaiveAggregator
+from reactive.windowing import CountWindows, CuttyAggregator
 
 
 class Sum(AggregateFunction):

@@ -11,7 +11,7 @@ from typing import Any
 from backends.heap import read_heap_snapshot
 from connectors.collections import ListSink
 from reactive import CheckpointConfig, CheckpointStorage, Dataflow, Source, SourceReader
-from reactive.runtime.barrier_handler import AlignedBarrierHandler, BarrierTracker
+from reactive.runtime.barrier_handler import CheckpointBarrierTracker, SingleCheckpointBarrierHandler
 from reactive.runtime.channel import Channel, InputGate
 from reactive.runtime.events import CheckpointBarrier
 
@@ -92,7 +92,7 @@ async def test_blocked_channel_keeps_its_records_in_order():
     async def on_aligned(barrier: CheckpointBarrier, alignment: float) -> None:
         snapshots.append((barrier.checkpoint_id, alignment))
 
-    handler = AlignedBarrierHandler(gate, on_aligned)
+    handler = SingleCheckpointBarrierHandler(gate, on_aligned)
     await ch0.put(CheckpointBarrier(1, 0.0))
     await ch0.put(["after-barrier-0a"])
     await ch0.put(["after-barrier-0b"])
@@ -121,7 +121,7 @@ async def test_barrier_tracker_does_not_block():
     async def on_aligned(barrier: CheckpointBarrier, alignment: float) -> None:
         snapshots.append(barrier.checkpoint_id)
 
-    tracker = BarrierTracker(gate, on_aligned)
+    tracker = CheckpointBarrierTracker(gate, on_aligned)
     await ch0.put(CheckpointBarrier(1, 0.0))
     await ch0.put(["after"])
     await ch1.put(["x"])

@@ -20,7 +20,7 @@ import pytest
 
 from reactive import CheckpointConfig, CheckpointError, CheckpointStorage
 from reactive.checkpoint.coordinator import CheckpointCoordinator, OperatorInfo
-from reactive.runtime.barrier_handler import AlignedBarrierHandler, BarrierTracker
+from reactive.runtime.barrier_handler import CheckpointBarrierTracker, SingleCheckpointBarrierHandler
 from reactive.runtime.channel import Channel, InputGate
 from reactive.runtime.events import END_OF_DATA, END_OF_INPUT, CheckpointBarrier
 from reactive.runtime.operators import MapOperator
@@ -55,7 +55,7 @@ async def test_newer_barrier_declines_the_aligning_checkpoint():
     ch0, ch1 = Channel(10), Channel(10)
     gate = InputGate([ch0, ch1])
     rec = Recorder()
-    handler = AlignedBarrierHandler(gate, rec.on_aligned, rec.on_decline)
+    handler = SingleCheckpointBarrierHandler(gate, rec.on_aligned, rec.on_decline)
     await ch0.put(CheckpointBarrier(1, 0.0))
     await ch0.put(["after-1"])
     await ch0.put(CheckpointBarrier(2, 0.0))
@@ -80,7 +80,7 @@ async def test_completed_alignment_is_not_declined():
     ch0, ch1 = Channel(10), Channel(10)
     gate = InputGate([ch0, ch1])
     rec = Recorder()
-    handler = AlignedBarrierHandler(gate, rec.on_aligned, rec.on_decline)
+    handler = SingleCheckpointBarrierHandler(gate, rec.on_aligned, rec.on_decline)
     for cid in (1, 2):
         await ch0.put(CheckpointBarrier(cid, 0.0))
         await ch1.put(CheckpointBarrier(cid, 0.0))
@@ -92,7 +92,7 @@ async def test_barrier_tracker_drops_older_checkpoints_without_declining():
     ch0, ch1 = Channel(10), Channel(10)
     gate = InputGate([ch0, ch1])
     rec = Recorder()
-    tracker = BarrierTracker(gate, rec.on_aligned, rec.on_decline)
+    tracker = CheckpointBarrierTracker(gate, rec.on_aligned, rec.on_decline)
     await ch0.put(CheckpointBarrier(1, 0.0))
     await ch0.put(CheckpointBarrier(2, 0.0))
     await ch1.put(CheckpointBarrier(2, 0.0))

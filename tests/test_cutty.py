@@ -7,6 +7,7 @@ import math
 import random
 from typing import Any
 
+from bench.naive_windows import NaiveAggregator
 from connectors.collections import ListSink
 from reactive import AggregateFunction, Dataflow, SlidingEventTimeWindows, TumblingEventTimeWindows
 from reactive.windowing import (
@@ -15,7 +16,6 @@ from reactive.windowing import (
     CuttyAggregator,
     EventTimeCuttyAggregator,
     FlatFAT,
-    NaiveAggregator,
 )
 
 from .test_windows import SumAmount, as_dict, batch_windows, events

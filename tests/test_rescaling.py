@@ -30,7 +30,7 @@ from reactive import (
     RestoreError,
     assign_to_key_group,
 )
-from reactive.checkpoint.state_assignment import StateAssignment
+from reactive.checkpoint.state_assignment_operation import StateAssignmentOperation
 from reactive.sinks import SinkWriter
 from reactive.sources import Source, SourceReader
 from reactive.state.backend import StateBackend
@@ -417,7 +417,7 @@ def test_split_and_union_redistribution(tmp_path: Path, p2: int) -> None:
         {"offsets": ("split", ["c"]), "rules": ("union", ["r1", "r2"])},
         {"offsets": ("split", ["d", "e", "f"])},
     ]
-    assignment = StateAssignment(_fake_checkpoint(tmp_path, old), MAXP, {"op"})
+    assignment = StateAssignmentOperation(_fake_checkpoint(tmp_path, old), MAXP, {"op"})
     got = [assignment.for_subtask("op", i, p2, None).operator_state for i in range(p2)]
     split = [entries for g in got for entries in [g.get("offsets", ("split", []))[1]]]
     # split: every entry to exactly one instance, dealt round robin (sizes differ by <= 1)
@@ -430,7 +430,7 @@ def test_split_and_union_redistribution(tmp_path: Path, p2: int) -> None:
 def test_split_at_same_parallelism_keeps_each_instance_entries(tmp_path: Path) -> None:
     old = [{"offsets": ("split", ["a", "b"])}, {"offsets": ("split", [])},
            {"offsets": ("split", ["c"])}]
-    assignment = StateAssignment(_fake_checkpoint(tmp_path, old), MAXP, {"op"})
+    assignment = StateAssignmentOperation(_fake_checkpoint(tmp_path, old), MAXP, {"op"})
     got = [assignment.for_subtask("op", i, 3, None).operator_state["offsets"][1]
            for i in range(3)]
     assert got == [["a", "b"], [], ["c"]]

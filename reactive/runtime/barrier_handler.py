@@ -1,13 +1,13 @@
 """Barrier handling on a task's inputs (Flink's ``CheckpointBarrierHandler``).
 
-:class:`AlignedBarrierHandler` implements the alignment of Algorithm 1 of "Lightweight
+:class:`SingleCheckpointBarrierHandler` implements the alignment of Algorithm 1 of "Lightweight
 Asynchronous Snapshots for Distributed Dataflows" (Carbone et al., 2015): a channel that
 delivered barrier n is blocked -- its later records stay queued, in order -- until barrier n
 has arrived on every input; then the task snapshots, forwards the barrier and unblocks.
 A barrier of a newer checkpoint that arrives while n is still aligning means n can no longer
 complete at this task: the handler declines n at once (``on_decline``), as Flink's
 ``SingleCheckpointBarrierHandler`` does, instead of leaving it to the coordinator's timeout.
-:class:`BarrierTracker` is the at-least-once variant: it never blocks and triggers the
+:class:`CheckpointBarrierTracker` is the at-least-once variant: it never blocks and triggers the
 snapshot when the last barrier of n arrives.
 """
 
@@ -20,7 +20,7 @@ from ..errors import CheckpointError
 from .channel import InputGate
 from .events import CheckpointBarrier
 
-__all__ = ["AlignedBarrierHandler", "BarrierHandler", "BarrierTracker"]
+__all__ = ["BarrierHandler", "CheckpointBarrierTracker", "SingleCheckpointBarrierHandler"]
 
 OnAligned = Callable[[CheckpointBarrier, float], Awaitable[None]]
 OnDecline = Callable[[int, BaseException], None]
@@ -55,7 +55,7 @@ class BarrierHandler:
         """Channel ``channel`` ended; a pending alignment may now be complete."""
 
 
-class AlignedBarrierHandler(BarrierHandler):
+class SingleCheckpointBarrierHandler(BarrierHandler):
     """Exactly-once alignment (``SingleCheckpointBarrierHandler`` in Flink).
 
     Barrier n blocks the channel it came on until barrier n has arrived on every live
@@ -118,7 +118,7 @@ class AlignedBarrierHandler(BarrierHandler):
             await self._complete()
 
 
-class BarrierTracker(BarrierHandler):
+class CheckpointBarrierTracker(BarrierHandler):
     """At-least-once: snapshot when barrier n has arrived on all live channels; no blocking
     (Flink's ``CheckpointBarrierTracker``).
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checkpoint.state_assignment import StateAssignment
+from ..checkpoint.state_assignment_operation import StateAssignmentOperation
 from ..errors import ConfigurationError
 from ..graph import Edge, Transformation
 from ..key_encoding import bind_key_serializer
@@ -104,7 +104,7 @@ class ExecutionGraph:
         channel_capacity: int,
         env: TaskEnvironment,
         state_backend: StateBackend,
-        restore: StateAssignment | None,
+        restore: StateAssignmentOperation | None,
     ) -> None:
         validate(transformations, default_parallelism, max_parallelism)
         self.max_parallelism = max_parallelism

@@ -12,7 +12,7 @@ takes a self-contained checkpoint of kind ``savepoint`` and moves it to ``path``
 ``job.stop(savepoint=True)`` takes one with the sources parked right after they injected its
 barrier (no record after the savepoint is processed), commits side effects, and cancels the
 job. A later run restores it with ``restore_from=path`` at any parallelism (key groups and
-operator state are reassigned by :class:`~reactive.checkpoint.state_assignment.StateAssignment`)
+operator state are reassigned by :class:`~reactive.checkpoint.state_assignment.StateAssignmentOperation`)
 and with either built-in backend.
 """
 
@@ -37,7 +37,7 @@ from ..checkpoint.lineage import (
 )
 from ..checkpoint.metadata import CompletedCheckpoint
 from ..checkpoint.savepoints import move_savepoint
-from ..checkpoint.state_assignment import StateAssignment
+from ..checkpoint.state_assignment_operation import StateAssignmentOperation
 from ..checkpoint.storage import CheckpointStorage
 from ..config import CheckpointConfig, RestartStrategy
 from ..errors import (
@@ -187,7 +187,7 @@ class Job:
         if options.restore_from is not None:
             # fail fast, before anything runs: a wrong path, another max parallelism, or
             # state of operators the program lacks (unless allow_non_restored_state)
-            StateAssignment(CheckpointStorage.load(options.restore_from, verify=False),
+            StateAssignmentOperation(CheckpointStorage.load(options.restore_from, verify=False),
                             flow.max_parallelism,
                             {t.resolved_uid for t in flow.transformations},
                             options.allow_non_restored_state)
@@ -442,7 +442,7 @@ class Job:
         assignment = None
         uids = {t.resolved_uid for t in flow.transformations}
         if restore is not None:
-            assignment = StateAssignment(restore, flow.max_parallelism, uids,
+            assignment = StateAssignmentOperation(restore, flow.max_parallelism, uids,
                                          options.allow_non_restored_state)
         coordinator: CheckpointCoordinator | None = None
         if config is not None and self.storage is not None:
@@ -468,7 +468,7 @@ class Job:
 
     async def _run_tasks(self, flow: LogicalGraph, options: JobOptions,
                          config: CheckpointConfig | None, backend: StateBackend,
-                         assignment: StateAssignment | None,
+                         assignment: StateAssignmentOperation | None,
                          coordinator: CheckpointCoordinator | None) -> None:
         sources_left: set[str] = set()
         all_sources_done = asyncio.Event()

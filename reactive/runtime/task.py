@@ -3,28 +3,25 @@
 A task reads batches and control events from its :class:`~.channel.InputGate` (or from a
 source reader), pushes batches through its chained operators, and writes the output through
 its :class:`~.record_writer.RecordWriter` s (or to a sink writer). On a checkpoint barrier it
-takes the synchronous part of every chained operator's snapshot, forwards the barrier, and
-hands the asynchronous part to the job's task group; the asynchronous part acknowledges to
-the checkpoint coordinator when its files are written (thesis 4.5.1).
+hands it to its :class:`~.subtask_checkpoint_coordinator.SubtaskCheckpointCoordinator`
+(the synchronous part, forwarding the barrier, the asynchronous part); watermarks from its
+inputs are merged by a :class:`~.watermark_valve.StatusWatermarkValve`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import pickle
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.failure_reason import CheckpointFailureReason
-from ..checkpoint.files import write_atomic
-from ..errors import ReactiveError, StateSerializationError, UserFunctionError
-from ..state.backend import KeyedStateSnapshot, SnapshotContext
+from ..errors import ReactiveError, UserFunctionError
 from ..time.mailbox import OperatorMailbox
 from ..time.watermarks import ACTIVE, IDLE, WatermarkStatus
-from .barrier_handler import AlignedBarrierHandler, BarrierHandler, BarrierTracker
+from .barrier_handler import BarrierHandler, CheckpointBarrierTracker, SingleCheckpointBarrierHandler
 from .channel import InputGate
 from .events import (
     END_OF_DATA,
@@ -38,44 +35,13 @@ from .events import (
 from .operators import SinkOperator, SourceOperator, StreamOperator, maybe_await
 from .partitioner import KeySelectorError
 from .record_writer import RecordWriter
+from .subtask_checkpoint_coordinator import CheckpointAcknowledger, SubtaskCheckpointCoordinator
 from .watermark_valve import StatusWatermarkValve
 
 if TYPE_CHECKING:
     from ..checkpoint.storage import CheckpointStorage
 
-__all__ = ["CheckpointAcknowledger", "StreamTask", "TaskEnvironment"]
-
-
-def _serialize_operator_state(uid: str, states: dict[str, tuple[str, list[Any]]]) -> bytes:
-    """Pickle an operator's state in the synchronous part of its snapshot.
-
-    Operator-state entries are often mutable objects the operator keeps changing in place
-    (a source's position, a counter); serializing them before the barrier moves on is what
-    makes the snapshot hold the values *at* the barrier (a shallow copy would let later
-    in-place changes leak into the checkpoint). Operator state is small by design.
-
-    Raises:
-        StateSerializationError: naming the operator and the state that cannot be pickled.
-    """
-    try:
-        return pickle.dumps(states, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        for name, entry in states.items():
-            try:
-                pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception as inner:
-                raise StateSerializationError(uid, name, None, inner) from inner
-        raise StateSerializationError(uid, "<operator state>", None, exc) from exc
-
-
-class CheckpointAcknowledger(Protocol):
-    """The coordinator as a task sees it."""
-
-    async def acknowledge(self, checkpoint_id: int, task: StreamTask,
-                          states: dict[str, dict[str, Any]], stats: dict[str, float]) -> None: ...
-
-    def decline(self, checkpoint_id: int, task: StreamTask, reason: BaseException,
-                failure_reason: CheckpointFailureReason = ...) -> None: ...
+__all__ = ["StreamTask", "TaskEnvironment"]
 
 
 @dataclass
@@ -150,6 +116,9 @@ class StreamTask:
         # generators) via the mailbox
         self._valve = StatusWatermarkValve(len(gate.channels))
         self._idle_out = False
+        self.checkpointing = SubtaskCheckpointCoordinator(
+            self, operators, env.storage, env.coordinator, env.spawn, self._broadcast,
+            lambda: self._closed)
         for i, op in enumerate(self.chain):
             op.mailbox = OperatorMailbox(self, i)
 
@@ -222,9 +191,9 @@ class StreamTask:
             lambda cid, reason: coordinator.decline(
                 cid, self, reason, CheckpointFailureReason.CHECKPOINT_DECLINED_SUBSUMED))
         handler: BarrierHandler = (
-            AlignedBarrierHandler(gate, self._on_aligned, on_decline)
+            SingleCheckpointBarrierHandler(gate, self.checkpointing.checkpoint_state, on_decline)
             if self.env.exactly_once
-            else BarrierTracker(gate, self._on_aligned)
+            else CheckpointBarrierTracker(gate, self.checkpointing.checkpoint_state)
         )
         timeout = self.env.buffer_timeout
         live = len(gate.channels)
@@ -379,104 +348,16 @@ class StreamTask:
     # ------------------------------------------------------------------ checkpoints
     def trigger_checkpoint(self, barrier: CheckpointBarrier) -> Awaitable[None]:
         """Mailbox action of a source task: snapshot and inject ``barrier``."""
-        return self._on_aligned(barrier, 0.0)
+        return self.checkpointing.checkpoint_state(barrier, 0.0)
 
-    async def _on_aligned(self, barrier: CheckpointBarrier, alignment: float) -> None:
-        env = self.env
-        if env.storage is None or env.coordinator is None:
-            return
-        cid = barrier.checkpoint_id
-        t0 = time.perf_counter()
-        captures: list[tuple[StreamOperator, SnapshotContext, KeyedStateSnapshot | None,
-                             bytes | None]] = []
-        try:
-            for op in self.operators:
-                await maybe_await(op.snapshot_state(cid))
-                ctx = SnapshotContext(
-                    cid, env.storage.job_dir, env.storage.checkpoint_dir(cid),
-                    env.storage.shared_dir, op.uid, self.subtask, barrier.kind == "savepoint",
-                )
-                keyed = op.keyed_backend.snapshot(ctx) if op.keyed_backend is not None else None
-                opstate = None if op.operator_state.is_empty() else _serialize_operator_state(
-                    op.uid, op.operator_state.snapshot())
-                captures.append((op, ctx, keyed, opstate))
-        except Exception as exc:
-            for _, _, keyed, _ in captures:
-                if keyed is not None:
-                    keyed.discard()
-            env.coordinator.decline(cid, self, exc)
-            for w in self.writers:
-                await w.broadcast_event(barrier)
-            return
-        sync = time.perf_counter() - t0
+    async def _broadcast(self, event: Any) -> None:
         for w in self.writers:
-            await w.broadcast_event(barrier)
-        env.spawn(self._async_part(cid, captures, alignment, sync))
+            await w.broadcast_event(event)
 
-    async def _async_part(
-        self,
-        cid: int,
-        captures: list[tuple[StreamOperator, SnapshotContext, KeyedStateSnapshot | None,
-                             bytes | None]],
-        alignment: float,
-        sync: float,
-    ) -> None:
-        coordinator = self.env.coordinator
-        assert coordinator is not None
-        t0 = time.perf_counter()
-        states: dict[str, dict[str, Any]] = {}
-        size = 0
-        try:
-            for op, ctx, keyed, opstate in captures:
-                entry: dict[str, Any] = {"keyed_state": None, "operator_state": None}
-                if op.keyed_backend is not None:
-                    entry["key_group_range"] = op.keyed_backend.key_group_range.to_list()
-                if keyed is not None:
-                    handle = await keyed.write()
-                    entry["keyed_state"] = handle
-                    size += sum(int(r["size"]) for r in handle.get("files", [])
-                                if r not in handle.get("shared_reused", []))
-                if opstate is not None:
-                    path = ctx.exclusive_path(".opstate")
-                    blob = opstate
-                    # inline: a hop to a worker thread waits for the GIL held by the busy
-                    # loop (measured ~100 ms under load), far longer than this small write
-                    n, sha = write_atomic(path, [blob])
-                    entry["operator_state"] = {
-                        "format": "pickle-v1",
-                        "files": [{"path": ctx.relative(path), "size": n, "sha256": sha}],
-                    }
-                    size += n
-                states[op.uid] = entry
-        except asyncio.CancelledError:
-            # the attempt is being torn down: release what the synchronous part captured
-            for _, _, keyed, _ in captures:
-                if keyed is not None:
-                    keyed.discard()
-            raise
-        except Exception as exc:
-            for _, _, keyed, _ in captures:
-                if keyed is not None:
-                    keyed.discard()
-            coordinator.decline(cid, self, exc)
-            return
-        if self._closed:
-            # the task failed (or ended) while this part ran and its operators were closed:
-            # a disposed heap backend serializes empty key groups, and acknowledging them
-            # would complete a checkpoint that silently lost this instance's state
-            coordinator.decline(cid, self, ReactiveError(
-                f"task {self.task_id} closed during the asynchronous part of checkpoint {cid}"))
-            return
-        stats = {"alignment": alignment, "sync": sync, "async": time.perf_counter() - t0,
-                 "size": float(size)}
-        await coordinator.acknowledge(cid, self, states, stats)
-
-    async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> Awaitable[None]:
         """Mailbox action: checkpoint ``checkpoint_id`` completed (commit side effects)."""
-        for op in self.operators:
-            await maybe_await(op.notify_checkpoint_complete(checkpoint_id))
+        return self.checkpointing.notify_checkpoint_complete(checkpoint_id)
 
-    async def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> Awaitable[None]:
         """Mailbox action: checkpoint ``checkpoint_id`` was aborted."""
-        for op in self.operators:
-            await maybe_await(op.notify_checkpoint_aborted(checkpoint_id))
+        return self.checkpointing.notify_checkpoint_aborted(checkpoint_id)

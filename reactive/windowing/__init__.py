@@ -15,7 +15,6 @@ from .assigners import (
 from .cutty import CuttyAggregator, EventTimeCuttyAggregator
 from .flatfat import AggregateStats, FlatFAT
 from .functions import AggregateFunction, ProcessWindowFunction, WindowResult
-from .naive import NaiveAggregator
 
 __all__ = [
     "AggregateFunction",
@@ -25,7 +24,6 @@ __all__ = [
     "EventTimeCuttyAggregator",
     "EventTimeSessionWindows",
     "FlatFAT",
-    "NaiveAggregator",
     "ProcessWindowFunction",
     "SlidingEventTimeWindows",
     "TimeWindow",

@@ -18,7 +18,7 @@ from ..errors import RestoreError
 from ..keygroups import KeyGroupRange
 from .metadata import CompletedCheckpoint
 
-__all__ = ["StateAssignment", "SubtaskRestore"]
+__all__ = ["StateAssignmentOperation", "SubtaskRestore"]
 
 
 @dataclass
@@ -29,7 +29,7 @@ class SubtaskRestore:
     operator_state: dict[str, tuple[str, list[Any]]] = field(default_factory=dict)
 
 
-class StateAssignment:
+class StateAssignmentOperation:
     """The state of a completed checkpoint, ready to be handed out per operator instance.
 
     Args:

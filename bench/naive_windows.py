@@ -1,9 +1,10 @@
 """The baseline of the sharing experiments: one accumulator per open window per query.
 
 Every record is added to each of the r/s windows of every query that contain it (no
-sharing), as a per-window aggregator does (thesis 5.7's "naive"). Same interface as
-:class:`~.cutty.CuttyAggregator`, so tests and ``bench/windows.py`` can compare results and
-combine counts on the same input.
+sharing), as a per-window aggregator does (thesis 5.7's "naive"): a baseline for benchmarks
+and tests, not part of the runtime. Same interface as
+:class:`reactive.windowing.cutty.CuttyAggregator`, so tests and ``bench/windows.py`` can
+compare results and combine counts on the same input.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from .assigners import PeriodicWindows
-from .cutty import WindowEmission
-from .flatfat import AggregateStats
-from .functions import AggregateFunction
+from reactive.windowing.assigners import PeriodicWindows
+from reactive.windowing.cutty import WindowEmission
+from reactive.windowing.flatfat import AggregateStats
+from reactive.windowing.functions import AggregateFunction
 
 __all__ = ["NaiveAggregator"]
 
