@@ -18,6 +18,8 @@ from .errors import (
     ReactiveError,
     RestoreError,
     StateAccessError,
+    StateSerializationError,
+    UnsupportedKeyError,
     UserFunctionError,
 )
 from .functions import KeyedProcessFunction, ProcessFunction, RuntimeContext
@@ -97,11 +99,13 @@ __all__ = [
     "SourceReader",
     "StateAccessError",
     "StateBackend",
+    "StateSerializationError",
     "Stream",
     "TimeWindow",
     "TimerService",
     "TumblingEventTimeWindows",
     "TwoPhaseCommitSink",
+    "UnsupportedKeyError",
     "UserFunctionError",
     "ValueState",
     "ValueStateDescriptor",
