@@ -324,3 +324,17 @@ async def test_resume_continues_a_restored_run_killed_before_its_first_checkpoin
     job = await counts_flow(more, out).run(checkpoints=config, resume=True)
     assert job.metrics.restored_checkpoints == [sp.checkpoint_id]
     assert_exactly_once(out, more)
+
+
+async def test_resume_after_a_refused_fresh_run_continues_the_run_before_it(tmp_path):
+    """A fresh run refused at start (the sink will not add a second copy of committed output)
+    committed nothing; resuming then continues the earlier run, not the refused one."""
+    words = words_of(20_000)
+    config = await _interrupted_run(tmp_path, words)
+    newest = CheckpointStorage(tmp_path / "chk", JOB).completed()[-1]
+    job = await counts_flow(words, tmp_path / "out").start(checkpoints=config)
+    with pytest.raises(JobFailedError, match="mode='append'|mode=\"append\""):
+        await job.wait()
+    job = await counts_flow(words, tmp_path / "out").run(checkpoints=config, resume=True)
+    assert job.metrics.restored_checkpoints == [newest.checkpoint_id]
+    assert_exactly_once(tmp_path / "out", words)

@@ -144,6 +144,11 @@ class CheckpointStorage:
         for old in self.runs()[:-keep]:
             (self.runs_dir / f"{old['run_id']}.json").unlink(missing_ok=True)
 
+    def forget_run(self, run_id: str) -> None:
+        """Remove a run's record (it failed before completing any checkpoint, so it
+        committed nothing and a resume should continue the run before it)."""
+        (self.runs_dir / f"{run_id}.json").unlink(missing_ok=True)
+
     def runs(self) -> list[dict[str, Any]]:
         """The run records, oldest first (by their first checkpoint id); unreadable ones are
         skipped."""

@@ -378,6 +378,16 @@ class Job:
             lineage_candidates(self.storage, self.run_id, self._first_id, self._initial),
             self._replay_policy(), "failover")
 
+    def _forget_if_nothing_completed(self) -> None:
+        """A run that failed (was not killed) before completing any checkpoint committed no
+        output: drop its run record, so ``resume`` continues the run before it (e.g. after
+        a fresh run refused to start over the committed output of that run)."""
+        if self.storage is not None and not self.metrics.completed_checkpoints:
+            try:
+                self.storage.forget_run(self.run_id)
+            except OSError as exc:
+                log.warning("could not remove the record of run %s: %s", self.run_id, exc)
+
     async def _main(self) -> None:
         try:
             restore = self._initial_restore()
@@ -414,6 +424,7 @@ class Job:
                     raise
                 if attempt > strategy.attempts or _not_restartable(cause):
                     self.status = "failed"
+                    self._forget_if_nothing_completed()
                     raise JobFailedError(self.name, attempt, cause) from cause
                 self.metrics.restarts += 1
                 self.status = "restarting"
@@ -425,6 +436,7 @@ class Job:
                     restore = self._failover_restore()
                 except RestoreError as restore_exc:
                     self.status = "failed"
+                    self._forget_if_nothing_completed()
                     raise JobFailedError(self.name, attempt, restore_exc) from restore_exc
 
     async def _run_attempt(self, restore: CompletedCheckpoint | None) -> None:
