@@ -120,14 +120,29 @@ class Dataflow:
         return self.source(collection_source(items), name=name or "collection", uid=uid)
 
     def read_text_file(self, path: str | os.PathLike[str], name: str | None = None,
-                       uid: str | None = None, with_offsets: bool = False) -> Stream:
-        """A source of the lines of a file (or of the files of a directory), without the
-        line ending; the position is a byte offset. With ``with_offsets`` records are
-        ``(byte_offset, line)``."""
+                       uid: str | None = None, with_offsets: bool = False,
+                       errors: str = "fail") -> Stream:
+        """A source of the lines (UTF-8) of a file (or of the files of a directory), without
+        the line ending; the position is a byte offset.
+
+        Args:
+            path: a file or a directory.
+            name: the source's display name (default ``"file"``).
+            uid: the source's stable id.
+            with_offsets: emit ``(byte_offset, line)`` instead of ``line``.
+            errors: a line that is not valid UTF-8 fails the job (``"fail"``, naming the
+                file and the line's byte offset) or is emitted, in place of its record, as
+                a ``connectors.files.InvalidLine(path, offset, raw, reason)`` for the
+                pipeline to route to its dead-letter output (``"dead_letter"``).
+
+        Raises:
+            FileNotFoundError: if ``path`` does not exist.
+            ConfigurationError: if ``errors`` is not ``"fail"`` or ``"dead_letter"``.
+        """
         from .defaults import line_file_source
 
-        return self.source(line_file_source(Path(path), with_offsets), name=name or "file",
-                           uid=uid)
+        return self.source(line_file_source(Path(path), with_offsets, errors),
+                           name=name or "file", uid=uid)
 
     # ------------------------------------------------------------------ running
     async def start(

@@ -31,11 +31,11 @@ def collection_source(items: Iterable[Any]) -> Source:
     return CollectionSource(items)
 
 
-def line_file_source(path: Path, with_offsets: bool) -> Source:
-    """``connectors.files.LineFileSource(path)``."""
+def line_file_source(path: Path, with_offsets: bool, errors: str = "fail") -> Source:
+    """``connectors.files.LineFileSource(path, with_offsets=..., errors=...)``."""
     from connectors.files import LineFileSource
 
-    return LineFileSource(path, with_offsets=with_offsets)
+    return LineFileSource(path, with_offsets=with_offsets, errors=errors)
 
 
 def callback_sink(fn: Callable[[Any], Any]) -> Sink:

@@ -23,6 +23,12 @@ is lost and nothing is written twice. Transactions that no restored checkpoint r
 *lingering*; ``abort_lingering`` removes them once, before the instance's first transaction
 (Flink's ``KafkaSink`` aborts lingering transactions the same way).
 
+After a change of parallelism every instance restores every pending transaction of the
+checkpoint (union redistribution) and commits those that instance ``k % parallelism`` owns,
+``k`` being the instance that pre-committed them: so each is committed by exactly one
+instance, every instance knows the restored checkpoint's id, and a sink that names its
+transactions after ``k`` can leave their lingering leftovers to that same owner.
+
 Write a sink by subclassing :class:`TwoPhaseCommitSink`; every hook may be a plain method or a
 coroutine.
 """
@@ -47,7 +53,9 @@ log = logging.getLogger("reactive.sinks")
 TxnT = TypeVar("TxnT")
 
 # the kinds of the entries a writer keeps as operator state ("sink-state")
-_PENDING = "pending"  # {"kind", "checkpoint_id", "transaction"}: pre-committed, not committed
+# {"kind", "checkpoint_id", "transaction", "subtask"}: pre-committed, not committed; "subtask"
+# (the instance that pre-committed it) is missing in checkpoints of older versions
+_PENDING = "pending"
 _EPOCH = "epoch"  # {"kind", "checkpoint_id", "subtask"}: one per snapshot, names its checkpoint
 
 
@@ -146,7 +154,14 @@ class TwoPhaseCommitWriter(SinkWriter, Generic[TxnT]):
 
     Args:
         sink: the per-instance copy of the sink.
+
+    Attributes:
+        state_redistribution: how the sink operator redistributes the entries of
+            :meth:`snapshot_state` on a restore: ``"union"``, every instance gets all of
+            them (see :meth:`restore_state`).
     """
+
+    state_redistribution = "union"
 
     def __init__(self, sink: TwoPhaseCommitSink[TxnT]) -> None:
         self.sink = sink
@@ -156,8 +171,22 @@ class TwoPhaseCommitWriter(SinkWriter, Generic[TxnT]):
         self._started = False
 
     async def _start(self, restored_checkpoint_id: int | None) -> None:
-        self._started = True
         await maybe_await(self.sink.abort_lingering(restored_checkpoint_id))
+        # only now: a sink whose abort_lingering refuses to start keeps refusing every write
+        self._started = True
+
+    async def start_fresh(self) -> None:
+        """Fresh start (nothing restored for this sink): abort lingering transactions now,
+        before the first record, rather than lazily with the first batch or snapshot.
+
+        The sink operator calls it when it has no state to restore, so a sink that refuses
+        to start (``abort_lingering`` raises) fails the task before anything is written.
+
+        Raises:
+            Exception: whatever ``abort_lingering(None)`` raises.
+        """
+        if not self._started:
+            await self._start(None)
 
     async def write(self, batch: list[Any]) -> None:
         """Write ``batch`` into the open transaction (begun on the interval's first batch)."""
@@ -195,8 +224,10 @@ class TwoPhaseCommitWriter(SinkWriter, Generic[TxnT]):
         entries: list[Any] = [
             {"kind": _EPOCH, "checkpoint_id": checkpoint_id, "subtask": self.sink.subtask}
         ]
-        entries += [{"kind": _PENDING, "checkpoint_id": cid, "transaction": t}
-                    for cid, t in self.pending]
+        # every pending transaction was pre-committed by this instance: restored ones (of
+        # other instances, possibly) are all committed in restore_state before a snapshot
+        entries += [{"kind": _PENDING, "checkpoint_id": cid, "transaction": t,
+                     "subtask": self.sink.subtask} for cid, t in self.pending]
         return entries
 
     async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
@@ -224,8 +255,20 @@ class TwoPhaseCommitWriter(SinkWriter, Generic[TxnT]):
                   checkpoint_id, self.sink.subtask, len(self.pending))
 
     async def restore_state(self, entries: list[Any]) -> None:
-        """Commit the pending transactions of the restored checkpoint, then abort lingering
-        ones; runs before the instance processes anything (thesis 4.1.3.1).
+        """Commit the pending transactions of the restored checkpoint that this instance
+        owns, then abort lingering ones; runs before the instance processes anything (thesis
+        4.1.3.1).
+
+        ``entries`` are those of every old instance (union redistribution, see
+        :attr:`state_redistribution`): the restored checkpoint's id is the largest id among
+        them, the same at every instance, and the pending transaction that old instance
+        ``k`` pre-committed is committed here only when ``k % parallelism`` is this
+        instance. (A subset dealt round robin, as checkpoints of older versions were
+        redistributed, can hold only the older of two pending checkpoints of an instance:
+        its id then looked like the restored one, and ``abort_lingering`` removed the newer
+        transaction that another instance was dealt to commit.) Pending entries without the
+        pre-committing instance (older checkpoints) are committed by whichever instance
+        received them.
 
         Raises:
             RestoreError: if ``entries`` were not written by a two-phase-commit writer.
@@ -233,6 +276,7 @@ class TwoPhaseCommitWriter(SinkWriter, Generic[TxnT]):
         """
         restored: list[tuple[int, Any]] = []
         checkpoint_id = 0
+        subtask, parallelism = self.sink.subtask, self.sink.parallelism
         for e in entries:
             if not isinstance(e, dict) or e.get("kind") not in (_PENDING, _EPOCH):
                 raise RestoreError(
@@ -240,7 +284,8 @@ class TwoPhaseCommitWriter(SinkWriter, Generic[TxnT]):
                     "sink of this uid replaced? give the new sink a new uid"
                 )
             checkpoint_id = max(checkpoint_id, int(e["checkpoint_id"]))
-            if e["kind"] == _PENDING:
+            owner = e.get("subtask")
+            if e["kind"] == _PENDING and (owner is None or int(owner) % parallelism == subtask):
                 restored.append((int(e["checkpoint_id"]), e["transaction"]))
         restored.sort(key=lambda p: p[0])
         self.pending = restored

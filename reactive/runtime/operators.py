@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import copy
 import inspect
+import types
 import warnings
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UserFunctionError
+from ..errors import ConfigurationError, UserFunctionError
 from ..functions import ProcessFunction, RuntimeContext
 from ..sinks import Sink, SinkWriter
 from ..sources import Source, SourceReader
 from ..state.backend import KeyedStateBackend
 from ..state.descriptors import ValueStateDescriptor
-from ..state.operator_state import OperatorStateStore
+from ..state.operator_state import OperatorListState, OperatorStateStore, RedistributionMode
 
 if TYPE_CHECKING:
     from ..time.mailbox import OperatorMailbox
@@ -35,8 +36,11 @@ __all__ = [
     "SinkOperator",
     "SourceOperator",
     "StreamOperator",
+    "checked_outputs",
     "maybe_await",
 ]
+
+_GENERATOR = types.GeneratorType
 
 
 def instance_copy(fn: Any) -> Any:
@@ -53,6 +57,40 @@ def instance_copy(fn: Any) -> Any:
         warnings.warn(f"cannot copy function {fn!r} per operator instance ({exc}); instances "
                       "share it, so they must not keep per-instance attributes", stacklevel=2)
         return fn
+
+
+def checked_outputs(res: Any, method: str) -> Iterable[Any]:
+    """The outputs a user function returned (the slow path: a generator is taken as it is).
+
+    A process function yields its outputs; returning None (no output), a list of outputs
+    or another iterator is accepted too. Any other value is refused rather than iterated:
+    a returned tuple ``(word, n)`` would become two records, a string one record per
+    character, a dict its keys. (An empty tuple, the common ``return ()``, means no output
+    either way and is accepted.)
+
+    Args:
+        res: what the function returned.
+        method: the function's name for the message (``"process_element"``, ...).
+
+    Returns:
+        ``res``, or an empty tuple for None.
+
+    Raises:
+        TypeError: for any other value, naming its type (the operator wraps it in a
+            :class:`~reactive.errors.UserFunctionError` naming itself and the record).
+    """
+    if type(res) is list or isinstance(res, Iterator):
+        return res
+    if res is None or (type(res) is tuple and not res):
+        return ()
+    text = repr(res)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    raise TypeError(
+        f"{method} must yield its outputs (or return None or a list), but it returned a "
+        f"{type(res).__name__}: {text}; a returned {type(res).__name__} is not taken apart "
+        f"into records (it may be one record or several): yield each record, or return "
+        "[record, ...]"
+    )
 
 
 async def maybe_await(value: Awaitable[Any] | Any) -> Any:
@@ -213,14 +251,25 @@ class FlatMapOperator(StreamOperator):
 
 
 class ProcessOperator(StreamOperator):
-    """``process(fn)`` on a non-keyed stream."""
+    """``process(fn)`` on a non-keyed stream.
+
+    ``fn.process_element`` yields its outputs, or returns None or a list of them; any other
+    return value (a tuple, a string, ...) fails the job (see :func:`checked_outputs`).
+    """
 
     def __init__(self, name: str, uid: str, fn: ProcessFunction):
         super().__init__(name, uid)
         self.fn = instance_copy(fn)
+        self._yields = self._is_generator_function()
+
+    def _is_generator_function(self) -> bool:
+        """True when ``process_element`` is a generator function: every call then returns a
+        generator, and the per-record loop needs no check of what it returned."""
+        return inspect.isgeneratorfunction(getattr(self.fn, "process_element", None))
 
     def open(self) -> None:
         self.fn.open(self.ctx)
+        self._yields = self._is_generator_function()  # open() may have replaced it
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
         fn = self.fn.process_element
@@ -229,10 +278,21 @@ class ProcessOperator(StreamOperator):
         extend = out.extend
         r = None
         try:
-            for r in batch:
-                res = fn(r, ctx)
-                if res is not None:
-                    extend(res)
+            if self._yields:
+                for r in batch:
+                    extend(fn(r, ctx))
+            else:
+                generator = _GENERATOR
+                for r in batch:
+                    res = fn(r, ctx)
+                    # identity checks for the common cases (a list; a generator from a
+                    # wrapped generator function); anything else but None is checked before
+                    # it is taken apart into records
+                    t = type(res)
+                    if t is list or t is generator:
+                        extend(res)
+                    elif res is not None:
+                        extend(checked_outputs(res, "process_element"))
         except Exception as exc:
             raise self.fail(r, exc) from exc
         return out
@@ -264,11 +324,20 @@ class KeyedProcessOperator(ProcessOperator):
         extend = out.extend
         r = None
         try:
-            for r in batch:
-                set_key(key_of(r))
-                res = fn(r, ctx)
-                if res is not None:
-                    extend(res)
+            if self._yields:  # see ProcessOperator.process_batch
+                for r in batch:
+                    set_key(key_of(r))
+                    extend(fn(r, ctx))
+            else:
+                generator = _GENERATOR
+                for r in batch:
+                    set_key(key_of(r))
+                    res = fn(r, ctx)
+                    t = type(res)
+                    if t is list or t is generator:
+                        extend(res)
+                    elif res is not None:
+                        extend(checked_outputs(res, "process_element"))
         except Exception as exc:
             raise self.fail(r, exc) from exc
         return out
@@ -343,7 +412,14 @@ class SourceOperator(StreamOperator):
 
 class SinkOperator(StreamOperator):
     """Hands batches to a :class:`~reactive.sinks.SinkWriter`; its ``snapshot_state`` entries
-    are operator state (e.g. pre-committed transactions)."""
+    are operator state (e.g. pre-committed transactions).
+
+    The entries are redistributed ``"split"`` when the parallelism changes, unless the
+    writer declares ``state_redistribution = "union"`` (two-phase-commit writers: every
+    instance must see every pending transaction, see ``reactive.two_phase_commit``). A
+    writer with an ``async start_fresh()`` method gets it called instead of
+    ``restore_state`` when there is nothing to restore, before the first record.
+    """
 
     STATE = "sink-state"
 
@@ -357,22 +433,39 @@ class SinkOperator(StreamOperator):
         super().setup(subtask, parallelism, max_parallelism, keyed_backend)
         self.writer = self.sink.create_writer(subtask, parallelism)
 
+    def _state(self) -> OperatorListState:
+        mode: RedistributionMode = getattr(self.writer, "state_redistribution", "split")
+        return self.operator_state.get_list_state(self.STATE, mode)
+
     async def restore(self) -> None:
-        """Give the writer the entries of the restored checkpoint (commit pending ones)."""
-        entries = self.operator_state.get_list_state(self.STATE, "split").get()
+        """Give the writer the entries of the restored checkpoint (commit pending ones), or
+        tell it that it starts fresh."""
+        entries = self._state().get()
         if entries:
             await maybe_await(self.writer.restore_state(entries))
+            return
+        start_fresh = getattr(self.writer, "start_fresh", None)
+        if start_fresh is not None:
+            await maybe_await(start_fresh())
 
     async def write(self, batch: list[Any]) -> None:
-        """Write a batch, reporting a failure with the batch's first record."""
+        """Write a batch, reporting a failure with the batch's first record.
+
+        Raises:
+            ConfigurationError: as the writer raised it (a misconfigured sink is not the
+                record's fault).
+            UserFunctionError: wrapping any other error of the writer.
+        """
         try:
             await maybe_await(self.writer.write(batch))
+        except ConfigurationError:
+            raise
         except Exception as exc:
             raise self.fail(batch[0] if batch else None, exc) from exc
 
     async def snapshot_state(self, checkpoint_id: int) -> None:
         entries = await maybe_await(self.writer.snapshot_state(checkpoint_id))
-        self.operator_state.get_list_state(self.STATE, "split").update(entries or [])
+        self._state().update(entries or [])
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> Awaitable[None] | None:
         return self.writer.notify_checkpoint_complete(checkpoint_id)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..functions import ProcessFunction
-from ..runtime.operators import KeyedProcessOperator
+from ..runtime.operators import KeyedProcessOperator, checked_outputs
 from .clock import ProcessingClock
 from .timers import InternalTimerService, TimerService
 
@@ -64,7 +64,7 @@ class TimedKeyedProcessOperator(KeyedProcessOperator):
             return []
         try:
             res = on_timer(timestamp, self.ctx)
-            return list(res) if res is not None else []
+            return list(checked_outputs(res, "on_timer")) if res is not None else []
         except Exception as exc:
             raise self.fail(f"timer {timestamp} of key {self.ctx.current_key!r}", exc) from exc
 

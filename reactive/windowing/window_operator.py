@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..runtime.operators import StreamOperator
+from ..runtime.operators import StreamOperator, checked_outputs
 from ..state.api import MapState, ValueState
 from ..state.descriptors import MapStateDescriptor, ValueStateDescriptor
 from ..time.clock import ProcessingClock
@@ -248,7 +248,7 @@ class WindowOperator(_EventTimeOperatorBase):
             return [WindowResult(key, window.start, window.end, self.agg.get_result(cur))]
         assert self.fn is not None
         res = self.fn.process(key, window, list(cur))
-        return list(res) if res is not None else []
+        return list(checked_outputs(res, "process")) if res is not None else []
 
     def on_event_time(self, timestamp: float, namespace: Any) -> list[Any]:
         window = TimeWindow(*namespace)
@@ -426,7 +426,7 @@ class CountWindowOperator(StreamOperator):
                 window = TimeWindow(position - size, position)
                 res = self.fn.process(key, window, recent[-size:])
                 if res is not None:
-                    out.extend(res)
+                    out.extend(checked_outputs(res, "process"))
             if len(recent) > size:
                 del recent[: len(recent) - size]
         self.state.update((position, recent))

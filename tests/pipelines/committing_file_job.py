@@ -3,17 +3,29 @@
 
 Usage::
 
-    python committing_file_job.py OUT CHECKPOINTS FORMAT RECORDS
+    python committing_file_job.py OUT CHECKPOINTS FORMAT RECORDS [PARALLELISM [BACKEND]]
 
 It resumes from the latest completed checkpoint in CHECKPOINTS (checkpoints every 100 ms)
-and exits 0 when the input is done. The environment variable ``REACTIVE_TEST_KILL`` names
-where this process kills itself with SIGKILL (counters are per process, over all subtasks):
+at PARALLELISM (default 2; another parallelism than the checkpoint's rescales the restored
+state) with the keyed state backend BACKEND (``heap``, the default, or ``rocksdb``, working
+in the directory ``CHECKPOINTS.rocksdb``) and exits 0 when the input is done.
+
+The environment variable ``REACTIVE_TEST_KILL`` names where this process kills itself with
+SIGKILL (counters are per process, over all subtasks):
 
 - ``record:<n>``: when the keyed count processes its n-th record;
 - ``commit:<n>``: in the n-th commit, before the rename (between checkpoint completion and
   commit; during recovery when the n-th commit is one of the restored transactions);
 - ``committed:<n>``: right after the n-th commit's rename (before the other subtask commits);
-- ``precommit:<n>``: right after the n-th pre-commit (its checkpoint never completes).
+- ``precommit:<n>``: right after the n-th pre-commit (its checkpoint never completes);
+- ``commitdeclined:<n>``: in the n-th commit of a transaction pre-committed for the
+  checkpoint the source declined (see below), before the rename: the process dies after the
+  next checkpoint completed, with the transactions of both checkpoints pending.
+
+``REACTIVE_TEST_DECLINE=<n>`` makes the source decline its n-th snapshot in this process: the
+barrier still flows, so every sink instance pre-commits that checkpoint, but the checkpoint
+is aborted, and its transactions stay pending until the next checkpoint completes (so that
+checkpoint lists pending transactions of two checkpoint ids per instance).
 
 Before killing itself it appends the kill point to the file ``REACTIVE_TEST_KILL_LOG`` (if
 set), so the test knows the kill really happened there.
@@ -37,6 +49,7 @@ from reactive import (
     RestartStrategy,
     ValueStateDescriptor,
 )
+from reactive.sources import Source, SourceReader
 
 JOB = "committing-files"
 VOCABULARY = 2_000
@@ -57,7 +70,13 @@ def schema() -> Any:
 
 
 _KIND, _, _AT = os.environ.get("REACTIVE_TEST_KILL", "none:0").partition(":")
-_COUNTERS = {"record": 0, "commit": 0, "committed": 0, "precommit": 0}
+_COUNTERS = {"record": 0, "commit": 0, "committed": 0, "precommit": 0,
+             "commitdeclined": 0}
+_DECLINE_AT = int(os.environ.get("REACTIVE_TEST_DECLINE", "0"))
+# the source declined a snapshot; the next checkpoint the sinks pre-commit is that one (with
+# max_concurrent=1 the declined checkpoint is triggered after the previous one completed, so
+# no pre-commit of an earlier checkpoint comes after the source's decline)
+_DECLINE: dict[str, Any] = {"declined": False, "checkpoint": None}
 
 
 def _tick(kind: str) -> None:
@@ -72,6 +91,43 @@ def _tick(kind: str) -> None:
                 f.flush()
                 os.fsync(f.fileno())
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class WordSource(Source):
+    """The words, non-parallel, position = index (like ``from_collection``), declining its
+    ``REACTIVE_TEST_DECLINE``-th snapshot of this process."""
+
+    max_source_parallelism = 1
+
+    def __init__(self, items: list[str]) -> None:
+        self.items = items
+
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+        return _WordReader(self.items)
+
+
+class _WordReader(SourceReader):
+    def __init__(self, items: list[str]) -> None:
+        self.items = items
+        self.position = 0
+        self.snapshots = 0
+
+    async def read_batch(self, max_records: int) -> list[Any] | None:
+        start = self.position
+        if start >= len(self.items):
+            return None
+        self.position = end = min(start + max_records, len(self.items))
+        return self.items[start:end]
+
+    def snapshot_state(self) -> list[Any]:
+        self.snapshots += 1
+        if self.snapshots == _DECLINE_AT:
+            _DECLINE["declined"] = True
+            raise OSError(f"injected: the source declines its snapshot {self.snapshots}")
+        return [self.position]
+
+    def restore_state(self, entries: list[Any]) -> None:
+        self.position = int(entries[0])
 
 
 class Count(KeyedProcessFunction):
@@ -91,25 +147,50 @@ class KillingFileSink(CommittingFileSink):
     """The committing file sink with the kill points of ``REACTIVE_TEST_KILL``."""
 
     def pre_commit(self, txn: FileTransaction, checkpoint_id: int) -> None:
+        if _DECLINE["declined"] and _DECLINE["checkpoint"] is None:
+            _DECLINE["checkpoint"] = checkpoint_id
         super().pre_commit(txn, checkpoint_id)
         _tick("precommit")
 
     def commit(self, txn: FileTransaction) -> None:
         _tick("commit")
+        if txn.checkpoint_id is not None and txn.checkpoint_id == _DECLINE["checkpoint"]:
+            _tick("commitdeclined")
         super().commit(txn)
         _tick("committed")
 
 
-async def main(out: str, checkpoints: str, fmt: str, records: int) -> None:
-    flow = Dataflow(JOB, parallelism=2, batch_size=256)
-    (flow.from_collection(words(records)).uid("words")
+async def main(out: str, checkpoints: str, fmt: str, records: int, parallelism: int = 2,
+               backend: str = "heap") -> None:
+    """Run (resume) the job.
+
+    Args:
+        out: the committed output directory.
+        checkpoints: the checkpoint directory.
+        fmt: ``"jsonl"`` or ``"parquet"``.
+        records: how many input words.
+        parallelism: the job's parallelism (every operator).
+        backend: ``"heap"`` or ``"rocksdb"``.
+    """
+    state_backend: Any = None
+    if backend == "rocksdb":
+        from backends.rocksdb import RocksDBStateBackend
+
+        state_backend = RocksDBStateBackend(checkpoints + ".rocksdb")
+    elif backend != "heap":
+        raise SystemExit(f"unknown backend {backend!r}: heap or rocksdb")
+    flow = Dataflow(JOB, parallelism=parallelism, batch_size=256)
+    (flow.source(WordSource(words(records)), name="words").uid("words")
          .key_by(lambda w: w)
          .process(Count()).uid("count")
          .sink(KillingFileSink(out, format=fmt, schema=schema() if fmt == "parquet" else None))
          .uid("files"))
     await flow.run(checkpoints=CheckpointConfig(interval=0.1, directory=checkpoints),
-                   restart=RestartStrategy.fixed(5, 0.0), resume=True)
+                   restart=RestartStrategy.fixed(5, 0.0), resume=True,
+                   state_backend=state_backend)
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
+    args = sys.argv[1:]
+    asyncio.run(main(args[0], args[1], args[2], int(args[3]),
+                     int(args[4]) if len(args) > 4 else 2, args[5] if len(args) > 5 else "heap"))
