@@ -307,6 +307,7 @@ PIPELINE_SCRIPT = textwrap.dedent('''
     import sys
 
     import backends.rocksdb as rocksdb
+    import backends.rocksdb.snapshot as rocksdb_snapshot
     from connectors.collections import ListSink
     from reactive import (CheckpointConfig, Dataflow, KeyedProcessFunction, Source,
                           SourceReader, ValueStateDescriptor)
@@ -353,7 +354,7 @@ PIPELINE_SCRIPT = textwrap.dedent('''
             self.position = int(entries[0])
 
 
-    original_write = rocksdb._RocksDBSnapshot.write
+    original_write = rocksdb_snapshot.RocksDBSnapshot.write
 
 
     async def write(self):
@@ -363,7 +364,7 @@ PIPELINE_SCRIPT = textwrap.dedent('''
         return await original_write(self)
 
 
-    rocksdb._RocksDBSnapshot.write = write
+    rocksdb_snapshot.RocksDBSnapshot.write = write
 
 
     async def main():

@@ -1,0 +1,39 @@
+"""The RocksDB state backend: keyed state in an embedded RocksDB (rocksdict), with
+asynchronous and incremental snapshots (thesis sections 4.2, 4.5.1, 4.5.2; Flink's
+``EmbeddedRocksDBStateBackend``).
+
+``from backends.rocksdb import RocksDBStateBackend`` is the public entry point. The package's
+modules, one job each:
+
+- :mod:`.keys`: the RocksDB key layout ``key group | state id | key bytes``;
+- :mod:`.db`: RocksDB options and opening databases (working ones, and snapshot files laid
+  out as one); the identity of this backend's handles;
+- :mod:`.state`: the write-back cache in front of RocksDB and the state objects;
+- :mod:`.snapshot`: full and incremental snapshots (local RocksDB checkpoint, upload of SST
+  files, shared files reused across checkpoints);
+- :mod:`.restore`: restore and rescaling from any number of handles, RocksDB ones by
+  installing and clipping or range-copying their files, other backends' through their
+  key-group readers;
+- :mod:`.reader`: the one reader of this format for tools and other backends (entries as
+  stored, or a neutral key-group stream, :mod:`reactive.state.key_group_stream`);
+- :mod:`.backend`: the keyed backend of one instance (the pieces put together) and the
+  :class:`RocksDBStateBackend` factory.
+
+Heap snapshots are restored through the key-group reader registry (``backends`` registers the
+built-in readers), so this package never imports another backend.
+"""
+
+from .backend import RocksDBKeyedStateBackend, RocksDBStateBackend
+from .db import FORMAT
+from .keys import state_id
+from .reader import iter_rocksdb_entries, iter_rocksdb_key_groups, read_rocksdb_snapshot
+
+__all__ = [
+    "FORMAT",
+    "RocksDBKeyedStateBackend",
+    "RocksDBStateBackend",
+    "iter_rocksdb_entries",
+    "iter_rocksdb_key_groups",
+    "read_rocksdb_snapshot",
+    "state_id",
+]

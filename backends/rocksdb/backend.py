@@ -1,0 +1,290 @@
+"""The RocksDB keyed state backend of one operator instance, and its factory.
+
+:class:`RocksDBKeyedStateBackend` owns one embedded RocksDB (:mod:`.db`) in a private working
+directory and puts the pieces together: the current key's key group (:mod:`.keys`), the
+write-back cache and state objects (:mod:`.state`, its base class), snapshots (:mod:`.snapshot`)
+and restore (:mod:`.restore`). Flink's ``RocksDBKeyedStateBackend`` /
+``EmbeddedRocksDBStateBackend``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+from rocksdict import Options, Rdict
+
+from reactive.errors import ConfigurationError, StateAccessError, UnsupportedKeyError
+from reactive.key_encoding import decode_key, encode_key, key_encoding_name
+from reactive.keygroups import KeyGroupAssigner, KeyGroupRange
+from reactive.serialization import Serializer
+from reactive.state.api import State
+from reactive.state.backend import (
+    KeyedStateBackend,
+    KeyedStateSnapshot,
+    SnapshotContext,
+    StateBackend,
+)
+from reactive.state.descriptors import StateDescriptor
+
+from .db import BACKEND, open_db, options, safe_name
+from .keys import MAX_KEY_GROUPS, key_group_prefix
+from .restore import RocksDBRestoreOperation
+from .snapshot import RocksDBSnapshot, checkpoint_locally
+from .state import WriteBackCache, create_state
+
+__all__ = ["RocksDBKeyedStateBackend", "RocksDBStateBackend"]
+
+
+class RocksDBKeyedStateBackend(WriteBackCache, KeyedStateBackend):
+    """Keyed state of one operator instance in its own RocksDB (see :mod:`backends.rocksdb`).
+
+    Args:
+        directory: a fresh working directory for this instance (created; removed by
+            :meth:`dispose`).
+        key_group_range: the key groups this instance owns.
+        max_parallelism: the job's number of key groups (at most 65536).
+        incremental: incremental snapshots (else full ones).
+        cache_entries: cached keys per state before the cache is emptied.
+        write_batch_entries: dirty keys per state before they are written to RocksDB.
+        write_buffer_size: RocksDB memtable size, bytes.
+        options_factory: called with the RocksDB ``Options`` before the DB opens.
+        operator_uid: the operator's uid, named in errors (None: unnamed).
+
+    Raises:
+        ConfigurationError: if ``max_parallelism`` exceeds 65536 (2-byte key groups).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+        *,
+        incremental: bool = True,
+        cache_entries: int = 100_000,
+        write_batch_entries: int = 20_000,
+        write_buffer_size: int = 4 << 20,
+        options_factory: Callable[[Options], None] | None = None,
+        operator_uid: str | None = None,
+    ) -> None:
+        if max_parallelism > MAX_KEY_GROUPS:
+            raise ConfigurationError("the RocksDB backend supports max_parallelism <= 65536")
+        self.key_group_range = key_group_range
+        self.max_parallelism = max_parallelism
+        self.incremental = incremental
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=False)
+        self._opts = options(write_buffer_size, options_factory)
+        self._db_dir = directory / "db"
+        db: Rdict = open_db(self._db_dir, self._opts)
+        super().__init__(db, cache_entries, write_batch_entries, encode_key, operator_uid)
+        self._start = key_group_range.start
+        self._end = key_group_range.end
+        self._key_serializer: Serializer | None = None
+        self._decode_key: Callable[[bytes], Any] = decode_key
+        self._assign = KeyGroupAssigner(max_parallelism)
+        self._kg = [key_group_prefix(kg) for kg in range(max_parallelism)]
+        # local SST file name -> handle file ref, from the last completed checkpoint
+        self._base: dict[str, dict[str, Any]] = {}
+        self._uploaded: dict[int, dict[str, dict[str, Any]]] = {}
+        self._snapshots: set[RocksDBSnapshot] = set()
+        self._disposed = False
+
+    # ------------------------------------------------------------------ keys
+    def set_key_serializer(self, serializer: Serializer | None) -> None:
+        """Store keys as ``serializer.serialize(key)`` (and compute key groups from those
+        bytes) instead of the canonical key encoding (``key_by(selector,
+        key_serializer=...)``); call before any key is set or state restored. None restores
+        the canonical encoding."""
+        self._key_serializer = serializer
+        if serializer is None:
+            self._encode_key, self._decode_key = encode_key, decode_key
+        else:
+            self._encode_key, self._decode_key = serializer.serialize, serializer.deserialize
+        self._assign = KeyGroupAssigner(self.max_parallelism, key_serializer=serializer)
+
+    def set_current_key(self, key: Any) -> None:
+        """Scope state calls to ``key``.
+
+        Raises:
+            UnsupportedKeyError: if ``key`` is not hashable, or has no canonical encoding
+                and no key serializer was set (naming the operator).
+            StateAccessError: if ``key`` belongs to another instance's key groups.
+        """
+        try:
+            kg = self._assign(key)
+        except UnsupportedKeyError as exc:
+            raise exc.for_operator(self.operator_uid) from None
+        if not self._start <= kg <= self._end:
+            raise StateAccessError(
+                f"key {key!r} belongs to key group {kg}, outside this instance's range "
+                f"{self.key_group_range.to_list()}: is the key selector deterministic?"
+            )
+        self.current_key = key
+        self._kgb = self._kg[kg]
+
+    # ------------------------------------------------------------------ states
+    def get_state(self, descriptor: StateDescriptor) -> State:
+        table = self._table(descriptor.name, descriptor.kind)
+        if table.kind is not None and table.kind != descriptor.kind:
+            raise StateAccessError(
+                f"state {descriptor.name!r} is registered as {table.kind} state, "
+                f"requested as {descriptor.kind}"
+            )
+        table.bind(descriptor)
+        return create_state(self, table, descriptor)
+
+    def keys(self, state_name: str) -> Iterator[Any]:
+        table = self._tables.get(state_name)
+        if table is None:
+            return iter(())
+        self._flush_dirty()
+        out = []
+        sid = table.sid
+        for kg in range(self._start, self._end + 1):
+            prefix = self._kg[kg] + sid
+            n = len(prefix)
+            for k in self._db.keys(from_key=prefix):
+                k = cast(bytes, k)  # raw mode: keys are bytes
+                if k[:n] != prefix:
+                    break
+                out.append(self._decode_key(k[n:]))
+        return iter(out)
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot(self, ctx: SnapshotContext) -> KeyedStateSnapshot:
+        self._flush_dirty()
+        local = checkpoint_locally(self._db, self.directory, ctx)
+        incremental = self.incremental and not ctx.savepoint
+        snap = RocksDBSnapshot(
+            ctx, local, incremental=incremental,
+            base=dict(self._base) if incremental else {},
+            states={n: t.kind for n, t in self._tables.items()},
+            custom=sorted(n for n, t in self._tables.items() if t.custom),
+            key_group_range=self.key_group_range.to_list(),
+            max_parallelism=self.max_parallelism,
+            key_encoding=key_encoding_name(self._key_serializer),
+            on_uploaded=self._uploaded.__setitem__,
+            on_done=self._snapshot_done,
+        )
+        self._snapshots.add(snap)
+        return snap
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        uploaded = self._uploaded.pop(checkpoint_id, None)
+        if uploaded is not None:
+            self._base = uploaded
+        for cid in [c for c in self._uploaded if c < checkpoint_id]:
+            del self._uploaded[cid]
+
+    def _snapshot_done(self, snap: RocksDBSnapshot) -> None:
+        self._snapshots.discard(snap)
+        if self._disposed and not self._snapshots:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    # ------------------------------------------------------------------ restore
+    def restore(self, handles: list[dict[str, Any]], job_dir: Path) -> None:
+        """Load the key groups of this instance's range from ``handles`` (see
+        :mod:`.restore`): RocksDB snapshots of any parallelism, and any backend's whose
+        key-group reader is registered (heap).
+
+        Raises:
+            RestoreError: for a handle of an unreadable backend or format, another key
+                encoding, an unreadable file, or conflicting state kinds.
+        """
+        op = RocksDBRestoreOperation(
+            self, db_dir=self._db_dir, opts=self._opts, scratch_dir=self.directory,
+            key_group_range=self.key_group_range, key_serializer=self._key_serializer,
+            operator_uid=self.operator_uid)
+        op.run(handles, job_dir)
+        if op.base is not None:
+            self._base = op.base
+
+    def dispose(self) -> None:
+        if self._disposed:
+            return
+        self._disposed = True
+        self._clear_cache()
+        self._db.close()
+        shutil.rmtree(self._db_dir, ignore_errors=True)
+        # an asynchronous part that never started (its task was cancelled with the failed
+        # attempt) would never remove its local checkpoint; one that runs cleans up itself
+        for snap in [s for s in self._snapshots if not s.started]:
+            snap.discard()
+        if not self._snapshots:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class RocksDBStateBackend(StateBackend):
+    """Keyed state in RocksDB (rocksdict): state larger than memory, asynchronous and
+    incremental snapshots (see :mod:`backends.rocksdb`; thesis 4.5.1/4.5.2, Flink's
+    ``EmbeddedRocksDBStateBackend``).
+
+    Values go through the descriptors' serializers: change state only through
+    ``update``/``add``/``put`` (an object mutated in place without ``update`` is lost when
+    its cache entry is evicted).
+
+    Args:
+        path: the local working directory; each operator instance gets a fresh
+            ``<path>/<job>/<uid>-<subtask>-<random>/`` that is removed when it is disposed.
+        incremental: upload only the SST files the last completed checkpoint did not hold
+            (shared between checkpoints); ``False`` copies every file on each checkpoint.
+        cache_entries: keys cached per state and instance (write-back cache) before the
+            cache is written out and emptied.
+        write_batch_entries: dirty keys per state that trigger one ``WriteBatch`` to RocksDB;
+            bounds the work of a snapshot's synchronous part.
+        write_buffer_size: RocksDB memtable size in bytes; the synchronous part flushes at
+            most about one memtable.
+        options_factory: called with each instance's ``rocksdict.Options`` to tune RocksDB.
+
+    Raises:
+        ConfigurationError: on a non-positive cache, batch or buffer size.
+    """
+
+    name = BACKEND
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = "state",
+        incremental: bool = True,
+        cache_entries: int = 100_000,
+        write_batch_entries: int = 20_000,
+        write_buffer_size: int = 4 << 20,
+        options_factory: Callable[[Options], None] | None = None,
+    ) -> None:
+        if cache_entries < 1 or write_batch_entries < 1 or write_buffer_size < 1:
+            raise ConfigurationError(
+                "cache_entries, write_batch_entries and write_buffer_size must be >= 1"
+            )
+        self.path = Path(path)
+        self.incremental = incremental
+        self.cache_entries = cache_entries
+        self.write_batch_entries = write_batch_entries
+        self.write_buffer_size = write_buffer_size
+        self.options_factory = options_factory
+
+    def create_keyed_backend(
+        self,
+        *,
+        job_name: str,
+        operator_uid: str,
+        subtask: int,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+    ) -> KeyedStateBackend:
+        directory = (self.path / safe_name(job_name) /
+                     f"{safe_name(operator_uid)}-{subtask}-{uuid.uuid4().hex[:12]}")
+        return RocksDBKeyedStateBackend(
+            directory, key_group_range, max_parallelism,
+            incremental=self.incremental,
+            cache_entries=self.cache_entries,
+            write_batch_entries=self.write_batch_entries,
+            write_buffer_size=self.write_buffer_size,
+            options_factory=self.options_factory,
+            operator_uid=operator_uid,
+        )

@@ -1,0 +1,121 @@
+"""Opening RocksDB databases (rocksdict): the options every instance uses, the working
+database, and a snapshot handle's files laid out as a database directory.
+
+Also the identity of this backend's snapshot handles (``backend``/``format``), which every
+module that opens them checks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rocksdict import AccessType, BlockBasedOptions, Options, Rdict, WriteOptions
+
+from reactive.errors import RestoreError
+
+__all__ = [
+    "BACKEND",
+    "FORMAT",
+    "check_handle",
+    "materialize",
+    "open_db",
+    "options",
+    "safe_name",
+]
+
+#: the ``"backend"`` of RocksDB snapshot handles
+BACKEND = "rocksdb"
+#: the ``"format"`` of RocksDB snapshot handles
+FORMAT = "rocksdb-v1"
+
+
+def safe_name(text: str) -> str:
+    """``text`` as a file-name component (uids, job names)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+def options(write_buffer_size: int, factory: Callable[[Options], None] | None) -> Options:
+    """Return the RocksDB options of an instance.
+
+    Args:
+        write_buffer_size: memtable size, bytes.
+        factory: called last with the options, to tune them (``options_factory``).
+    """
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    # small memtables: RocksDB flushes full ones in its background threads (no GIL), so the
+    # synchronous part of a snapshot only flushes what changed since the last full memtable
+    opts.set_write_buffer_size(write_buffer_size)
+    opts.set_max_write_buffer_number(4)
+    opts.set_max_background_jobs(2)
+    table = BlockBasedOptions()
+    # a Bloom filter per SST: a cache miss on a new key then costs ~1 us instead of a block
+    # read in every L0 file (measured 5 us per get without it)
+    table.set_bloom_filter(10, False)
+    opts.set_block_based_table_factory(table)
+    if factory is not None:
+        factory(opts)
+    return opts
+
+
+def _write_options() -> WriteOptions:
+    wo = WriteOptions()
+    # no write-ahead log: durability comes from checkpoints (as in Flink's RocksDB backend);
+    # the working directory is thrown away on failure
+    wo.disable_wal = True  # type: ignore[method-assign,assignment]  # a property at runtime
+    return wo
+
+
+def open_db(path: Path, opts: Options, read_only: bool = False) -> Rdict:
+    """Open the database at ``path`` (writable: without write-ahead log)."""
+    if read_only:
+        db = Rdict(str(path), opts, access_type=AccessType.read_only())
+    else:
+        db = Rdict(str(path), opts)
+        db.set_write_options(_write_options())
+    return db
+
+
+def check_handle(handle: dict[str, Any]) -> None:
+    """Check that ``handle`` is a snapshot of this backend's format.
+
+    Raises:
+        RestoreError: if it is not.
+    """
+    if handle.get("backend") != BACKEND or handle.get("format") != FORMAT:
+        raise RestoreError(
+            f"cannot restore a {handle.get('backend')!r} snapshot ({handle.get('format')}) "
+            "into the RocksDB backend"
+        )
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    """Hard-link an immutable SST file (RocksDB never writes to one), else copy it."""
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
+
+
+def materialize(handle: dict[str, Any], job_dir: Path, dest: Path) -> None:
+    """Lay the files of ``handle`` out in ``dest`` (created; must not exist) under their
+    RocksDB names, so that ``dest`` opens as the snapshot's database.
+
+    Raises:
+        RestoreError: if a file is missing or unreadable.
+    """
+    dest.mkdir(parents=True)
+    try:
+        for name, rel in handle["db_files"].items():
+            src = job_dir / rel
+            if name.endswith(".sst"):
+                _link_or_copy(src, dest / name)
+            else:
+                # MANIFEST and friends are appended to when the DB opens: never share them
+                shutil.copyfile(src, dest / name)
+    except (OSError, KeyError) as exc:
+        raise RestoreError(f"cannot read RocksDB snapshot files from {job_dir}: {exc}") from exc

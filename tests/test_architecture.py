@@ -1,0 +1,139 @@
+"""The dependency rules of the code base, checked from its imports (``ast``, every import:
+module level, inside functions, and under ``TYPE_CHECKING``).
+
+- No import circle between modules of ``reactive``, ``backends`` and ``connectors``: two
+  modules that import each other cannot be understood (or changed) apart.
+- ``reactive`` (the runtime) never imports ``backends`` or ``connectors``; the defaults that
+  need them are wired in ``reactive/defaults.py`` (and the command line), and only inside
+  functions, so importing ``reactive`` never imports them.
+- A backend never imports another backend (cross-backend restore goes through the neutral
+  key-group stream format in ``reactive.state``); backends never import connectors.
+- The time layer (timers, mailbox, watermarks) does not reach up into the task.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("reactive", "backends", "connectors")
+
+
+def _modules() -> dict[str, Path]:
+    mods: dict[str, Path] = {}
+    for package in PACKAGES:
+        for f in (ROOT / package).rglob("*.py"):
+            name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
+            mods[name.removesuffix(".__init__")] = f
+    return mods
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, bool]]:
+    """``(imported module, at module level)`` for every import of the module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    top_level = {id(node) for node in tree.body}
+    for node in tree.body:  # TYPE_CHECKING and try blocks at module level run on import
+        if isinstance(node, ast.If | ast.Try):
+            top_level |= {id(n) for n in ast.walk(node)}
+    out = []
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        for t in targets:
+            while t and t not in MODULES:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                out.append((t, id(node) in top_level))
+    return out
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    edges = {m: {t for t, _ in deps} for m, deps in GRAPH.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    assert _cycles() == []
+
+
+def test_the_runtime_does_not_import_backends_or_connectors_on_import():
+    wiring = {"reactive.defaults", "reactive.cli"}
+    bad = []
+    for name, deps in GRAPH.items():
+        if not name.startswith("reactive"):
+            continue
+        for target, top in deps:
+            if target.split(".")[0] in ("backends", "connectors") and (
+                    name not in wiring or top):
+                bad.append(f"{name} -> {target}")
+    assert bad == []
+
+
+def test_backends_are_independent_of_each_other_and_of_connectors():
+    bad = []
+    for name, deps in GRAPH.items():
+        if not name.startswith("backends."):
+            continue
+        own = name.split(".")[1]
+        for target, _ in deps:
+            parts = target.split(".")
+            if parts[0] == "connectors" or (
+                    parts[0] == "backends" and len(parts) > 1 and parts[1] != own):
+                bad.append(f"{name} -> {target}")
+    assert bad == []
+
+
+def test_the_time_layer_does_not_reach_into_the_task():
+    bad = [f"{name} -> {target}" for name, deps in GRAPH.items()
+           if name.startswith("reactive.time") for target, _ in deps
+           if target.startswith("reactive.runtime.task")]
+    assert bad == []
