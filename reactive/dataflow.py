@@ -421,12 +421,10 @@ class KeyedStream(Stream):
     def process(self, fn: ProcessFunction, name: str | None = None) -> Stream:
         """Run a :class:`KeyedProcessFunction`; state is scoped to each record's key, and
         ``ctx.timer_service`` sets timers that call ``fn.on_timer``."""
-        from .time.process_operator import TimedKeyedProcessOperator
-
         k = self.key_selector
         flow = self.flow
         return self._then("process", name or type(fn).__name__,
-                          lambda t: TimedKeyedProcessOperator(t.name, t.resolved_uid, fn, k,
+                          lambda t: ops.TimedKeyedProcessOperator(t.name, t.resolved_uid, fn, k,
                                                               flow.processing_clock))
 
     def window(self, assigner: WindowAssigner,

@@ -23,10 +23,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..runtime.operators import StreamOperator, checked_outputs
+from ..runtime.operators.process import restore_watermark, snapshot_watermark
 from ..state.api import MapState, ValueState
 from ..state.descriptors import MapStateDescriptor, ValueStateDescriptor
 from ..time.clock import ProcessingClock
-from ..time.process_operator import restore_watermark, snapshot_watermark
 from ..time.timers import InternalTimerService
 from .assigners import CountWindows, PeriodicWindows, TimeWindow, WindowAssigner
 from .cutty import CuttyAggregator, EventTimeCuttyAggregator, WindowEmission

@@ -1,0 +1,176 @@
+"""The operator base class and what every operator shares: the lifecycle and snapshot
+hooks, awaiting hooks that may be coroutines, per-instance copies of user functions, and the
+check of what a user function returns.
+
+Each operator turns an input batch (``list``) into an output batch in a tight loop; a
+chain of operators in one task passes batches from one to the next without a queue. A user
+function that raises is reported as :class:`~reactive.errors.UserFunctionError` naming the
+operator, subtask and record (the loop variable of the failing iteration).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import types
+import warnings
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ...errors import UserFunctionError
+from ...functions import RuntimeContext
+from ...state.backend import KeyedStateBackend
+from ...state.operator_state import OperatorStateStore
+
+if TYPE_CHECKING:
+    from ...time.mailbox import OperatorMailbox
+
+__all__ = ["StreamOperator", "checked_outputs", "instance_copy", "maybe_await"]
+
+
+GENERATOR = types.GeneratorType
+"""The type of the objects generator functions return (checked once per call)."""
+
+
+def instance_copy(fn: Any) -> Any:
+    """A private copy of a user function object for one operator instance.
+
+    Like Flink, which deserializes a fresh copy per parallel instance, each instance gets its
+    own object, so attributes set in ``open()`` (state handles) are not shared between
+    instances. Plain functions and lambdas are returned as they are (``deepcopy`` keeps them).
+    Objects that cannot be copied are shared, with a warning.
+    """
+    try:
+        return copy.deepcopy(fn)
+    except Exception as exc:
+        warnings.warn(f"cannot copy function {fn!r} per operator instance ({exc}); instances "
+                      "share it, so they must not keep per-instance attributes", stacklevel=2)
+        return fn
+
+
+def checked_outputs(res: Any, method: str) -> Iterable[Any]:
+    """The outputs a user function returned (the slow path: a generator is taken as it is).
+
+    A process function yields its outputs; returning None (no output), a list of outputs
+    or another iterator is accepted too. Any other value is refused rather than iterated:
+    a returned tuple ``(word, n)`` would become two records, a string one record per
+    character, a dict its keys. (An empty tuple, the common ``return ()``, means no output
+    either way and is accepted.)
+
+    Args:
+        res: what the function returned.
+        method: the function's name for the message (``"process_element"``, ...).
+
+    Returns:
+        ``res``, or an empty tuple for None.
+
+    Raises:
+        TypeError: for any other value, naming its type (the operator wraps it in a
+            :class:`~reactive.errors.UserFunctionError` naming itself and the record).
+    """
+    if type(res) is list or isinstance(res, Iterator):
+        return res
+    if res is None or (type(res) is tuple and not res):
+        return ()
+    text = repr(res)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    raise TypeError(
+        f"{method} must yield its outputs (or return None or a list), but it returned a "
+        f"{type(res).__name__}: {text}; a returned {type(res).__name__} is not taken apart "
+        f"into records (it may be one record or several): yield each record, or return "
+        "[record, ...]"
+    )
+
+
+async def maybe_await(value: Awaitable[Any] | Any) -> Any:
+    """Await ``value`` when it is awaitable (hooks may be sync or async)."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+class StreamOperator:
+    """Base operator: identity, lifecycle, snapshot hooks.
+
+    Attributes:
+        name: display name.
+        uid: stable id; snapshots are keyed by it.
+        keyed: True when the operator needs a keyed state backend.
+        generates_watermarks: True for a watermark generator (``assign_timestamps``): the
+            task stops upstream watermarks at it, except the final one.
+        key_selector: record -> key, for keyed operators.
+        mailbox: the task's mailbox, set by the task for chained operators (timers,
+            periodic watermarks); None in a harness without a task.
+    """
+
+    keyed = False
+    generates_watermarks = False
+
+    def __init__(self, name: str, uid: str, key_selector: Callable[[Any], Any] | None = None):
+        self.name = name
+        self.uid = uid
+        self.key_selector = key_selector
+        self.subtask = 0
+        self.parallelism = 1
+        self.keyed_backend: KeyedStateBackend | None = None
+        self.operator_state = OperatorStateStore()
+        self.ctx: RuntimeContext
+        self.mailbox: OperatorMailbox | None = None
+        self.records_in = 0
+        self.records_out = 0
+
+    def setup(
+        self,
+        subtask: int,
+        parallelism: int,
+        max_parallelism: int,
+        keyed_backend: KeyedStateBackend | None,
+    ) -> None:
+        """Bind the operator to its instance (before restore and ``open``)."""
+        self.subtask = subtask
+        self.parallelism = parallelism
+        self.keyed_backend = keyed_backend
+        self.ctx = RuntimeContext(
+            self.name, self.uid, subtask, parallelism, max_parallelism, keyed_backend,
+            self.operator_state,
+        )
+
+    def fail(self, record: Any, exc: BaseException, position: Any = None) -> UserFunctionError:
+        """Return the error that reports ``exc`` raised on ``record``."""
+        return UserFunctionError(
+            self.name, self.uid, self.subtask, self.parallelism, record, exc, position
+        )
+
+    def open(self) -> None:
+        """Called after restore, before the first record."""
+
+    def process_batch(self, batch: list[Any]) -> list[Any]:
+        """Process a batch; return the output batch."""
+        return batch
+
+    def process_watermark(self, timestamp: float) -> list[Any]:
+        """Event time advanced to ``timestamp``; return records to emit before it."""
+        return []
+
+    def end_input(self) -> list[Any]:
+        """All input consumed; return final records."""
+        return []
+
+    def snapshot_state(self, checkpoint_id: int) -> Awaitable[None] | None:
+        """Synchronous part of a checkpoint: move what must be kept into operator state."""
+        return None
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> Awaitable[None] | None:
+        """Checkpoint ``checkpoint_id`` completed."""
+        if self.keyed_backend is not None:
+            self.keyed_backend.notify_checkpoint_complete(checkpoint_id)
+        return None
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> Awaitable[None] | None:
+        """Checkpoint ``checkpoint_id`` was aborted."""
+        return None
+
+    def close(self) -> None:
+        """Release resources; called after success and after failure."""
+        if self.keyed_backend is not None:
+            self.keyed_backend.dispose()

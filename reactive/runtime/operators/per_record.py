@@ -1,0 +1,111 @@
+"""Operators that call one user function per record: ``map``, ``filter``, ``flat_map``
+and the keyed ``reduce`` (Flink's StreamMap, StreamFilter, StreamFlatMap,
+StreamGroupedReduceOperator)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ...state.descriptors import ValueStateDescriptor
+from .base import StreamOperator
+
+__all__ = ["FilterOperator", "FlatMapOperator", "MapOperator", "ReduceOperator"]
+
+
+class MapOperator(StreamOperator):
+    """``map(fn)``: one output per input."""
+
+    def __init__(self, name: str, uid: str, fn: Callable[[Any], Any]):
+        super().__init__(name, uid)
+        self.fn = fn
+
+    def process_batch(self, batch: list[Any]) -> list[Any]:
+        fn = self.fn
+        out: list[Any] = []
+        append = out.append
+        r = None
+        try:
+            for r in batch:
+                append(fn(r))
+        except Exception as exc:
+            raise self.fail(r, exc) from exc
+        return out
+
+
+class FilterOperator(StreamOperator):
+    """``filter(pred)``: keep records for which ``pred`` is true."""
+
+    def __init__(self, name: str, uid: str, fn: Callable[[Any], Any]):
+        super().__init__(name, uid)
+        self.fn = fn
+
+    def process_batch(self, batch: list[Any]) -> list[Any]:
+        fn = self.fn
+        out: list[Any] = []
+        append = out.append
+        r = None
+        try:
+            for r in batch:
+                if fn(r):
+                    append(r)
+        except Exception as exc:
+            raise self.fail(r, exc) from exc
+        return out
+
+
+class FlatMapOperator(StreamOperator):
+    """``flat_map(fn)``: ``fn`` returns an iterable of outputs (or None)."""
+
+    def __init__(self, name: str, uid: str, fn: Callable[[Any], Iterable[Any] | None]):
+        super().__init__(name, uid)
+        self.fn = fn
+
+    def process_batch(self, batch: list[Any]) -> list[Any]:
+        fn = self.fn
+        out: list[Any] = []
+        extend = out.extend
+        r = None
+        try:
+            for r in batch:
+                res = fn(r)
+                if res is not None:
+                    extend(res)
+        except Exception as exc:
+            raise self.fail(r, exc) from exc
+        return out
+
+
+class ReduceOperator(StreamOperator):
+    """``key_by(k).reduce(fn)``: emits the running ``fn(accumulated, record)`` per key."""
+
+    keyed = True
+
+    def __init__(self, name: str, uid: str, key_selector: Callable[[Any], Any],
+                 fn: Callable[[Any, Any], Any]):
+        super().__init__(name, uid, key_selector)
+        self.fn = fn
+
+    def open(self) -> None:
+        self.state = self.ctx.get_state(ValueStateDescriptor("reduce"))
+
+    def process_batch(self, batch: list[Any]) -> list[Any]:
+        fn = self.fn
+        key_of = self.key_selector
+        assert key_of is not None and self.keyed_backend is not None
+        set_key = self.keyed_backend.set_current_key
+        value = self.state.value
+        update = self.state.update
+        out: list[Any] = []
+        append = out.append
+        r = None
+        try:
+            for r in batch:
+                set_key(key_of(r))
+                acc = value()
+                acc = r if acc is None else fn(acc, r)
+                update(acc)
+                append(acc)
+        except Exception as exc:
+            raise self.fail(r, exc) from exc
+        return out
