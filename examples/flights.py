@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flights_data import Flight, MalformedRow, parse_flight, prepare_flights
 
+from connectors.files import InvalidLine
 from reactive import (
     AggregateFunction,
     CheckpointConfig,
@@ -92,8 +93,12 @@ class DelayStats(AggregateFunction):
         return (n, cancelled, total / counted if counted else None, worst)
 
 
-def parse_line(record: tuple[int, str]) -> list[Flight | DeadLetter]:
-    """Parse one ``(byte offset, line)``; the header yields nothing."""
+def parse_line(record: Any) -> list[Flight | DeadLetter]:
+    """Parse one ``(byte offset, line)``, or a line that is not UTF-8 (an ``InvalidLine``
+    from the source); the header yields nothing."""
+    if isinstance(record, InvalidLine):  # the source could not decode it as UTF-8
+        return [DeadLetter(record.offset, record.reason,
+                           record.raw.decode("utf-8", "backslashreplace"))]
     offset, line = record
     if offset == 0 and line.startswith("year,"):
         return []
@@ -143,7 +148,8 @@ def build_flow(data: Path, output: Path, parallelism: int = 2) -> Dataflow:
     from connectors.files import CommittingFileSink
 
     flow = Dataflow("flights", parallelism=parallelism, max_parallelism=128)
-    parsed = (flow.read_text_file(data, uid="flights-file", with_offsets=True)
+    parsed = (flow.read_text_file(data, uid="flights-file", with_offsets=True,
+                                  errors="dead_letter")
                   .set_parallelism(1)
                   .filter(CrashAt.tick, name="crash-injector")
                   .flat_map(parse_line, name="parse").uid("parse"))

@@ -14,7 +14,13 @@ from .sinks import Sink
 from .sources import Source
 from .state.backend import StateBackend
 
-__all__ = ["callback_sink", "collection_source", "default_state_backend", "line_file_source"]
+__all__ = [
+    "callback_sink",
+    "collection_source",
+    "default_state_backend",
+    "line_file_source",
+    "register_builtin_key_group_readers",
+]
 
 
 def default_state_backend() -> StateBackend:
@@ -22,6 +28,13 @@ def default_state_backend() -> StateBackend:
     from backends.heap import HeapStateBackend
 
     return HeapStateBackend()
+
+
+def register_builtin_key_group_readers() -> None:
+    """Register the readers of the built-in snapshot formats (heap, RocksDB) in
+    :mod:`reactive.state.key_group_stream`, so that any backend, a third party's included,
+    can restore a checkpoint written by a built-in one (importing ``backends`` does it)."""
+    import backends  # noqa: F401 - registers the readers as a side effect of the import
 
 
 def collection_source(items: Iterable[Any]) -> Source:

@@ -66,3 +66,29 @@ def test_second_run_refuses_to_double_the_output_and_fresh_runs_again(tmp_path):
     assert '"crashes": 1' in crashed.stdout
     assert '"records": 0' not in crashed.stdout  # the restarted run did real work
     assert committed_flights() == (0, limit)  # no duplicated or missing window
+
+
+def test_a_line_that_is_not_utf8_reaches_the_dead_letters_with_its_offset(tmp_path):
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("flights_data",
+                                                  EXAMPLE.parent / "flights_data.py")
+    assert spec is not None and spec.loader is not None
+    flights_data = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(flights_data)
+    data = flights_data.prepare_flights(tmp_path / "flights.csv", limit=2_000)
+    lines = data.read_bytes().splitlines(keepends=True)
+    bad = lines[500].replace(b",", b"\xff,", 1)  # a byte that no UTF-8 text contains
+    offset = sum(map(len, lines[:500]))
+    data.write_bytes(b"".join([*lines[:500], bad, *lines[501:]]))
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--interval", "0.2", "--no-validate",
+         "--data", str(data), "--output", str(tmp_path / "out"),
+         "--checkpoint-dir", str(tmp_path / "chk")],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    dead = [json.loads(line) for p in (tmp_path / "out" / "_dead_letters").glob("part-*.jsonl")
+            for line in p.read_text().splitlines()]
+    assert [d["offset"] for d in dead] == [offset]
+    assert "UTF-8" in dead[0]["reason"] or "utf-8" in dead[0]["reason"]

@@ -446,11 +446,12 @@ class Job:
         self.restored_from = restore
         if restore is not None:
             self.metrics.restored_checkpoints.append(restore.checkpoint_id)
-        backend = options.state_backend
-        if backend is None:
-            from ..defaults import default_state_backend
+        from ..defaults import default_state_backend, register_builtin_key_group_readers
 
-            backend = default_state_backend()
+        backend = options.state_backend or default_state_backend()
+        if restore is not None:
+            # the restored snapshots may be of another backend than the one restoring them
+            register_builtin_key_group_readers()
         assignment = None
         uids = {t.resolved_uid for t in flow.transformations}
         if restore is not None:
