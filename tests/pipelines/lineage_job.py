@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import random
 import signal
 from collections.abc import Iterable
 from typing import Any
@@ -31,6 +30,7 @@ from reactive import (
     RestartStrategy,
     ValueStateDescriptor,
 )
+from tests.conftest import zipf_words
 
 JOB = "lineage-faults"
 VOCABULARY = 500
@@ -38,9 +38,7 @@ VOCABULARY = 500
 
 def words(n: int, seed: int = 11) -> list[str]:
     """``n`` Zipf-like words, deterministic per seed: the job's input."""
-    rnd = random.Random(seed)
-    weights = [1.0 / (i + 1) ** 1.1 for i in range(VOCABULARY)]
-    return [f"w{i}" for i in rnd.choices(range(VOCABULARY), weights=weights, k=n)]
+    return zipf_words(n, VOCABULARY, seed)
 
 
 _KIND, _, _AT = os.environ.get("REACTIVE_TEST_KILL", "none:0").partition(":")
