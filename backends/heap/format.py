@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from reactive.checkpoint.files import write_atomic
+from reactive.checkpoint.durable_files import write_atomic
 from reactive.errors import RestoreError
 from reactive.key_encoding import KEY_ENCODING
 from reactive.keygroups import KeyGroupRange

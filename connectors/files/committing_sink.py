@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from reactive.checkpoint.files import fsync_dir
+from reactive.checkpoint.durable_files import fsync_dir
 from reactive.errors import CheckpointError, ConfigurationError, ReactiveError
 from reactive.sinks import SinkWriter
 from reactive.two_phase_commit import TwoPhaseCommitSink

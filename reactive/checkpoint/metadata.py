@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptCheckpointError, RestoreError
-from .files import fsync_dir, resolve_under, write_atomic
+from .durable_files import fsync_dir, resolve_under, write_atomic
 
 __all__ = [
     "FORMAT_VERSION",

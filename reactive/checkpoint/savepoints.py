@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
-from .files import fsync_dir, resolve_under, verify_file
+from .durable_files import fsync_dir, resolve_under, verify_file
 from .metadata import CompletedCheckpoint, iter_file_refs, write_metadata
 from .storage import CheckpointStorage
 

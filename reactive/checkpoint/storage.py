@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError, CorruptCheckpointError, RestoreError
-from .files import fsync_dir, verify_file, write_atomic
+from .durable_files import fsync_dir, verify_file, write_atomic
 from .metadata import METADATA, CompletedCheckpoint, iter_file_refs, read_metadata, write_metadata
 
 __all__ = ["CheckpointStorage", "validate_job_name"]

@@ -18,8 +18,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..checkpoint.durable_files import write_atomic
 from ..checkpoint.failure_reason import CheckpointFailureReason
-from ..checkpoint.files import write_atomic
 from ..errors import ReactiveError, StateSerializationError
 from ..state.backend import KeyedStateSnapshot, SnapshotContext
 from .events import CheckpointBarrier

@@ -1,4 +1,5 @@
-"""Checksummed file writing and verification for checkpoint files."""
+"""Durable, checksummed files for checkpoints: atomic writes (temp file, fsync, rename),
+directory fsync, sha256 verification, and resolving metadata paths without leaving their root."""
 
 from __future__ import annotations
 
