@@ -22,7 +22,9 @@ def _run_counting(words: list[str], tmp_path: Path, mode: str, seed: int):
          .key_by(lambda w: w)
          .process(failing_count(injector)).uid("count")
          .sink(sink))
-    return flow, sink, injector, CheckpointConfig(interval=0.1, directory=tmp_path, mode=mode)
+    # checkpoints every 10 ms: several complete between two injected failures, so recovery
+    # restores real checkpoints (an attempt now fails within ~100 ms)
+    return flow, sink, injector, CheckpointConfig(interval=0.01, directory=tmp_path, mode=mode)
 
 
 async def test_keyed_count_is_exact_after_failures(words, truth, tmp_path):
