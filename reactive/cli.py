@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import sys
@@ -219,8 +220,16 @@ def cmd_validate(argv: Sequence[str]) -> int:
     return int(spark_main(["validate", *argv]))
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("reactive")
+    except importlib.metadata.PackageNotFoundError:  # running from a checkout, not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reactive", description="Run and inspect dataflows.")
+    p.add_argument("--version", action="version", version=f"reactive {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a dataflow defined in a module")
     run.add_argument("target", help="MODULE[:ATTR], a file path or module name; ATTR "

@@ -14,6 +14,7 @@ __all__ = [
     "CorruptCheckpointError",
     "JobCancelledError",
     "JobFailedError",
+    "MissingExtraError",
     "ReactiveError",
     "RestoreError",
     "StateAccessError",
@@ -163,3 +164,20 @@ class UnsupportedKeyError(ConfigurationError, TypeError):
         if operator is None or self.operator is not None:
             return self
         return UnsupportedKeyError(self.detail, self.key, self.key_type, operator)
+
+
+class MissingExtraError(ReactiveError, ImportError):
+    """A feature needs an optional dependency that is not installed.
+
+    Attributes:
+        extra: the extra of the ``reactive`` distribution that installs it.
+        feature: what needed it.
+    """
+
+    def __init__(self, feature: str, module: str, extra: str) -> None:
+        self.extra = extra
+        self.feature = feature
+        super().__init__(
+            f"{feature} needs {module}, which is not installed: pip install 'reactive[{extra}]'"
+            " (or, in a checkout, pip install -e '.[" + extra + "]')"
+        )

@@ -23,10 +23,14 @@ Heap snapshots are restored through the key-group reader registry (``backends`` 
 built-in readers), so this package never imports another backend.
 """
 
-from .backend import RocksDBKeyedStateBackend, RocksDBStateBackend
-from .db import FORMAT
-from .keys import state_id
-from .reader import iter_rocksdb_entries, iter_rocksdb_key_groups, read_rocksdb_snapshot
+from reactive.extras import require
+
+require("rocksdict", "rocksdb", "the RocksDB state backend")
+
+from .backend import RocksDBKeyedStateBackend, RocksDBStateBackend  # noqa: E402
+from .db import FORMAT  # noqa: E402
+from .keys import state_id  # noqa: E402
+from .reader import iter_rocksdb_entries, iter_rocksdb_key_groups, read_rocksdb_snapshot  # noqa: E402
 
 __all__ = [
     "FORMAT",

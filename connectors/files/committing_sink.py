@@ -16,6 +16,7 @@ from typing import Any
 
 from reactive.checkpoint.durable_files import fsync_dir
 from reactive.errors import CheckpointError, ConfigurationError, ReactiveError
+from reactive.extras import require
 from reactive.sinks import SinkWriter
 from reactive.two_phase_commit import TwoPhaseCommitSink
 
@@ -157,12 +158,9 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
         if format == "jsonl" and schema is not None:
             raise ConfigurationError("a schema applies to format='parquet' only")
         if format == "parquet":
-            try:
-                import pyarrow as pa
-                import pyarrow.parquet  # fail here, not in the first checkpoint
-            except ImportError as exc:
-                raise ConfigurationError("format='parquet' needs pyarrow: pip install "
-                                         "pyarrow") from exc
+            # fail here, not in the first checkpoint
+            pa = require("pyarrow", "parquet", "CommittingFileSink(format='parquet')")
+            require("pyarrow.parquet", "parquet", "CommittingFileSink(format='parquet')")
             if schema is not None and not isinstance(schema, pa.Schema):
                 raise ConfigurationError(f"schema must be a pyarrow.Schema, got {schema!r}")
         self.directory = Path(directory)

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from reactive.extras import require
+
 from .errors import JavaNotFoundError
 
 if TYPE_CHECKING:
@@ -81,8 +83,9 @@ def local_session(
 
     Raises:
         JavaNotFoundError: if no Java runtime is available (with how to install one).
-        ImportError: if pyspark is not installed (``pip install pyspark``).
+        MissingExtraError: if pyspark is not installed (the ``spark`` extra).
     """
+    require("pyspark.sql", "spark", "the PySpark bridge")
     find_java()
     from pyspark.sql import SparkSession
 
