@@ -185,27 +185,50 @@ def make_backend(name: str, checkpoint_dir: Path) -> Any:
     return RocksDBStateBackend(path=str(checkpoint_dir / "_rocksdb"), incremental=True)
 
 
-async def report_progress(job: Any, total: int, every: float) -> None:
-    """A progress bar on a terminal, plain log lines otherwise (until cancelled)."""
+def lines_before_restored_position(job: Any, data: Path) -> int:
+    """How many lines of ``data`` lie before the position the job's source restored (0 when
+    nothing was restored): where a restarted job's progress continues from."""
+    import pickle
+
+    chk = job.restored_from
+    if chk is None:
+        return 0
+    sub = chk.metadata["operators"]["flights-file"]["subtasks"]["0"]["operator_state"]
+    state = pickle.loads((chk.job_dir / sub["files"][0]["path"]).read_bytes())
+    offset = max((int(pos) for _, pos in state["source-position"][1]), default=0)
+    if offset < 0:  # the split was read to its end
+        return count_lines(data)
+    with open(data, "rb") as f:
+        return f.read(offset).count(b"\n")
+
+
+async def report_progress(job: Any, data: Path, total: int, every: float) -> None:
+    """A progress bar on a terminal, plain log lines otherwise (until cancelled): flights
+    read so far (the header line is not a flight), continuing from the restored position
+    after a restart."""
     bar = None
     if sys.stderr.isatty():
         from tqdm import tqdm
 
         bar = tqdm(total=total, unit="rec", unit_scale=True, desc="flights")
     started = time.perf_counter()
+    base: tuple[Any, int] = (None, 0)
     try:
         while True:
             await asyncio.sleep(every)
-            read = job.metrics.operators.get("crash-injector", {}).get("records_in", 0)
+            if base[0] is not job.restored_from:
+                base = (job.restored_from, lines_before_restored_position(job, data))
+            lines = job.metrics.operators.get("crash-injector", {}).get("records_in", 0)
+            read = max(0, min(base[1] + lines - 1, total))  # minus the header line
             done = job.metrics.completed_checkpoints
             last = done[-1].checkpoint_id if done else "-"
             if bar is not None:
-                bar.n = min(read, total)
+                bar.n = read
                 bar.set_postfix_str(f"checkpoint {last}")
                 bar.refresh()
             else:
-                rate = read / (time.perf_counter() - started)
-                print(f"progress: {read:,}/{total:,} records, {rate:,.0f} rec/s, "
+                rate = lines / (time.perf_counter() - started)
+                print(f"progress: {read:,}/{total:,} flights, {rate:,.0f} rec/s, "
                       f"last checkpoint {last}", flush=True)
     finally:
         if bar is not None:
@@ -227,7 +250,7 @@ async def run_job(args: argparse.Namespace) -> dict[str, Any]:
         # the first process of a run starts it; the ones after a kill continue it
         resume=args.resume,
     )
-    progress = asyncio.create_task(report_progress(job, total, 1.0))
+    progress = asyncio.create_task(report_progress(job, data, total - 1, 1.0))
     try:
         await job.wait()
     finally:

@@ -121,14 +121,31 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _job_dirs(directory: Path) -> list[Path]:
     if not directory.is_dir():
         raise CliError(f"no such directory: {directory}")
-    if any(p.name.startswith("chk-") for p in directory.iterdir()):
+    if any(p.name.startswith("chk-") or p.name == "_runs" for p in directory.iterdir()):
         return [directory]
     return sorted(p for p in directory.iterdir() if p.is_dir())
 
 
 def cmd_checkpoints_list(args: argparse.Namespace) -> int:
+    directory = Path(args.directory)
+    if (directory / METADATA).exists():
+        # one checkpoint or savepoint, not a directory of them: say what it is
+        meta = read_metadata(directory)
+        kind = "savepoint" if meta.get("kind") == "savepoint" else "checkpoint"
+        where = " (self-contained, movable)" if meta.get("self_contained") else ""
+        size = sum(int(r["size"]) for r in iter_file_refs(meta))
+        print(f"{directory} is {kind} {meta['checkpoint_id']} of job {meta['job']!r}{where}: "
+              f"{size:,} bytes, max parallelism {meta['max_parallelism']}; restore it with "
+              f"restore_from={str(directory)!r}")
+        return 0
+    job_dirs = _job_dirs(directory)
+    # what the directory is goes to standard error: standard output stays the table
+    if job_dirs == [directory]:
+        print(f"{directory} holds the checkpoints of job {directory.name!r}:", file=sys.stderr)
+    else:
+        print(f"{directory} is a checkpoint root with {len(job_dirs)} job(s):", file=sys.stderr)
     rows = []
-    for job_dir in _job_dirs(Path(args.directory)):
+    for job_dir in job_dirs:
         storage = CheckpointStorage(job_dir.parent, job_dir.name)
         completed = {c.checkpoint_id: c for c in storage.completed()}
         for n, path in storage._dirs():
@@ -217,7 +234,7 @@ def cmd_validate(argv: Sequence[str]) -> int:
         from connectors.spark.__main__ import main as spark_main
     except ImportError as exc:
         raise CliError(f"the Spark bridge is not available: {exc}") from exc
-    return int(spark_main(["validate", *argv]))
+    return int(spark_main(["validate", *argv], prog="reactive"))
 
 
 def _version() -> str:
@@ -228,20 +245,30 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="reactive", description="Run and inspect dataflows.")
+    p = argparse.ArgumentParser(
+        prog="reactive", description="Run and inspect dataflows.",
+        epilog="exit codes: 0 success; 1 the job or the validation failed; 2 bad usage or "
+               "input (errors print one line on standard error)")
     p.add_argument("--version", action="version", version=f"reactive {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a dataflow defined in a module")
     run.add_argument("target", help="MODULE[:ATTR], a file path or module name; ATTR "
                      "(default 'flow') is a Dataflow or a function returning one")
-    run.add_argument("--checkpoint-dir", default="checkpoints")
-    run.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints")
-    run.add_argument("--backend", choices=["heap", "rocksdb"], default="heap")
-    run.add_argument("--parallelism", type=int, default=None)
+    run.add_argument("--checkpoint-dir", default="checkpoints",
+                     help="checkpoint storage root; the job's checkpoints go to DIR/<job> "
+                     "(default: %(default)s)")
+    run.add_argument("--interval", type=float, default=1.0,
+                     help="seconds between checkpoints (default: %(default)s)")
+    run.add_argument("--backend", choices=["heap", "rocksdb"], default="heap",
+                     help="keyed state backend: heap (dicts in memory) or rocksdb (on disk, "
+                     "incremental checkpoints; the rocksdb extra) (default: %(default)s)")
+    run.add_argument("--parallelism", type=int, default=None,
+                     help="default parallelism of the operators (default: the dataflow's)")
     start = run.add_mutually_exclusive_group()
     start.add_argument("--resume", action="store_true",
-                       help="continue from the newest completed checkpoint of the job in the "
-                       "checkpoint directory (written by any earlier run)")
+                       help="continue the most recent run of the job in the checkpoint "
+                       "directory: from its newest completed checkpoint, else from what it "
+                       "started from")
     start.add_argument("--fresh", action="store_true",
                        help="start a new run from the beginning of the input even though the "
                        "directory holds checkpoints of an earlier run (they are left alone; "
@@ -254,10 +281,12 @@ def build_parser() -> argparse.ArgumentParser:
     chk = sub.add_parser("checkpoints", help="list or inspect checkpoints")
     chk_sub = chk.add_subparsers(dest="action", required=True)
     ls = chk_sub.add_parser("list", help="list the checkpoints of a directory")
-    ls.add_argument("directory")
+    ls.add_argument("directory", help="a checkpoint root (every job in it), a job directory "
+                    "DIR/<job>, or one checkpoint or savepoint directory")
     ls.set_defaults(func=cmd_checkpoints_list)
     insp = chk_sub.add_parser("inspect", help="show a checkpoint's operators and state")
-    insp.add_argument("path")
+    insp.add_argument("path", help="a checkpoint directory DIR/<job>/chk-N or a savepoint "
+                      "directory")
     insp.add_argument("--json", action="store_true", help="print the raw metadata")
     insp.set_defaults(func=cmd_checkpoints_inspect)
     sp = sub.add_parser("savepoint", help="copy a completed checkpoint into a "
@@ -284,7 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except JobFailedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        # the job's message names the API's options; here the command line's flags apply
+        print(f"error: {str(exc).replace('resume=True', '--resume')}", file=sys.stderr)
         return 1
     except (ConfigurationError, ReactiveError, OSError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)

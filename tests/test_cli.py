@@ -86,3 +86,44 @@ def test_run_over_earlier_checkpoints_needs_resume_or_fresh(tmp_path, capsys, mo
     assert "in 20,000" in capsys.readouterr().out  # a new run reads the whole input
     assert main([*args, "--resume"]) == 0
     assert "in 0 " in capsys.readouterr().out  # the finished run has nothing left to read
+
+
+def test_every_option_has_help_and_exit_codes_are_documented():
+    import argparse
+
+    from reactive.cli import build_parser
+
+    parser = build_parser()
+    assert "exit codes" in (parser.epilog or "")
+    parsers = [parser]
+    while parsers:
+        p = parsers.pop()
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+            elif action.dest not in ("help", "command", "action"):
+                assert action.help, f"{p.prog}: {action.option_strings or action.dest}"
+
+
+def test_validate_help_names_reactive_validate():
+    r = subprocess.run([sys.executable, "-m", "reactive", "validate", "--help"],
+                       capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert r.returncode == 0
+    assert r.stdout.startswith("usage: reactive validate")
+
+
+def test_checkpoints_list_says_what_it_was_given(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(Path(__file__).parent.parent)
+    pipeline = _write_pipeline(tmp_path)
+    chk = tmp_path / "chk"
+    assert main(["run", f"{pipeline}:flow", "--checkpoint-dir", str(chk),
+                 "--interval", "0.01"]) == 0
+    assert main(["savepoint", str(chk / "cli-job"), "--output", str(tmp_path / "sp")]) == 0
+    capsys.readouterr()
+    assert main(["checkpoints", "list", str(tmp_path / "sp")]) == 0
+    out = capsys.readouterr().out
+    assert "is savepoint" in out and "self-contained" in out and "restore_from=" in out
+    assert main(["checkpoints", "list", str(chk / "cli-job")]) == 0
+    assert "holds the checkpoints of job 'cli-job'" in capsys.readouterr().err
+    assert main(["checkpoints", "list", str(chk)]) == 0
+    assert "checkpoint root with 1 job(s)" in capsys.readouterr().err

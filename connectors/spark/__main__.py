@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m connectors.spark",
+def _parser(prog: str = "python -m connectors.spark") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog,
                                      description="The PySpark bridge of reactive.")
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser("validate", help="check a committed result log against expected rows")
@@ -66,9 +66,15 @@ def _read_expected(spark: SparkSession, path: Path, fmt: str | None) -> DataFram
     return spark.read.option("mode", "FAILFAST").json(str(path))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
-    args = _parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m connectors.spark") -> int:
+    """Run the command line; returns the exit status.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+        prog: the program name help and usage show (``reactive`` when run as
+            ``reactive validate``).
+    """
+    args = _parser(prog).parse_args(argv)
     key = [k.strip() for k in args.key.split(",") if k.strip()]
     try:
         spark = local_session(args.master)
