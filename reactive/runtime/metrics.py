@@ -74,6 +74,20 @@ class JobMetrics:
         live = [ch.max_seen for t in self._tasks for ch in t.gate.channels]
         return max([self._max_channel_length, *live])
 
+    def channel_fill(self) -> dict[str, tuple[int, int]]:
+        """The current attempt's channels, sampled now (not tracked per record).
+
+        Returns:
+            ``{channel name: (queued items, capacity)}``; channels of the same name (two
+            edges between the same pair of instances) are summed. Empty between attempts.
+        """
+        out: dict[str, tuple[int, int]] = {}
+        for task in self._tasks:
+            for ch in task.gate.channels:
+                queued, capacity = out.get(ch.name, (0, 0))
+                out[ch.name] = (queued + len(ch), capacity + ch.capacity)
+        return out
+
     @property
     def completed_checkpoints(self) -> list[CheckpointStats]:
         """The completed checkpoints' statistics."""
