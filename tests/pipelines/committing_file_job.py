@@ -41,6 +41,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from connectors.collections import CollectionSource, _CollectionReader
 from connectors.files import CommittingFileSink, FileTransaction
 from reactive import (
     CheckpointConfig,
@@ -49,7 +50,7 @@ from reactive import (
     RestartStrategy,
     ValueStateDescriptor,
 )
-from reactive.sources import Source, SourceReader
+from reactive.sources import SourceReader
 
 JOB = "committing-files"
 VOCABULARY = 2_000
@@ -93,41 +94,23 @@ def _tick(kind: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class WordSource(Source):
-    """The words, non-parallel, position = index (like ``from_collection``), declining its
-    ``REACTIVE_TEST_DECLINE``-th snapshot of this process."""
-
-    max_source_parallelism = 1
-
-    def __init__(self, items: list[str]) -> None:
-        self.items = items
+class WordSource(CollectionSource):
+    """The words, non-parallel, position = index (``from_collection``'s source), declining
+    its ``REACTIVE_TEST_DECLINE``-th snapshot of this process."""
 
     def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
         return _WordReader(self.items)
 
 
-class _WordReader(SourceReader):
-    def __init__(self, items: list[str]) -> None:
-        self.items = items
-        self.position = 0
-        self.snapshots = 0
-
-    async def read_batch(self, max_records: int) -> list[Any] | None:
-        start = self.position
-        if start >= len(self.items):
-            return None
-        self.position = end = min(start + max_records, len(self.items))
-        return self.items[start:end]
+class _WordReader(_CollectionReader):
+    snapshots = 0
 
     def snapshot_state(self) -> list[Any]:
         self.snapshots += 1
         if self.snapshots == _DECLINE_AT:
             _DECLINE["declined"] = True
             raise OSError(f"injected: the source declines its snapshot {self.snapshots}")
-        return [self.position]
-
-    def restore_state(self, entries: list[Any]) -> None:
-        self.position = int(entries[0])
+        return super().snapshot_state()
 
 
 class Count(KeyedProcessFunction):
