@@ -1,5 +1,5 @@
-"""Built-in state backends: heap (Python dicts, :mod:`backends.heap`) and RocksDB
-(:mod:`backends.rocksdb`).
+"""Built-in state backends: heap (Python dicts, :mod:`reactive.backends.heap`) and RocksDB
+(:mod:`reactive.backends.rocksdb`).
 
 The two never import each other: a restore of the other one's snapshot (heap <-> RocksDB,
 through any checkpoint or savepoint) reads it as a neutral key-group stream
@@ -28,7 +28,7 @@ __all__: list[str] = []
 def _read_heap(handle: dict[str, Any], job_dir: Path, *,
                key_group_range: KeyGroupRange | None = None,
                key_decoder: KeyDecoder | None = None) -> KeyGroupStream:
-    """The ``"heap"`` key-group reader: :func:`backends.heap.format.iter_heap_key_groups`."""
+    """The ``"heap"`` key-group reader: :func:`reactive.backends.heap.format.iter_heap_key_groups`."""
     from .heap.format import iter_heap_key_groups
 
     return iter_heap_key_groups(handle, job_dir, key_group_range, key_decoder=key_decoder)
@@ -38,7 +38,7 @@ def _read_rocksdb(handle: dict[str, Any], job_dir: Path, *,
                   key_group_range: KeyGroupRange | None = None,
                   key_decoder: KeyDecoder | None = None) -> KeyGroupStream:
     """The ``"rocksdb"`` key-group reader:
-    :func:`backends.rocksdb.reader.iter_rocksdb_key_groups` (in a temporary directory).
+    :func:`reactive.backends.rocksdb.reader.iter_rocksdb_key_groups` (in a temporary directory).
 
     Raises:
         RestoreError: if rocksdict is not installed.

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from reactive.backends.heap import HeapStateBackend
+from reactive.backends.rocksdb import RocksDBStateBackend
+from reactive.connectors.collections import DiscardingSink
 
-from backends.heap import HeapStateBackend
-from backends.rocksdb import RocksDBStateBackend
 from bench.common import peak_rss_mb, print_table, zipf_keys
 from bench.w1 import bare_loop
-from connectors.collections import DiscardingSink
 from reactive import (
     CheckpointConfig,
     CheckpointStats,

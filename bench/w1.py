@@ -19,8 +19,9 @@ import tempfile
 import time
 from typing import Any
 
+from reactive.connectors.collections import DiscardingSink
+
 from bench.common import peak_rss_mb, print_table, zipf_keys
-from connectors.collections import DiscardingSink
 from reactive import CheckpointConfig, Dataflow, KeyedProcessFunction, ValueStateDescriptor
 
 

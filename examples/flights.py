@@ -38,8 +38,8 @@ from typing import Any, NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flights_data import Flight, MalformedRow, parse_flight, prepare_flights
+from reactive.connectors.files import InvalidLine
 
-from connectors.files import InvalidLine
 from reactive import (
     AggregateFunction,
     CheckpointConfig,
@@ -145,7 +145,7 @@ class CrashAt:
 def build_flow(data: Path, output: Path, parallelism: int = 2) -> Dataflow:
     """The flights dataflow: ``data`` (CSV) -> committed parquet results in ``output``,
     dead letters (jsonl) in ``output/_dead_letters``."""
-    from connectors.files import CommittingFileSink
+    from reactive.connectors.files import CommittingFileSink
 
     flow = Dataflow("flights", parallelism=parallelism, max_parallelism=128)
     parsed = (flow.read_text_file(data, uid="flights-file", with_offsets=True,
@@ -177,10 +177,10 @@ def flow() -> Dataflow:
 def make_backend(name: str, checkpoint_dir: Path) -> Any:
     """``rocksdb`` (incremental, working files beside the checkpoints) or ``heap``."""
     if name == "heap":
-        from backends.heap import HeapStateBackend
+        from reactive.backends.heap import HeapStateBackend
 
         return HeapStateBackend()
-    from backends.rocksdb import RocksDBStateBackend
+    from reactive.backends.rocksdb import RocksDBStateBackend
 
     return RocksDBStateBackend(path=str(checkpoint_dir / "_rocksdb"), incremental=True)
 
@@ -315,8 +315,7 @@ def expected_with_spark(spark: Any, data: Path) -> Any:
 def validate_and_report(args: argparse.Namespace, figures: dict[str, Any]) -> bool:
     """Validate the committed results with Spark and print the report; True when exact."""
     from pyspark.sql import functions as F
-
-    from connectors.spark import ResultLog, local_session, validate_exactly_once
+    from reactive.connectors.spark import ResultLog, local_session, validate_exactly_once
 
     spark = local_session(extra_conf={"spark.sql.session.timeZone": "UTC"})
     actual = ResultLog(spark, args.output).read()

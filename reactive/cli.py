@@ -6,7 +6,7 @@ reactive run MODULE[:ATTR] [--checkpoint-dir D] [--interval S] [--backend heap|r
 reactive checkpoints list D
 reactive checkpoints inspect D/<job>/chk-N
 reactive savepoint D/<job>[/chk-N] --output P   (a checkpoint -> a self-contained savepoint)
-reactive validate ...            (the Spark validation: python -m connectors.spark validate)
+reactive validate ...            (the Spark validation: python -m reactive.connectors.spark validate)
 ```
 
 Exit codes: 0 success, 1 a failed job or validation, 2 bad usage or input; errors print one
@@ -24,13 +24,14 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .checkpoint.metadata import METADATA, iter_file_refs, read_metadata
 from .checkpoint.savepoints import export_savepoint
 from .checkpoint.storage import CheckpointStorage
 from .config import CheckpointConfig
 from .dataflow import Dataflow
+from .defaults import builtin
 from .errors import ConfigurationError, JobFailedError, ReactiveError
 from .state.backend import StateBackend
 
@@ -82,10 +83,10 @@ def make_backend(name: str, checkpoint_dir: Path) -> StateBackend | None:
         return None
     if name == "rocksdb":
         try:
-            from backends.rocksdb import RocksDBStateBackend
+            factory = builtin("reactive.backends.rocksdb:RocksDBStateBackend")
         except ImportError as exc:
             raise CliError(f"the RocksDB backend is not available: {exc}") from exc
-        return RocksDBStateBackend(path=str(checkpoint_dir / ".rocksdb-work"))
+        return cast(StateBackend, factory(path=str(checkpoint_dir / ".rocksdb-work")))
     raise CliError(f"unknown backend {name!r}: use heap or rocksdb")
 
 
@@ -231,7 +232,7 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
 
 def cmd_validate(argv: Sequence[str]) -> int:
     try:
-        from connectors.spark.__main__ import main as spark_main
+        spark_main = builtin("reactive.connectors.spark.__main__:main")
     except ImportError as exc:
         raise CliError(f"the Spark bridge is not available: {exc}") from exc
     return int(spark_main(["validate", *argv], prog="reactive"))
@@ -297,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(must not exist or be empty)")
     sp.set_defaults(func=cmd_savepoint)
     sub.add_parser("validate", help="validate committed results with Spark "
-                   "(see python -m connectors.spark validate --help)", add_help=False)
+                   "(see python -m reactive.connectors.spark validate --help)", add_help=False)
     return p
 
 

@@ -132,7 +132,7 @@ class Dataflow:
             with_offsets: emit ``(byte_offset, line)`` instead of ``line``.
             errors: a line that is not valid UTF-8 fails the job (``"fail"``, naming the
                 file and the line's byte offset) or is emitted, in place of its record, as
-                a ``connectors.files.InvalidLine(path, offset, raw, reason)`` for the
+                a ``reactive.connectors.files.InvalidLine(path, offset, raw, reason)`` for the
                 pipeline to route to its dead-letter output (``"dead_letter"``).
 
         Raises:

@@ -1,13 +1,14 @@
 """The dependency rules of the code base, checked from its imports (``ast``, every import:
 module level, inside functions, and under ``TYPE_CHECKING``).
 
-- No import circle between modules of ``reactive``, ``backends`` and ``connectors``: two
+- No import circle between modules of the runtime, the backends and the connectors: two
   modules that import each other cannot be understood (or changed) apart.
-- ``reactive`` (the runtime) never imports ``backends`` or ``connectors``; the defaults that
-  need them are wired in ``reactive/defaults.py`` (and the command line), and only inside
-  functions, so importing ``reactive`` never imports them.
+- The runtime (``reactive`` without its ``backends`` and ``connectors``, which live in the
+  repository's top-level folders of those names) never imports ``reactive.backends`` or
+  ``reactive.connectors``: the defaults that need them name them (``reactive.defaults``
+  loads them by name when first used), so importing ``reactive`` never imports them.
 - A backend never imports another backend (cross-backend restore goes through the neutral
-  key-group stream format in ``reactive.state``); backends never import connectors.
+  key-group stream format in ``reactive.state``); backends never import reactive.connectors.
 - The time layer (timers, mailbox, watermarks) does not reach up into the task.
 """
 
@@ -17,16 +18,24 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("reactive", "backends", "connectors")
+# folder -> the package it installs as (pyproject.toml's package-dir)
+PACKAGES = {"reactive": "reactive", "backends": "reactive.backends",
+            "connectors": "reactive.connectors"}
 
 
 def _modules() -> dict[str, Path]:
     mods: dict[str, Path] = {}
-    for package in PACKAGES:
-        for f in (ROOT / package).rglob("*.py"):
-            name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
+    for folder, package in PACKAGES.items():
+        for f in (ROOT / folder).rglob("*.py"):
+            name = ".".join((package, *f.relative_to(ROOT / folder).with_suffix("").parts))
             mods[name.removesuffix(".__init__")] = f
     return mods
+
+
+def _room(module: str) -> str:
+    """``runtime``, ``backends`` or ``connectors``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ("backends", "connectors") else "runtime"
 
 
 MODULES = _modules()
@@ -105,29 +114,32 @@ def test_no_import_circles():
     assert _cycles() == []
 
 
-def test_the_runtime_does_not_import_backends_or_connectors_on_import():
-    wiring = {"reactive.defaults", "reactive.cli"}
-    bad = []
-    for name, deps in GRAPH.items():
-        if not name.startswith("reactive"):
-            continue
-        for target, top in deps:
-            if target.split(".")[0] in ("backends", "connectors") and (
-                    name not in wiring or top):
-                bad.append(f"{name} -> {target}")
+def test_the_runtime_does_not_import_backends_or_connectors():
+    bad = [f"{name} -> {target}" for name, deps in GRAPH.items() if _room(name) == "runtime"
+           for target, _ in deps if _room(target) != "runtime"]
     assert bad == []
+
+
+def test_importing_reactive_imports_no_backend_or_connector():
+    import subprocess
+    import sys
+    code = ("import sys, reactive, reactive.spi; "
+            "print(sorted(m for m in sys.modules if m.startswith(('reactive.backends', "
+            "'reactive.connectors'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
 
 
 def test_backends_are_independent_of_each_other_and_of_connectors():
     bad = []
     for name, deps in GRAPH.items():
-        if not name.startswith("backends."):
-            continue
-        own = name.split(".")[1]
+        if _room(name) != "backends" or name == "reactive.backends":
+            continue  # the package itself registers every backend's reader
+        own = name.split(".")[2:3]
         for target, _ in deps:
-            parts = target.split(".")
-            if parts[0] == "connectors" or (
-                    parts[0] == "backends" and len(parts) > 1 and parts[1] != own):
+            if _room(target) == "connectors" or (
+                    _room(target) == "backends" and target.split(".")[2:3] not in ([], own)):
                 bad.append(f"{name} -> {target}")
     assert bad == []
 

@@ -19,10 +19,10 @@ from typing import Any, NamedTuple
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from reactive.backends.heap import HeapStateBackend
+from reactive.backends.rocksdb import RocksDBStateBackend, read_rocksdb_snapshot
+from reactive.connectors.collections import ListSink
 
-from backends.heap import HeapStateBackend
-from backends.rocksdb import RocksDBStateBackend, read_rocksdb_snapshot
-from connectors.collections import ListSink
 from reactive import (
     CheckpointConfig,
     CheckpointStorage,

@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
+from reactive.connectors.collections import ListSink
 
-from connectors.collections import ListSink
 from reactive import (
     CheckpointConfig,
     CheckpointStorage,

@@ -10,7 +10,7 @@ from reactive.cli import main
 
 PIPELINE = '''
 from reactive import Dataflow
-from connectors.collections import DiscardingSink
+from reactive.connectors.collections import DiscardingSink
 from tests.conftest import Count
 
 def flow():

@@ -24,8 +24,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from reactive.connectors.files import CommittingFileSink, FileTransaction
 
-from connectors.files import CommittingFileSink, FileTransaction
 from reactive import (
     CheckpointConfig,
     Dataflow,
@@ -261,7 +261,7 @@ def test_commit_is_idempotent_and_loud_about_lost_files(tmp_path):
 def test_jsonl_batches_encode_to_one_line_per_record():
     """The batch encoder's fast path (one C call per batch, separators turned into newlines)
     must agree with json.dumps for any batch, e.g. strings holding '],[' or nested arrays."""
-    from connectors.files.encoders import _json_lines_encoder
+    from reactive.connectors.files.encoders import _json_lines_encoder
 
     encode = _json_lines_encoder()
     rnd = random.Random(4)

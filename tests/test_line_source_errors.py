@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from reactive.connectors.collections import ListSink
+from reactive.connectors.files import InvalidLine, LineFileSource
 
-from connectors.collections import ListSink
-from connectors.files import InvalidLine, LineFileSource
 from reactive import ConfigurationError, Dataflow, JobFailedError, UserFunctionError
 
 GOOD = ["first line", "zweite Zeile: grün", "", "fourth"]

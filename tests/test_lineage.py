@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from reactive.connectors.files import CommittingFileSink
 
-from connectors.files import CommittingFileSink
 from reactive import (
     CheckpointConfig,
     CheckpointStorage,
@@ -146,7 +146,7 @@ async def test_restore_from_a_missing_file_fails_the_job_instead_of_starting_fre
 async def test_a_restore_error_in_a_task_is_not_retried(tmp_path):
     """A backend that cannot read the restored state fails the job once, with the reason;
     the restart strategy does not turn it into a fresh start or a retry loop."""
-    from backends.heap import HeapStateBackend
+    from reactive.backends.heap import HeapStateBackend
 
     class RefusingBackend(HeapStateBackend):
         def create_keyed_backend(self, **kw: Any) -> Any:

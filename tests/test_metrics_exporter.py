@@ -8,8 +8,8 @@ import urllib.request
 from typing import Any
 
 import pytest
+from reactive.connectors.collections import ListSink
 
-from connectors.collections import ListSink
 from reactive import CheckpointConfig, Dataflow
 from reactive.errors import MissingExtraError
 from reactive.sources import Source, SourceReader

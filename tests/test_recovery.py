@@ -7,8 +7,8 @@ import logging
 import shutil
 
 import pytest
+from reactive.connectors.collections import ListSink
 
-from connectors.collections import ListSink
 from reactive import (
     CheckpointConfig,
     CheckpointStorage,

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reactive.backends.heap import HeapStateBackend, iter_heap_key_groups
+from reactive.backends.rocksdb import RocksDBStateBackend, iter_rocksdb_key_groups
+from reactive.connectors.collections import ListSink
+from reactive.connectors.files import LineFileSource
 
-from backends.heap import HeapStateBackend, iter_heap_key_groups
-from backends.rocksdb import RocksDBStateBackend, iter_rocksdb_key_groups
-from connectors.collections import ListSink
-from connectors.files import LineFileSource
 from reactive import (
     CheckpointConfig,
     CheckpointStorage,

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from reactive.backends.rocksdb import RocksDBStateBackend, read_rocksdb_snapshot
+from reactive.connectors.collections import CallbackSink, ListSink
 
-from backends.rocksdb import RocksDBStateBackend, read_rocksdb_snapshot
-from connectors.collections import CallbackSink, ListSink
 from reactive import (
     CheckpointConfig,
     CheckpointStorage,
@@ -306,9 +306,9 @@ PIPELINE_SCRIPT = textwrap.dedent('''
     import asyncio
     import sys
 
-    import backends.rocksdb as rocksdb
-    import backends.rocksdb.snapshot as rocksdb_snapshot
-    from connectors.collections import ListSink
+    import reactive.backends.rocksdb as rocksdb
+    import reactive.backends.rocksdb.snapshot as rocksdb_snapshot
+    from reactive.connectors.collections import ListSink
     from reactive import (CheckpointConfig, Dataflow, KeyedProcessFunction, Source,
                           SourceReader, ValueStateDescriptor)
 

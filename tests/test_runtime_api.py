@@ -6,8 +6,8 @@ import asyncio
 import collections
 
 import pytest
+from reactive.connectors.collections import ListSink
 
-from connectors.collections import ListSink
 from reactive import (
     CheckpointConfig,
     CheckpointError,

@@ -87,7 +87,8 @@ async def test_savepoint_in_checkpoint_storage_survives_retention(tmp_path: Path
 
 
 async def test_intermediate_savepoint_does_not_commit_side_effects(tmp_path: Path) -> None:
-    from connectors.files import CommittingFileSink
+    from reactive.connectors.files import CommittingFileSink
+
     from reactive import Dataflow
 
     out = tmp_path / "out"
@@ -144,7 +145,7 @@ async def test_savepoint_errors(tmp_path: Path) -> None:
 
 
 async def test_cli_savepoint_from_incremental_checkpoint(tmp_path: Path, capsys) -> None:
-    from backends.rocksdb import RocksDBStateBackend
+    from reactive.backends.rocksdb import RocksDBStateBackend
 
     job = await count_flow(SplitsSource(SPLITS, Budget()), WaitableSink(), 2).run(
         checkpoints=CheckpointConfig(interval=None, directory=tmp_path / "c"),

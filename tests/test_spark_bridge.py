@@ -21,11 +21,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from backends.rocksdb import RocksDBStateBackend
-from connectors.collections import ListSink
-from connectors.files import CommittingFileSink
-from connectors.spark import (
+from reactive.backends.rocksdb import RocksDBStateBackend
+from reactive.connectors.collections import ListSink
+from reactive.connectors.files import CommittingFileSink
+from reactive.connectors.spark import (
     CheckpointReader,
     JavaNotFoundError,
     ResultLog,
@@ -37,7 +36,8 @@ from connectors.spark import (
     local_session,
     validate_exactly_once,
 )
-from connectors.spark.__main__ import main as cli_main
+from reactive.connectors.spark.__main__ import main as cli_main
+
 from reactive import (
     CheckpointConfig,
     CheckpointStorage,

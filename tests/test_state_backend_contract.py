@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backends.heap import HeapStateBackend
-from backends.rocksdb import RocksDBStateBackend
+from reactive.backends.heap import HeapStateBackend
+from reactive.backends.rocksdb import RocksDBStateBackend
+
 from reactive import StateBackend
 
 from .backend_contract import StateBackendContract

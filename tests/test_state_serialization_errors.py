@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from reactive.backends.heap import HeapKeyedStateBackend, HeapStateBackend
+from reactive.backends.rocksdb import RocksDBStateBackend
+from reactive.connectors.collections import ListSink
 
-from backends.heap import HeapKeyedStateBackend, HeapStateBackend
-from backends.rocksdb import RocksDBStateBackend
-from connectors.collections import ListSink
 from reactive import (
     CheckpointConfig,
     Dataflow,

@@ -10,9 +10,9 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reactive.backends.heap import HeapKeyedStateBackend
+from reactive.connectors.collections import ListSink
 
-from backends.heap import HeapKeyedStateBackend
-from connectors.collections import ListSink
 from reactive import (
     Dataflow,
     KeyedProcessFunction,

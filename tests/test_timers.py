@@ -8,8 +8,9 @@ import random
 from pathlib import Path
 from typing import Any
 
-from backends.heap import HeapKeyedStateBackend
-from connectors.collections import ListSink
+from reactive.backends.heap import HeapKeyedStateBackend
+from reactive.connectors.collections import ListSink
+
 from reactive import (
     CheckpointConfig,
     Dataflow,

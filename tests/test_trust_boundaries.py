@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+from reactive.connectors.collections import ListSink
 
-from connectors.collections import ListSink
 from reactive import CheckpointConfig, CheckpointStorage, Dataflow
 from reactive.checkpoint.metadata import KEY_ENV
 from reactive.checkpoint.savepoints import export_savepoint

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from reactive.connectors.collections import ListSink
 
-from connectors.collections import ListSink
 from reactive import (
     AggregateFunction,
     CheckpointConfig,

@@ -1,7 +1,7 @@
 """The heap state backend: keyed state in Python dicts, one dict per (state, key group), with
 full asynchronous copy-on-write snapshots.
 
-``from backends.heap import HeapStateBackend`` is the public entry point. The package's
+``from reactive.backends.heap import HeapStateBackend`` is the public entry point. The package's
 modules, one job each:
 
 - :mod:`.backend`: the keyed backend of one operator instance (key groups of keys, state

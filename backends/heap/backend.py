@@ -253,7 +253,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
 class HeapStateBackend(StateBackend):
     """Keyed state in Python dicts; full asynchronous snapshots with copy-on-write (see
-    :mod:`backends.heap`).
+    :mod:`reactive.backends.heap`).
 
     State must fit in memory. Values returned by ``value()``/``get()`` are the stored
     objects: mutate them only through the state API (or after reading them in the same

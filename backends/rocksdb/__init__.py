@@ -2,7 +2,7 @@
 asynchronous and incremental snapshots (thesis sections 4.2, 4.5.1, 4.5.2; Flink's
 ``EmbeddedRocksDBStateBackend``).
 
-``from backends.rocksdb import RocksDBStateBackend`` is the public entry point. The package's
+``from reactive.backends.rocksdb import RocksDBStateBackend`` is the public entry point. The package's
 modules, one job each:
 
 - :mod:`.keys`: the RocksDB key layout ``key group | state id | key bytes``;

@@ -41,7 +41,7 @@ __all__ = ["RocksDBKeyedStateBackend", "RocksDBStateBackend"]
 
 
 class RocksDBKeyedStateBackend(WriteBackCache, KeyedStateBackend):
-    """Keyed state of one operator instance in its own RocksDB (see :mod:`backends.rocksdb`).
+    """Keyed state of one operator instance in its own RocksDB (see :mod:`reactive.backends.rocksdb`).
 
     Args:
         directory: a fresh working directory for this instance (created; removed by
@@ -222,7 +222,7 @@ class RocksDBKeyedStateBackend(WriteBackCache, KeyedStateBackend):
 
 class RocksDBStateBackend(StateBackend):
     """Keyed state in RocksDB (rocksdict): state larger than memory, asynchronous and
-    incremental snapshots (see :mod:`backends.rocksdb`; thesis 4.5.1/4.5.2, Flink's
+    incremental snapshots (see :mod:`reactive.backends.rocksdb`; thesis 4.5.1/4.5.2, Flink's
     ``EmbeddedRocksDBStateBackend``).
 
     Values go through the descriptors' serializers: change state only through

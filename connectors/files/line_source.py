@@ -35,8 +35,8 @@ class InvalidLine:
 
 
 # records of the pipeline (state, buffers) may hold it, so it is pickled under its public
-# name, as before connectors.files became a package
-InvalidLine.__module__ = "connectors.files"
+# name, as before reactive.connectors.files became a package
+InvalidLine.__module__ = "reactive.connectors.files"
 
 
 _LINE_ERRORS = ("fail", "dead_letter")

@@ -10,7 +10,7 @@ from .transaction import FileTransaction
 
 
 class ParquetRowBuffer:
-    """The parquet half of :class:`~connectors.files.CommittingFileSink` (a mixin): buffers
+    """The parquet half of :class:`~reactive.connectors.files.CommittingFileSink` (a mixin): buffers
     the records of a transaction per column and writes them as row groups.
 
     Attributes:

@@ -50,6 +50,6 @@ class FileTransaction:
         self.__init__(**state)  # type: ignore[misc]
 
 
-# checkpoints store it (pickled): keep the name they hold, as before connectors.files became
+# checkpoints store it (pickled): keep the name they hold, as before reactive.connectors.files became
 # a package, so checkpoints of either layout restore with the other
-FileTransaction.__module__ = "connectors.files"
+FileTransaction.__module__ = "reactive.connectors.files"

@@ -1,7 +1,7 @@
 """The PySpark bridge: hand a pipeline's committed output and checkpointed state to Spark.
 
 ```python
-from connectors.spark import ResultLog, CheckpointReader, validate_exactly_once, local_session
+from reactive.connectors.spark import ResultLog, CheckpointReader, validate_exactly_once, local_session
 spark = local_session()
 df = ResultLog(spark, "out/").read()                 # committed parts + checkpoint_id, subtask
 report = validate_exactly_once(df, expected_df, key=["word", "count"])

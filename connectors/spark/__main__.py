@@ -1,6 +1,6 @@
 """Command line of the PySpark bridge.
 
-    python -m connectors.spark validate --results out/ --expected expected.jsonl --key a,b
+    python -m reactive.connectors.spark validate --results out/ --expected expected.jsonl --key a,b
         [--format jsonl|parquet] [--schema DDL] [--after-checkpoint N] [--up-to N]
         [--master local[*]] [--samples 5]
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 
-def _parser(prog: str = "python -m connectors.spark") -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m reactive.connectors.spark") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog,
                                      description="The PySpark bridge of reactive.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -66,7 +66,7 @@ def _read_expected(spark: SparkSession, path: Path, fmt: str | None) -> DataFram
     return spark.read.option("mode", "FAILFAST").json(str(path))
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m connectors.spark") -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m reactive.connectors.spark") -> int:
     """Run the command line; returns the exit status.
 
     Args:

@@ -193,7 +193,7 @@ class CheckpointReader:
                 ``"struct<origin: string, carrier: string>"`` for tuple keys); None: inferred.
             value_type: Spark type of the values as DDL; None: inferred.
             deserializer: decodes values stored as bytes (see
-                :func:`~connectors.spark.state_readers.read_keyed_state`).
+                :func:`~reactive.connectors.spark.state_readers.read_keyed_state`).
 
         Returns:
             the DataFrame (built on the driver from the entries).

@@ -1,4 +1,4 @@
-"""Reading the committed result logs of a :class:`~connectors.files.CommittingFileSink` into
+"""Reading the committed result logs of a :class:`~reactive.connectors.files.CommittingFileSink` into
 Spark.
 
 The sink commits one file per subtask and checkpoint, ``part-<subtask>-<checkpoint>.<ext>``

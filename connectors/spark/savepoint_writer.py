@@ -14,7 +14,7 @@ Spark computes each row's key group with the runtime's own hash
 ``key_by`` key serializer; in a Python UDF, so ``reactive`` must be importable on the
 executors) and sorts by it; the driver then streams the rows in key-group order and
 writes one heap snapshot file (format ``heap-v1``, through
-:func:`backends.heap.format.write_heap_snapshot`) per target instance, holding one key group in
+:func:`reactive.backends.heap.format.write_heap_snapshot`) per target instance, holding one key group in
 memory at a time. The metadata (kind ``savepoint``) is written last and atomically, like a
 checkpoint's, so an interrupted write leaves an incomplete directory that restores refuse.
 """
@@ -239,7 +239,7 @@ class SavepointWriter:
             SavepointWriteError: if the target directory exists, on a null or duplicate key.
             OSError: if a file cannot be written.
         """
-        from backends.heap.format import write_heap_snapshot
+        from reactive.backends.heap.format import write_heap_snapshot
 
         if not self._states:
             raise ConfigurationError("no state added: call with_keyed_state first")
@@ -287,7 +287,7 @@ class SavepointWriter:
             "max_parallelism": maxp,
             "mode": "exactly_once",
             "operators": operators,
-            "stats": {"writer": "connectors.spark.SavepointWriter"},
+            "stats": {"writer": "reactive.connectors.spark.SavepointWriter"},
         })
         return chk
 

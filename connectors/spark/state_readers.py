@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import backends  # noqa: F401  (registers the built-in key-group readers)
+import reactive.backends  # noqa: F401  (registers the built-in key-group readers)
+
 from reactive.errors import RestoreError
 from reactive.keygroups import KeyGroupRange
 from reactive.serialization import Serializer
@@ -96,7 +97,7 @@ def read_keyed_state(handle: dict[str, Any], job_dir: Path, max_parallelism: int
         raise RestoreError(
             f"unsupported backend {handle.get('backend')!r} (format {handle.get('format')!r}): "
             f"the PySpark bridge reads {supported_backends()}; register a reader with "
-            "connectors.spark.register_state_reader"
+            "reactive.connectors.spark.register_state_reader"
         )
     decode = deserializer.deserialize if deserializer is not None else None
     with read_key_groups(handle, job_dir, key_group_range=key_group_range) as stream:

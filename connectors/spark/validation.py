@@ -97,7 +97,7 @@ def validate_exactly_once(
     """Compare committed results with the expected ones, by key (exact counts).
 
     Only the expected DataFrame's columns are compared; extra actual columns (such as the
-    ``checkpoint_id`` and ``subtask`` a :class:`~connectors.spark.ResultLog` adds) are
+    ``checkpoint_id`` and ``subtask`` a :class:`~reactive.connectors.spark.ResultLog` adds) are
     ignored. Actual columns are cast to the expected columns' types first (Spark's cast:
     under ANSI mode a value that does not convert fails the comparison).
 

@@ -1,4 +1,4 @@
-"""A keyed count into a :class:`~connectors.files.CommittingFileSink`, run as a subprocess by
+"""A keyed count into a :class:`~reactive.connectors.files.CommittingFileSink`, run as a subprocess by
 ``tests/test_committing_file_sink.py`` and killed with SIGKILL at chosen moments.
 
 Usage::
@@ -41,8 +41,9 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from connectors.collections import CollectionSource, _CollectionReader
-from connectors.files import CommittingFileSink, FileTransaction
+from reactive.connectors.collections import CollectionSource, _CollectionReader
+from reactive.connectors.files import CommittingFileSink, FileTransaction
+
 from reactive import (
     CheckpointConfig,
     Dataflow,
@@ -157,7 +158,7 @@ async def main(out: str, checkpoints: str, fmt: str, records: int, parallelism: 
     """
     state_backend: Any = None
     if backend == "rocksdb":
-        from backends.rocksdb import RocksDBStateBackend
+        from reactive.backends.rocksdb import RocksDBStateBackend
 
         state_backend = RocksDBStateBackend(checkpoints + ".rocksdb")
     elif backend != "heap":

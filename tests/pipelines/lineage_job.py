@@ -22,7 +22,8 @@ import signal
 from collections.abc import Iterable
 from typing import Any
 
-from connectors.files import CommittingFileSink
+from reactive.connectors.files import CommittingFileSink
+
 from reactive import (
     CheckpointConfig,
     Dataflow,
@@ -75,10 +76,10 @@ class Count(KeyedProcessFunction):
 
 def backend(name: str, checkpoints: str) -> Any:
     if name == "heap":
-        from backends.heap import HeapStateBackend
+        from reactive.backends.heap import HeapStateBackend
 
         return HeapStateBackend()
-    from backends.rocksdb import RocksDBStateBackend
+    from reactive.backends.rocksdb import RocksDBStateBackend
 
     return RocksDBStateBackend(path=os.path.join(checkpoints, "_rocksdb"), incremental=True)
 
