@@ -108,6 +108,8 @@ class Dataflow:
             max_parallelism=source.max_source_parallelism,
         )
         t.uid = uid
+        # a source that generates watermarks gives its records' event time to the windows
+        t.timestamp_fn = source.timestamp_fn
         if source.max_source_parallelism is not None:
             t.parallelism = min(self.parallelism, source.max_source_parallelism)
         return Stream(self, t)

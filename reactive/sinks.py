@@ -42,8 +42,10 @@ class SinkWriter(ABC):
         """End of input: nothing more will be written."""
         return None
 
-    def close(self) -> None:  # noqa: B027
-        """Release resources (also after a failure)."""
+    def close(self) -> Awaitable[None] | None:
+        """Release resources (also after a failure); may be a coroutine (the task awaits
+        it)."""
+        return None
 
 
 class Sink(ABC):

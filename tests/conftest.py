@@ -93,3 +93,6 @@ def words() -> list[str]:
 @pytest.fixture
 def truth(words: list[str]) -> dict[str, int]:
     return dict(collections.Counter(words))
+
+
+from tests.kafka_cluster import kafka_cluster  # noqa: E402, F401 - the Kafka tests' fixture

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.failure_reason import CheckpointFailureReason
 from ..errors import ReactiveError, UserFunctionError
+from ..sources import SourceReader
 from ..time.mailbox import OperatorMailbox
 from ..time.watermarks import ACTIVE, IDLE, WatermarkStatus
 from .barrier_handler import BarrierHandler, CheckpointBarrierTracker, SingleCheckpointBarrierHandler
@@ -140,7 +141,7 @@ class StreamTask:
             self._closed = True
             for op in self.operators:
                 with contextlib.suppress(Exception):
-                    op.close()
+                    await maybe_await(op.close())
 
     async def _run_source(self, source: SourceOperator) -> None:
         reader = source.reader
@@ -148,6 +149,7 @@ class StreamTask:
         batch_size = self.env.batch_size
         timeout = self.env.buffer_timeout
         last_flush = time.monotonic()
+        generates_watermarks = source.source.timestamp_fn is not None
         while True:
             while gate._mail:
                 await maybe_await(gate._mail.popleft()())
@@ -162,6 +164,8 @@ class StreamTask:
             if batch:
                 source.records_out += len(batch)
                 await self._push(batch, 0)
+            if generates_watermarks:
+                await self._source_watermark(reader)
             now = time.monotonic()
             if not batch or now - last_flush >= timeout:
                 await self._flush()
@@ -176,6 +180,16 @@ class StreamTask:
         while not self._ended:
             _, action = await gate.get()
             await maybe_await(action())
+
+    async def _source_watermark(self, reader: SourceReader) -> None:
+        """Forward the watermark and idle status of a reader that generates them (per-split
+        watermarks, :mod:`reactive.sources`); the status goes first, as for input channels."""
+        idle = reader.is_idle()
+        if idle != self._idle_out:
+            await self.emit_watermark_status(IDLE if idle else ACTIVE)
+        watermark = reader.current_watermark()
+        if watermark is not None and watermark > self.watermark:
+            await self._advance_watermark(watermark)
 
     def end(self) -> Awaitable[None]:
         """Mailbox action for a finished source: send end-of-input downstream and stop."""

@@ -170,7 +170,9 @@ class StreamOperator:
         """Checkpoint ``checkpoint_id`` was aborted."""
         return None
 
-    def close(self) -> None:
-        """Release resources; called after success and after failure."""
+    def close(self) -> Awaitable[None] | None:
+        """Release resources; called after success and after failure (a coroutine result is
+        awaited by the task)."""
         if self.keyed_backend is not None:
             self.keyed_backend.dispose()
+        return None

@@ -78,5 +78,5 @@ class SinkOperator(StreamOperator):
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> Awaitable[None] | None:
         return self.writer.notify_checkpoint_aborted(checkpoint_id)
 
-    def close(self) -> None:
-        self.writer.close()
+    def close(self) -> Awaitable[None] | None:
+        return self.writer.close()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Awaitable
+
 from ...sources import Source, SourceReader
 from ...state.backend import KeyedStateBackend
 from .base import StreamOperator
@@ -23,19 +26,24 @@ class SourceOperator(StreamOperator):
               keyed_backend: KeyedStateBackend | None) -> None:
         super().setup(subtask, parallelism, max_parallelism, keyed_backend)
         self.reader = self.source.create_reader(subtask, parallelism)
+        # snapshot_state(checkpoint_id) or snapshot_state() (see SourceReader.snapshot_state)
+        self._snapshot_takes_id = bool(inspect.signature(self.reader.snapshot_state).parameters)
 
     def open(self) -> None:
-        restored = self.operator_state.get_list_state(self.POSITION, "split")
+        restored = self.operator_state.get_list_state(
+            self.POSITION, self.source.state_redistribution)
         if restored.get():
             self.reader.restore_state(restored.get())
 
     def snapshot_state(self, checkpoint_id: int) -> None:
-        self.operator_state.get_list_state(self.POSITION, "split").update(
-            self.reader.snapshot_state()
-        )
+        reader = self.reader
+        entries = (reader.snapshot_state(checkpoint_id)  # type: ignore[call-arg]
+                   if self._snapshot_takes_id else reader.snapshot_state())
+        self.operator_state.get_list_state(
+            self.POSITION, self.source.state_redistribution).update(entries)
 
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        self.reader.notify_checkpoint_complete(checkpoint_id)
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> Awaitable[None] | None:
+        return self.reader.notify_checkpoint_complete(checkpoint_id)
 
-    def close(self) -> None:
-        self.reader.close()
+    def close(self) -> Awaitable[None] | None:
+        return self.reader.close()

@@ -1,0 +1,392 @@
+"""The Kafka sink: exactly once (one Kafka transaction per checkpoint interval and instance,
+committed when the checkpoint completes) or at least once (idempotent producer, flushed at
+every checkpoint).
+
+The exactly-once design, and why. aiokafka cannot resume a transaction that a crashed
+producer prepared: a new producer with the same transactional id fences it (InitProducerId
+aborts the open transaction). A sink that wrote the interval's records into an open Kafka
+transaction and committed it after the checkpoint completed would lose the interval when the
+process dies between the completion and the Kafka commit. So this sink is the write-ahead-log
+sink of the thesis (Carbone 2018, table 4.1; Flink's ``GenericWriteAheadSink``) with an
+idempotent commit:
+
+1. During the interval the records are serialized and kept in the open (local) transaction.
+2. At the checkpoint barrier the transaction is pre-committed: its records go into the
+   checkpoint, as the sink's pending transaction (nothing is sent to Kafka yet).
+3. When the checkpoint completes, the instance that owns the transaction sends its records
+   *and a commit marker* (``<prefix>-<owner>:<checkpoint id>`` on the marker topic) in one
+   Kafka transaction of the producer ``<prefix>-<owner>``, and commits it.
+4. After a failure the restored checkpoint lists the transactions that may not have reached
+   Kafka. Before committing one, the sink starts the producer ``<prefix>-<owner>``, which
+   completes or aborts whatever that id left in flight (only that producer ever commits
+   ``owner``'s transactions), then reads the marker topic's *committed* records
+   (:mod:`.committed_reader`): a transaction whose marker is there is already in Kafka and is
+   skipped, any other is sent again. Kafka makes the records and the marker visible
+   together, so an interval is in Kafka exactly once.
+
+Transactional ids are stable across restarts (prefix and instance); after a rescale to fewer
+instances, the ids of the instances that no longer exist are fenced at start so that their
+lingering transactions are aborted at once instead of holding read-committed consumers back
+until the transaction timeout. The cost of the design: an interval's records are kept in
+memory and in the checkpoint until it completes, and they reach Kafka one checkpoint interval
+later than with an open transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from reactive.errors import ConfigurationError
+from reactive.sinks import SinkWriter
+from reactive.two_phase_commit import TwoPhaseCommitSink, TwoPhaseCommitWriter
+
+from .serialization import Serializer, serializer
+
+__all__ = ["KafkaSink", "KafkaSinkError", "KafkaTransaction"]
+
+log = logging.getLogger(__name__)
+
+Headers = list[tuple[str, bytes]]
+# a serialized record: (key bytes or None, value bytes, headers or None)
+Serialized = tuple[bytes | None, bytes, Headers | None]
+
+
+class KafkaSinkError(RuntimeError):
+    """Kafka did not accept a record (broker down, record too large, authorization ...);
+    the message names the topic and the record. The job fails; nothing unaccepted was
+    acknowledged."""
+
+
+@dataclass
+class KafkaTransaction:
+    """The records of one instance's checkpoint interval (kept in the checkpoint once
+    pre-committed).
+
+    Attributes:
+        owner: the instance that wrote them (its producer commits them).
+        checkpoint_id: the checkpoint that pre-committed them (0 before).
+        records: the serialized records, in order.
+        restored: True when read back from a checkpoint (Kafka may already have it).
+    """
+
+    owner: int
+    checkpoint_id: int = 0
+    records: list[Serialized] = field(default_factory=list)
+    restored: bool = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"owner": self.owner, "checkpoint_id": self.checkpoint_id,
+                "records": self.records}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.restored = True
+
+
+def _identity(record: Any) -> Any:
+    return record
+
+
+class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
+    """Write records to a Kafka topic, exactly once (default) or at least once.
+
+    Args:
+        bootstrap_servers: ``host:port[,host:port...]``.
+        topic: the topic to write to.
+        semantic: ``"exactly_once"`` (transactions committed with the checkpoints; see the
+            module's design) or ``"at_least_once"`` (idempotent producer, flushed at every
+            checkpoint: after a failure the records since the last checkpoint are written
+            again).
+        transactional_id_prefix: the stable prefix of this sink's transactional ids and
+            commit markers (required for exactly once, as in Flink's ``KafkaSink``); unique
+            per sink across every job writing to the cluster.
+        key: record -> key (None: no key; records then spread over the partitions).
+        value: record -> value (default: the record).
+        headers: record -> ``[(name, bytes), ...]`` (optional).
+        key_serializer: ``"str"``, ``"bytes"``, ``"json"`` or a callable, for the key.
+        value_serializer: the same for the value (default ``"json"``, orjson).
+        marker_topic: the topic of the commit markers (exactly once; default
+            ``"<topic>.commits"``). Keep its retention longer than the oldest checkpoint
+            you may restore.
+        max_request_size: bytes a record may have at most (Kafka's ``max.request.size``);
+            a larger one fails the job naming it, when it is written.
+        client_options: more keyword options for ``aiokafka.AIOKafkaProducer``.
+        marker_reader_options: keyword options for the consumer that reads the commit
+            markers on recovery (default: the connection and security options of
+            ``client_options``).
+
+    Raises:
+        ConfigurationError: on an unknown semantic or a missing prefix.
+    """
+
+    def __init__(self, bootstrap_servers: str, topic: str, *,
+                 semantic: Literal["exactly_once", "at_least_once"] = "exactly_once",
+                 transactional_id_prefix: str | None = None,
+                 key: Callable[[Any], Any] | None = None,
+                 value: Callable[[Any], Any] = _identity,
+                 headers: Callable[[Any], Headers] | None = None,
+                 key_serializer: str | Serializer = "str",
+                 value_serializer: str | Serializer = "json",
+                 marker_topic: str | None = None,
+                 max_request_size: int = 1048576,
+                 client_options: Mapping[str, Any] | None = None,
+                 marker_reader_options: Mapping[str, Any] | None = None) -> None:
+        if semantic not in ("exactly_once", "at_least_once"):
+            raise ConfigurationError(f"Kafka sink: unknown semantic {semantic!r}: use "
+                                     "'exactly_once' or 'at_least_once'")
+        if semantic == "exactly_once" and not transactional_id_prefix:
+            raise ConfigurationError(
+                "Kafka sink: exactly_once needs a transactional_id_prefix, stable across "
+                "restarts and unique per sink (e.g. '<job>-<sink uid>')")
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.semantic = semantic
+        self.exactly_once = semantic == "exactly_once"
+        self.prefix = transactional_id_prefix or ""
+        self.key_fn = key
+        self.value_fn = value
+        self.headers_fn = headers
+        self.key_serializer = serializer(key_serializer)
+        self.value_serializer = serializer(value_serializer)
+        self.marker_topic = marker_topic or f"{topic}.commits"
+        self.max_request_size = max_request_size
+        self.client_options = dict(client_options or {})
+        shared = ("security_protocol", "ssl_context", "sasl_mechanism", "sasl_plain_username",
+                  "sasl_plain_password", "request_timeout_ms", "client_id")
+        self.marker_reader_options = {k: v for k, v in self.client_options.items() if k in shared}
+        self.marker_reader_options.update(marker_reader_options or {})
+        # per instance (set on the instance's copy): producers by owner, committed markers
+        self.previous_parallelism = 0
+        self._producers: dict[int, Any] = {}
+        self._markers: set[str] | None = None
+
+    # ------------------------------------------------------------------ records
+    def serialize(self, record: Any) -> Serialized:
+        """The bytes of ``record``.
+
+        Raises:
+            KafkaSinkError: when a serializer fails or the record exceeds
+                ``max_request_size`` (the message names the record and the topic).
+        """
+        try:
+            key = None if self.key_fn is None else self.key_fn(record)
+            key_bytes = None if key is None else self.key_serializer(key)
+            value_bytes = self.value_serializer(self.value_fn(record))
+            headers = None if self.headers_fn is None else list(self.headers_fn(record))
+        except Exception as exc:
+            raise KafkaSinkError(f"Kafka sink to {self.topic!r}: cannot serialize record "
+                                 f"{record!r:.200}: {type(exc).__name__}: {exc}") from exc
+        size = len(value_bytes) + len(key_bytes or b"")
+        if size > self.max_request_size:
+            raise KafkaSinkError(
+                f"Kafka sink to {self.topic!r}: record {record!r:.200} is {size} bytes, more "
+                f"than max_request_size ({self.max_request_size}); Kafka would refuse it")
+        return key_bytes, value_bytes, headers
+
+    # ------------------------------------------------------------------ producers
+    def _new_producer(self, transactional_id: str | None) -> Any:
+        from reactive.extras import require
+
+        require("aiokafka", "kafka", "the Kafka sink")
+        from aiokafka import AIOKafkaProducer
+
+        options: dict[str, Any] = {"acks": "all", "enable_idempotence": True,
+                                   "max_request_size": self.max_request_size}
+        options.update(self.client_options)
+        return AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers,
+                                transactional_id=transactional_id, **options)
+
+    def transactional_id(self, owner: int) -> str:
+        """The transactional id of instance ``owner``'s producer."""
+        return f"{self.prefix}-{owner}"
+
+    async def _producer(self, owner: int) -> Any:
+        """The started producer that commits ``owner``'s transactions; starting it fences
+        the id (Kafka completes or aborts what the id left in flight)."""
+        producer = self._producers.get(owner)
+        if producer is None:
+            producer = self._new_producer(self.transactional_id(owner))
+            await producer.start()
+            self._producers[owner] = producer
+            self._markers = None  # markers read before this fencing may be stale
+        return producer
+
+    async def _committed_markers(self) -> set[str]:
+        if self._markers is None:
+            from .committed_reader import read_committed
+
+            records = await read_committed(self.bootstrap_servers, self.marker_topic,
+                                           self.marker_reader_options)
+            self._markers = {r.key.decode("utf-8") for r in records if r.key is not None}
+        return self._markers
+
+    def _marker(self, txn: KafkaTransaction) -> str:
+        return f"{self.transactional_id(txn.owner)}:{txn.checkpoint_id}"
+
+    # ------------------------------------------------------------------ two-phase commit
+    def begin_transaction(self) -> KafkaTransaction:
+        return KafkaTransaction(self.subtask)
+
+    def write(self, txn: KafkaTransaction, batch: list[Any]) -> None:
+        txn.records.extend(map(self.serialize, batch))
+
+    def pre_commit(self, txn: KafkaTransaction, checkpoint_id: int) -> None:
+        # the records go into the checkpoint with the transaction (the write-ahead log)
+        txn.checkpoint_id = checkpoint_id
+
+    async def commit(self, txn: KafkaTransaction) -> None:
+        """Send ``txn``'s records and its marker in one Kafka transaction, unless a restored
+        ``txn`` is already in Kafka (its marker is committed).
+
+        Raises:
+            KafkaSinkError: Kafka refused a record or the commit.
+        """
+        producer = await self._producer(txn.owner)
+        marker = self._marker(txn)
+        if txn.restored and marker in await self._committed_markers():
+            log.info("Kafka sink %s: transaction of checkpoint %d is already committed",
+                     self.transactional_id(txn.owner), txn.checkpoint_id)
+            return
+        await producer.begin_transaction()
+        try:
+            await self._send_all(producer, txn.records)
+            await producer.send_and_wait(self.marker_topic, str(len(txn.records)).encode(),
+                                         key=marker.encode())
+            await producer.commit_transaction()
+        except KafkaSinkError:
+            await _abort_quietly(producer)
+            raise
+        except Exception as exc:
+            await _abort_quietly(producer)
+            raise KafkaSinkError(f"Kafka sink to {self.topic!r}: committing the transaction of "
+                                 f"checkpoint {txn.checkpoint_id} failed: {exc!r}") from exc
+        if self._markers is not None:
+            self._markers.add(marker)
+
+    async def _send_all(self, producer: Any, records: list[Serialized]) -> None:
+        topic = self.topic
+        futures = [(await producer.send(topic, value, key=key, headers=headers), key, value)
+                   for key, value, headers in records]
+        for future, key, value in futures:
+            try:
+                await future
+            except Exception as exc:
+                raise KafkaSinkError(f"Kafka sink to {topic!r}: Kafka refused the record "
+                                     f"key={key!r:.80} value={value!r:.200}: {exc!r}") from exc
+
+    def abort(self, txn: KafkaTransaction) -> None:
+        """Nothing reached Kafka before the commit: dropping the records is the abort."""
+
+    async def abort_lingering(self, restored_checkpoint_id: int | None) -> None:
+        """Start this instance's producer (fencing its id) and fence the ids of instances
+        that the previous parallelism had and this one lacks (this instance takes those
+        with ``id % parallelism == subtask``)."""
+        await self._producer(self.subtask)
+        for owner in range(self.parallelism, self.previous_parallelism):
+            if owner % self.parallelism == self.subtask:
+                await self._producer(owner)
+
+    def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
+        """Instance ``subtask`` of ``parallelism``: a transactional writer, or an
+        idempotent one for at least once."""
+        instance = _copy_for(self, subtask, parallelism)
+        if not self.exactly_once:
+            return AtLeastOnceKafkaWriter(instance)
+        return _KafkaTransactionalWriter(instance)
+
+
+def _copy_for(sink: KafkaSink, subtask: int, parallelism: int) -> KafkaSink:
+    import copy
+
+    instance = copy.copy(sink)
+    instance.subtask, instance.parallelism = subtask, parallelism
+    instance._producers = {}
+    instance._markers = None
+    return instance
+
+
+async def _abort_quietly(producer: Any) -> None:
+    try:
+        await producer.abort_transaction()
+    except Exception as exc:  # the original error is the news; a fenced producer cannot abort
+        log.debug("aborting a failed Kafka transaction failed too: %r", exc)
+
+
+class _KafkaTransactionalWriter(TwoPhaseCommitWriter[KafkaTransaction]):
+    """The two-phase-commit writer, plus: remember the restored checkpoint's parallelism
+    (its epoch entries name every old instance) and close the producers."""
+
+    sink: KafkaSink
+
+    async def restore_state(self, entries: list[Any]) -> None:
+        self.sink.previous_parallelism = 1 + max(
+            (int(e["subtask"]) for e in entries if isinstance(e, dict) and "subtask" in e),
+            default=-1)
+        await super().restore_state(entries)
+
+    async def close(self) -> None:  # type: ignore[override]
+        super().close()
+        producers, self.sink._producers = self.sink._producers, {}
+        for producer in producers.values():
+            try:
+                await producer.stop()
+            except Exception as exc:  # closing after a failure: the first error is the news
+                log.debug("stopping a Kafka producer failed: %r", exc)
+
+
+class AtLeastOnceKafkaWriter(SinkWriter):
+    """At least once: an idempotent producer (no duplicates from its own retries), flushed
+    at every checkpoint; a send that Kafka refused fails the job at the latest there.
+
+    Args:
+        sink: the per-instance copy of the sink.
+    """
+
+    def __init__(self, sink: KafkaSink) -> None:
+        self.sink = sink
+        self._producer: Any = None
+        self._in_flight: list[tuple[asyncio.Future[Any], Serialized]] = []
+
+    async def write(self, batch: list[Any]) -> None:
+        if self._producer is None:
+            self._producer = self.sink._new_producer(None)
+            await self._producer.start()
+        producer, topic = self._producer, self.sink.topic
+        for record in batch:
+            key, value, headers = serialized = self.sink.serialize(record)
+            future = await producer.send(topic, value, key=key, headers=headers)
+            self._in_flight.append((future, serialized))
+        if len(self._in_flight) > 50_000:
+            await self._settle()
+
+    async def _settle(self) -> None:
+        in_flight, self._in_flight = self._in_flight, []
+        for future, (key, value, _) in in_flight:
+            try:
+                await future
+            except Exception as exc:
+                raise KafkaSinkError(
+                    f"Kafka sink to {self.sink.topic!r}: Kafka refused the record "
+                    f"key={key!r:.80} value={value!r:.200}: {exc!r}") from exc
+
+    async def snapshot_state(self, checkpoint_id: int) -> list[Any]:  # type: ignore[override]
+        """Flush: the checkpoint completes only when Kafka acknowledged every record before
+        its barrier."""
+        if self._producer is not None:
+            await self._producer.flush()
+        await self._settle()
+        return []
+
+    async def finish(self) -> None:
+        await self.snapshot_state(0)
+
+    async def close(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+
+
