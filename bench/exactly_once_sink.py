@@ -24,12 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reactive.connectors.collections import DiscardingSink
-from reactive.connectors.files import CommittingFileSink, FileTransaction
-
 from bench.common import peak_rss_mb, print_table, zipf_keys
 from bench.w1 import Count
 from reactive import CheckpointConfig, Dataflow, Sink
+from reactive.connectors.collections import DiscardingSink
+from reactive.connectors.files import CommittingFileSink, FileTransaction
 
 
 class TimedFileSink(CommittingFileSink):

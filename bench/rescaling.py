@@ -23,10 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from reactive import ValueStateDescriptor, key_group_range_for_operator
 from reactive.backends.heap import HeapStateBackend
 from reactive.backends.rocksdb import RocksDBStateBackend
-
-from reactive import ValueStateDescriptor, key_group_range_for_operator
 from reactive.keygroups import KeyGroupAssigner
 from reactive.state.backend import SnapshotContext, StateBackend
 

@@ -33,9 +33,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 import pyarrow.parquet as pq
-from reactive.connectors.spark import ResultLog, local_session, validate_exactly_once
 
 from bench.common import peak_rss_mb, print_table
+from reactive.connectors.spark import ResultLog, local_session, validate_exactly_once
 
 VOCABULARY = 50_000
 

@@ -25,9 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from reactive.backends.heap import HeapStateBackend
-from reactive.backends.rocksdb import RocksDBStateBackend
-from reactive.connectors.collections import DiscardingSink
 
 from bench.common import peak_rss_mb, print_table, zipf_keys
 from bench.w1 import bare_loop
@@ -39,6 +36,9 @@ from reactive import (
     StateBackend,
     ValueStateDescriptor,
 )
+from reactive.backends.heap import HeapStateBackend
+from reactive.backends.rocksdb import RocksDBStateBackend
+from reactive.connectors.collections import DiscardingSink
 
 __all__ = ["main"]
 

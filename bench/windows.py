@@ -19,10 +19,9 @@ import random
 import time
 from typing import Any
 
-from reactive.connectors.collections import ListSink
-
 from bench.naive_windows import NaiveAggregator
 from reactive import AggregateFunction, Dataflow
+from reactive.connectors.collections import ListSink
 from reactive.windowing import CountWindows, CuttyAggregator
 
 

@@ -66,9 +66,8 @@ def final_counts(records: Iterable[tuple[Any, int]]) -> dict[Any, int]:
 def checkpoint_state(directory: Any, job: str, uid: str, state: str) -> dict[Any, Any]:
     """The keyed state ``state`` of operator ``uid`` in the job's latest completed checkpoint
     (heap backend), merged over all instances."""
-    from reactive.backends.heap import read_heap_snapshot
-
     from reactive import CheckpointStorage
+    from reactive.backends.heap import read_heap_snapshot
 
     chk = CheckpointStorage(directory, job).completed()[-1]
     out: dict[Any, Any] = {}

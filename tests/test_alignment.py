@@ -8,10 +8,9 @@ import collections
 import pickle
 from typing import Any
 
+from reactive import CheckpointConfig, CheckpointStorage, Dataflow, Source, SourceReader
 from reactive.backends.heap import read_heap_snapshot
 from reactive.connectors.collections import ListSink
-
-from reactive import CheckpointConfig, CheckpointStorage, Dataflow, Source, SourceReader
 from reactive.runtime.barrier_handler import CheckpointBarrierTracker, SingleCheckpointBarrierHandler
 from reactive.runtime.channel import Channel, InputGate
 from reactive.runtime.events import CheckpointBarrier

@@ -19,9 +19,6 @@ from typing import Any, NamedTuple
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from reactive.backends.heap import HeapStateBackend
-from reactive.backends.rocksdb import RocksDBStateBackend, read_rocksdb_snapshot
-from reactive.connectors.collections import ListSink
 
 from reactive import (
     CheckpointConfig,
@@ -33,6 +30,9 @@ from reactive import (
     RestoreError,
     assign_to_key_group,
 )
+from reactive.backends.heap import HeapStateBackend
+from reactive.backends.rocksdb import RocksDBStateBackend, read_rocksdb_snapshot
+from reactive.connectors.collections import ListSink
 from reactive.errors import UnsupportedKeyError
 from reactive.key_encoding import decode_key, encode_key
 from reactive.keygroups import KeyGroupAssigner

@@ -10,7 +10,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from reactive.connectors.collections import ListSink
 
 from reactive import (
     CheckpointConfig,
@@ -19,6 +18,7 @@ from reactive import (
     ProcessFunction,
     RestartStrategy,
 )
+from reactive.connectors.collections import ListSink
 from reactive.errors import CheckpointError, JobFailedError, StateSerializationError
 from reactive.sources import Source, SourceReader
 from reactive.two_phase_commit import TwoPhaseCommitSink

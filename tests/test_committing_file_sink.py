@@ -24,7 +24,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from reactive.connectors.files import CommittingFileSink, FileTransaction
 
 from reactive import (
     CheckpointConfig,
@@ -33,6 +32,7 @@ from reactive import (
     RestartStrategy,
     UserFunctionError,
 )
+from reactive.connectors.files import CommittingFileSink, FileTransaction
 
 from .conftest import Count
 from .pipelines import committing_file_job as pipeline

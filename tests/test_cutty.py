@@ -7,10 +7,9 @@ import math
 import random
 from typing import Any
 
-from reactive.connectors.collections import ListSink
-
 from bench.naive_windows import NaiveAggregator
 from reactive import AggregateFunction, Dataflow, SlidingEventTimeWindows, TumblingEventTimeWindows
+from reactive.connectors.collections import ListSink
 from reactive.windowing import (
     AggregateStats,
     CountWindows,

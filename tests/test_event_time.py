@@ -7,7 +7,6 @@ import asyncio
 from typing import Any
 
 import pytest
-from reactive.connectors.collections import ListSink
 
 from reactive import (
     ConfigurationError,
@@ -16,6 +15,7 @@ from reactive import (
     ManualClock,
     TumblingEventTimeWindows,
 )
+from reactive.connectors.collections import ListSink
 from reactive.sources import Source, SourceReader
 from reactive.time import BoundedOutOfOrdernessWatermarks
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from reactive.connectors.collections import ListSink
-
 from reactive import CheckpointConfig, Dataflow, RestartStrategy
+from reactive.connectors.collections import ListSink
 
 from .conftest import FailureInjector, checkpoint_state, failing_count, final_counts
 

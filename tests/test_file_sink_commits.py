@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reactive.connectors.files import CommittingFileSink, FileTransaction, PartFileError
 
 from reactive import (
     CheckpointConfig,
@@ -35,6 +34,7 @@ from reactive import (
     JobFailedError,
     RestartStrategy,
 )
+from reactive.connectors.files import CommittingFileSink, FileTransaction, PartFileError
 
 from .conftest import Count
 from .pipelines import committing_file_job as pipeline

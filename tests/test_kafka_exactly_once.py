@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from reactive.connectors.kafka import read_committed
 
+from reactive.connectors.kafka import read_committed
 from tests.kafka_cluster import CLIENT_OPTIONS, MockKafkaCluster
 from tests.pipelines import kafka_count_job as job
 

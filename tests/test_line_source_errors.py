@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reactive.connectors.collections import ListSink
-from reactive.connectors.files import InvalidLine, LineFileSource
 
 from reactive import ConfigurationError, Dataflow, JobFailedError, UserFunctionError
+from reactive.connectors.collections import ListSink
+from reactive.connectors.files import InvalidLine, LineFileSource
 
 GOOD = ["first line", "zweite Zeile: grün", "", "fourth"]
 BAD = b"caf\xe9 au lait"  # latin-1, not UTF-8

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reactive.connectors.files import CommittingFileSink
 
 from reactive import (
     CheckpointConfig,
@@ -22,6 +21,7 @@ from reactive import (
     RestartStrategy,
 )
 from reactive.checkpoint.savepoints import export_savepoint
+from reactive.connectors.files import CommittingFileSink
 from reactive.errors import JobFailedError, RestoreError
 from reactive.sources import Source, SourceReader
 from tests.conftest import Count, FailureInjector, failing_count

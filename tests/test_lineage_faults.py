@@ -58,9 +58,8 @@ def expected_output() -> collections.Counter[tuple[str, int]]:
 def final_state(chk: Path) -> dict[Any, int]:
     """The ``count`` state of the newest completed checkpoint, read through a heap backend
     that owns every key group (it reads heap and RocksDB snapshots alike)."""
-    from reactive.backends.heap import HeapKeyedStateBackend
-
     from reactive import CheckpointStorage, KeyGroupRange, ValueStateDescriptor
+    from reactive.backends.heap import HeapKeyedStateBackend
 
     newest = CheckpointStorage(chk, JOB).completed()[-1]
     maxp = int(newest.metadata["max_parallelism"])

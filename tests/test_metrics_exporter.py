@@ -8,9 +8,9 @@ import urllib.request
 from typing import Any
 
 import pytest
-from reactive.connectors.collections import ListSink
 
 from reactive import CheckpointConfig, Dataflow
+from reactive.connectors.collections import ListSink
 from reactive.errors import MissingExtraError
 from reactive.sources import Source, SourceReader
 

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from reactive.connectors.collections import ListSink
 
 from reactive import (
     Dataflow,
@@ -21,6 +20,7 @@ from reactive import (
     TumblingEventTimeWindows,
     UserFunctionError,
 )
+from reactive.connectors.collections import ListSink
 
 WORDS = ["a", "bb", "a", "ccc"]
 MESSAGE = "process_element must yield its outputs (or return None or a list)"

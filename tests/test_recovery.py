@@ -7,7 +7,6 @@ import logging
 import shutil
 
 import pytest
-from reactive.connectors.collections import ListSink
 
 from reactive import (
     CheckpointConfig,
@@ -17,6 +16,7 @@ from reactive import (
     RestartStrategy,
     UserFunctionError,
 )
+from reactive.connectors.collections import ListSink
 
 from .conftest import Count, FailureInjector, checkpoint_state, failing_count, final_counts
 

@@ -15,10 +15,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reactive.backends.heap import HeapStateBackend, iter_heap_key_groups
-from reactive.backends.rocksdb import RocksDBStateBackend, iter_rocksdb_key_groups
-from reactive.connectors.collections import ListSink
-from reactive.connectors.files import LineFileSource
 
 from reactive import (
     CheckpointConfig,
@@ -30,7 +26,11 @@ from reactive import (
     RestoreError,
     assign_to_key_group,
 )
+from reactive.backends.heap import HeapStateBackend, iter_heap_key_groups
+from reactive.backends.rocksdb import RocksDBStateBackend, iter_rocksdb_key_groups
 from reactive.checkpoint.state_assignment_operation import StateAssignmentOperation
+from reactive.connectors.collections import ListSink
+from reactive.connectors.files import LineFileSource
 from reactive.sinks import SinkWriter
 from reactive.sources import Source, SourceReader
 from reactive.state.backend import StateBackend

@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reactive.backends.rocksdb import RocksDBStateBackend, read_rocksdb_snapshot
-from reactive.connectors.collections import CallbackSink, ListSink
 
 from reactive import (
     CheckpointConfig,
@@ -32,7 +30,9 @@ from reactive import (
     SourceReader,
     ValueStateDescriptor,
 )
+from reactive.backends.rocksdb import RocksDBStateBackend, read_rocksdb_snapshot
 from reactive.checkpoint.metadata import iter_file_refs
+from reactive.connectors.collections import CallbackSink, ListSink
 
 from .conftest import Count, FailureInjector, failing_count, final_counts, zipf_words
 

@@ -6,7 +6,6 @@ import asyncio
 import collections
 
 import pytest
-from reactive.connectors.collections import ListSink
 
 from reactive import (
     CheckpointConfig,
@@ -19,6 +18,7 @@ from reactive import (
     SinkWriter,
     UserFunctionError,
 )
+from reactive.connectors.collections import ListSink
 
 from .conftest import Count, final_counts
 

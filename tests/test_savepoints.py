@@ -87,9 +87,8 @@ async def test_savepoint_in_checkpoint_storage_survives_retention(tmp_path: Path
 
 
 async def test_intermediate_savepoint_does_not_commit_side_effects(tmp_path: Path) -> None:
-    from reactive.connectors.files import CommittingFileSink
-
     from reactive import Dataflow
+    from reactive.connectors.files import CommittingFileSink
 
     out = tmp_path / "out"
     flow = Dataflow("commits", parallelism=1, batch_size=16)

@@ -21,6 +21,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from reactive import (
+    CheckpointConfig,
+    CheckpointStorage,
+    Dataflow,
+    RestoreError,
+    StateBackend,
+    assign_to_key_group,
+)
 from reactive.backends.rocksdb import RocksDBStateBackend
 from reactive.connectors.collections import ListSink
 from reactive.connectors.files import CommittingFileSink
@@ -37,15 +46,6 @@ from reactive.connectors.spark import (
     validate_exactly_once,
 )
 from reactive.connectors.spark.__main__ import main as cli_main
-
-from reactive import (
-    CheckpointConfig,
-    CheckpointStorage,
-    Dataflow,
-    RestoreError,
-    StateBackend,
-    assign_to_key_group,
-)
 
 from .conftest import Count, checkpoint_state, final_counts, zipf_words
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from reactive import StateBackend
 from reactive.backends.heap import HeapStateBackend
 from reactive.backends.rocksdb import RocksDBStateBackend
-
-from reactive import StateBackend
 
 from .backend_contract import StateBackendContract
 

@@ -10,9 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reactive.backends.heap import HeapKeyedStateBackend, HeapStateBackend
-from reactive.backends.rocksdb import RocksDBStateBackend
-from reactive.connectors.collections import ListSink
 
 from reactive import (
     CheckpointConfig,
@@ -22,6 +19,9 @@ from reactive import (
     RestartStrategy,
     ValueStateDescriptor,
 )
+from reactive.backends.heap import HeapKeyedStateBackend, HeapStateBackend
+from reactive.backends.rocksdb import RocksDBStateBackend
+from reactive.connectors.collections import ListSink
 from reactive.errors import StateSerializationError
 from reactive.keygroups import KeyGroupRange
 from reactive.state.backend import SnapshotContext, StateBackend

@@ -10,8 +10,6 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reactive.backends.heap import HeapKeyedStateBackend
-from reactive.connectors.collections import ListSink
 
 from reactive import (
     Dataflow,
@@ -20,6 +18,8 @@ from reactive import (
     ValueStateDescriptor,
     key_group_range_for_operator,
 )
+from reactive.backends.heap import HeapKeyedStateBackend
+from reactive.connectors.collections import ListSink
 from reactive.time.timers import EVENT_TIMERS, InternalTimerService
 
 MAXP = 16

@@ -8,9 +8,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-from reactive.backends.heap import HeapKeyedStateBackend
-from reactive.connectors.collections import ListSink
-
 from reactive import (
     CheckpointConfig,
     Dataflow,
@@ -21,6 +18,8 @@ from reactive import (
     ValueStateDescriptor,
     key_group_range_for_operator,
 )
+from reactive.backends.heap import HeapKeyedStateBackend
+from reactive.connectors.collections import ListSink
 from reactive.sources import Source, SourceReader
 from reactive.time.timers import InternalTimerService
 

@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
-from reactive.connectors.collections import ListSink
 
 from reactive import CheckpointConfig, CheckpointStorage, Dataflow
 from reactive.checkpoint.metadata import KEY_ENV
 from reactive.checkpoint.savepoints import export_savepoint
 from reactive.cli import main as cli
+from reactive.connectors.collections import ListSink
 from reactive.errors import ConfigurationError, CorruptCheckpointError
 from tests.conftest import Count
 

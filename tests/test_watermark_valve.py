@@ -14,9 +14,9 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reactive.connectors.collections import ListSink
 
 from reactive import Dataflow, ManualClock, TumblingEventTimeWindows
+from reactive.connectors.collections import ListSink
 from reactive.runtime.watermark_valve import StatusWatermarkValve
 from reactive.sources import Source, SourceReader
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reactive.connectors.collections import ListSink
 
 from reactive import (
     AggregateFunction,
@@ -24,6 +23,7 @@ from reactive import (
     TumblingEventTimeWindows,
     WindowResult,
 )
+from reactive.connectors.collections import ListSink
 from reactive.sinks import Sink, SinkWriter
 
 

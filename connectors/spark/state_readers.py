@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import reactive.backends  # noqa: F401  (registers the built-in key-group readers)
-
 from reactive.errors import RestoreError
 from reactive.keygroups import KeyGroupRange
 from reactive.serialization import Serializer

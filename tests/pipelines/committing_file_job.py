@@ -41,9 +41,6 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from reactive.connectors.collections import CollectionSource, _CollectionReader
-from reactive.connectors.files import CommittingFileSink, FileTransaction
-
 from reactive import (
     CheckpointConfig,
     Dataflow,
@@ -51,6 +48,8 @@ from reactive import (
     RestartStrategy,
     ValueStateDescriptor,
 )
+from reactive.connectors.collections import CollectionSource, _CollectionReader
+from reactive.connectors.files import CommittingFileSink, FileTransaction
 from reactive.sources import SourceReader
 
 JOB = "committing-files"

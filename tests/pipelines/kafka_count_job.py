@@ -32,8 +32,6 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from reactive.connectors.kafka import KafkaSink, KafkaSource, KafkaTransaction
-
 from reactive import (
     CheckpointConfig,
     Dataflow,
@@ -41,6 +39,7 @@ from reactive import (
     RestartStrategy,
     ValueStateDescriptor,
 )
+from reactive.connectors.kafka import KafkaSink, KafkaSource, KafkaTransaction
 
 JOB = "kafka-count"
 CLIENT_OPTIONS = {"check_crcs": False}  # aiokafka against librdkafka's mock cluster

@@ -22,8 +22,6 @@ import signal
 from collections.abc import Iterable
 from typing import Any
 
-from reactive.connectors.files import CommittingFileSink
-
 from reactive import (
     CheckpointConfig,
     Dataflow,
@@ -31,6 +29,7 @@ from reactive import (
     RestartStrategy,
     ValueStateDescriptor,
 )
+from reactive.connectors.files import CommittingFileSink
 from tests.conftest import zipf_words
 
 JOB = "lineage-faults"
