@@ -16,6 +16,7 @@ __all__ = [
     "JobFailedError",
     "MissingExtraError",
     "ReactiveError",
+    "RecordRejectedError",
     "RestoreError",
     "StateAccessError",
     "StateSerializationError",
@@ -70,6 +71,19 @@ class UserFunctionError(ReactiveError):
             f"operator {operator!r} (uid {uid!r}, subtask {subtask}/{parallelism}) failed on "
             f"record {_preview(record)}{where}: {type(cause).__name__}: {cause}"
         )
+
+
+class RecordRejectedError(ReactiveError):
+    """A sink (or the system behind it) refused one record; raised by a sink writer so that
+    the job's error names that record, not the first one of its batch.
+
+    Attributes:
+        record: the refused record.
+    """
+
+    def __init__(self, message: str, record: Any) -> None:
+        super().__init__(message)
+        self.record = record
 
 
 class StateAccessError(ReactiveError):

@@ -18,6 +18,7 @@ uses, in one module (the user API is :mod:`reactive`; everything else is interna
 """
 
 from .checkpoint.durable_files import write_atomic
+from .errors import RecordRejectedError
 from .key_encoding import decode_key, encode_key
 from .keygroups import KeyGroupRange, assign_to_key_group, key_group_range_for_operator
 from .serialization import Serializer
@@ -42,6 +43,7 @@ from .state.key_group_stream import (
 from .two_phase_commit import TwoPhaseCommitSink
 
 __all__ = [
+    "RecordRejectedError",
     "KeyGroupRange",
     "KeyGroupReader",
     "KeyGroupState",

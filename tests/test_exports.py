@@ -31,8 +31,8 @@ USER_API = {
 PLUGIN_API = {
     "KeyGroupRange", "KeyGroupReader", "KeyGroupState", "KeyGroupStream", "KeyedStateBackend",
     "KeyedStateSnapshot", "ListState", "ListStateDescriptor", "MapState", "MapStateDescriptor",
-    "ReducingState", "ReducingStateDescriptor", "Serializer", "Sink", "SinkWriter",
-    "SnapshotContext", "Source", "SourceReader", "State", "StateBackend", "StateDescriptor",
+    "RecordRejectedError", "ReducingState", "ReducingStateDescriptor", "Serializer", "Sink",
+    "SinkWriter", "SnapshotContext", "Source", "SourceReader", "State", "StateBackend", "StateDescriptor",
     "TwoPhaseCommitSink", "ValueState", "ValueStateDescriptor", "assign_to_key_group",
     "decode_key", "encode_key", "key_group_range_for_operator", "read_key_groups",
     "register_key_group_reader", "write_atomic",

@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from reactive.errors import ConfigurationError
+from reactive.errors import ConfigurationError, RecordRejectedError
 from reactive.sinks import SinkWriter
 from reactive.two_phase_commit import TwoPhaseCommitSink, TwoPhaseCommitWriter
 
@@ -55,10 +55,13 @@ Headers = list[tuple[str, bytes]]
 Serialized = tuple[bytes | None, bytes, Headers | None]
 
 
-class KafkaSinkError(RuntimeError):
+class KafkaSinkError(RecordRejectedError):
     """Kafka did not accept a record (broker down, record too large, authorization ...);
-    the message names the topic and the record. The job fails; nothing unaccepted was
-    acknowledged."""
+    the message names the topic and the record (``record``, None when a whole transaction
+    failed). The job fails; nothing unaccepted was acknowledged."""
+
+    def __init__(self, message: str, record: Any = None) -> None:
+        super().__init__(message, record)
 
 
 @dataclass
@@ -179,12 +182,14 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
             headers = None if self.headers_fn is None else list(self.headers_fn(record))
         except Exception as exc:
             raise KafkaSinkError(f"Kafka sink to {self.topic!r}: cannot serialize record "
-                                 f"{record!r:.200}: {type(exc).__name__}: {exc}") from exc
+                                 f"{record!r:.200}: {type(exc).__name__}: {exc}",
+                                 record) from exc
         size = len(value_bytes) + len(key_bytes or b"")
         if size > self.max_request_size:
             raise KafkaSinkError(
                 f"Kafka sink to {self.topic!r}: record {record!r:.200} is {size} bytes, more "
-                f"than max_request_size ({self.max_request_size}); Kafka would refuse it")
+                f"than max_request_size ({self.max_request_size}); Kafka would refuse it",
+                record)
         return key_bytes, value_bytes, headers
 
     # ------------------------------------------------------------------ producers

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any
 
-from ...errors import ConfigurationError
+from ...errors import ConfigurationError, RecordRejectedError
 from ...sinks import Sink, SinkWriter
 from ...state.backend import KeyedStateBackend
 from ...state.operator_state import OperatorListState, RedistributionMode
@@ -54,7 +54,8 @@ class SinkOperator(StreamOperator):
             await maybe_await(start_fresh())
 
     async def write(self, batch: list[Any]) -> None:
-        """Write a batch, reporting a failure with the batch's first record.
+        """Write a batch, reporting a failure with the record the writer refused
+        (:class:`~reactive.errors.RecordRejectedError`), else the batch's first record.
 
         Raises:
             ConfigurationError: as the writer raised it (a misconfigured sink is not the
@@ -65,6 +66,8 @@ class SinkOperator(StreamOperator):
             await maybe_await(self.writer.write(batch))
         except ConfigurationError:
             raise
+        except RecordRejectedError as exc:
+            raise self.fail(exc.record, exc) from exc
         except Exception as exc:
             raise self.fail(batch[0] if batch else None, exc) from exc
 
