@@ -48,7 +48,7 @@ from .sinks import Sink, SinkWriter
 
 __all__ = ["TwoPhaseCommitSink", "TwoPhaseCommitWriter"]
 
-log = logging.getLogger("reactive.sinks")
+log = logging.getLogger(__name__)
 
 TxnT = TypeVar("TxnT")
 

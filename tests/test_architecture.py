@@ -159,3 +159,18 @@ def test_the_module_map_lists_every_module():
     listed = {line.split()[0] for line in block.splitlines() if line.strip()}
     actual = {str(path.relative_to(ROOT)) for path in MODULES.values()}
     assert sorted(actual - listed) == [] and sorted(listed - actual) == []
+
+
+def test_one_logger_per_module():
+    """Every module that logs uses ``logging.getLogger(__name__)``, so a user tunes the
+    log level of one module (``reactive.checkpoint.coordinator``) or of a whole room
+    (``reactive.checkpoint``)."""
+    bad = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "getLogger"
+                    and not (len(node.args) == 1 and isinstance(node.args[0], ast.Name)
+                             and node.args[0].id == "__name__")):
+                bad.append(name)
+    assert bad == []

@@ -27,7 +27,7 @@ from .transaction import FileTransaction
 
 __all__ = ["CommittingFileSink", "PartFileError"]
 
-log = logging.getLogger("reactive.connectors.files")
+log = logging.getLogger(__name__)
 
 _FORMATS = {"jsonl": "jsonl", "parquet": "parquet"}
 

@@ -27,7 +27,7 @@ from .storage import CheckpointStorage
 
 __all__ = ["CompletedCheckpointStore"]
 
-log = logging.getLogger("reactive.checkpoint")
+log = logging.getLogger(__name__)
 
 
 class CompletedCheckpointStore:

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CheckpointCoordinator", "OperatorInfo", "PendingCheckpoint"]
 
-log = logging.getLogger("reactive.checkpoint")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from .storage import CheckpointStorage
 __all__ = ["RejectedCheckpoint", "ReplayPolicy", "candidates_in", "committed_output",
            "lineage_candidates", "resume_candidates", "select_restore"]
 
-log = logging.getLogger("reactive.checkpoint")
+log = logging.getLogger(__name__)
 
 REPLAY_OPTION = "allow_replayed_output=True (reactive run --allow-replayed-output)"
 

@@ -31,7 +31,7 @@ from .metadata import METADATA, CompletedCheckpoint, iter_file_refs, read_metada
 
 __all__ = ["CheckpointStorage", "validate_job_name"]
 
-log = logging.getLogger("reactive.checkpoint")
+log = logging.getLogger(__name__)
 
 _CHK = re.compile(r"^chk-(\d+)$")
 

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Job", "JobOptions", "JobStatus"]
 
-log = logging.getLogger("reactive.job")
+log = logging.getLogger(__name__)
 
 JobStatus = Literal["created", "running", "restarting", "finished", "failed", "cancelled",
                     "stopped"]

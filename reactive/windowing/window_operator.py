@@ -35,7 +35,7 @@ from .functions import AggregateFunction, ProcessWindowFunction, WindowResult
 
 __all__ = ["CountWindowOperator", "LateRecord", "SharedWindowOperator", "WindowOperator"]
 
-log = logging.getLogger("reactive.windowing")
+log = logging.getLogger(__name__)
 
 _MISSING = object()
 
