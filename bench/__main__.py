@@ -8,7 +8,9 @@
 - W3: the flights job killed with SIGKILL at 50% of its input: duration of the restarted run
   and the records it read again (those after the restored checkpoint's source offset).
 
-Options: ``--records N`` (W1 size), ``--no-write`` (do not update bench/README.md).
+Options: ``--records N`` (W1 size), ``--no-write`` (do not update bench/README.md),
+``--png PATH`` (the bar chart of the ratios, default ``bench/results/bench.png``; skipped, with
+a line saying so, when matplotlib, the ``plot`` extra, is missing), ``--no-png``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from bench import w1
 from bench.common import print_table
+from bench.figures import RESULTS, write_ratio_png
 
 ROOT = Path(__file__).resolve().parent.parent
 FLIGHTS = ROOT / "examples" / "flights.py"
@@ -70,10 +73,14 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--records", type=int, default=2_000_000)
     p.add_argument("--no-write", dest="write", action="store_false")
+    p.add_argument("--png", default=str(RESULTS / "bench.png"),
+                   help="bar chart of the ratios (default: %(default)s)")
+    p.add_argument("--no-png", dest="png", action="store_const", const=None,
+                   help="do not write the bar chart")
     args = p.parse_args(argv)
 
     print("W1 ...", flush=True)
-    w1_table = w1.main(["--records", str(args.records)])
+    w1_table = w1.main(["--records", str(args.records), "--no-png"])
     sys.path.insert(0, str(ROOT / "examples"))
     from flights_data import prepare_flights
 
@@ -99,12 +106,20 @@ def main(argv: list[str] | None = None) -> None:
           f"restarted run {w3['seconds']:.1f} s (W2 full run {w2['seconds']:.1f} s); "
           f"records read again: {reread:,} of {total:,}"]],
     )
+    png = None
+    if args.png:
+        print()
+        png = write_ratio_png(f"{w1_table}\n\n{table}", args.png,
+                              f"python -m bench: W1 ({args.records:,} records), W2, W3")
     if not args.write:
         return
     readme = ROOT / "bench" / "README.md"
     text = readme.read_text() if readme.exists() else "# Benchmarks\n"
     section = (f"{BEGIN}\n## python -m bench (W1, W2, W3)\n\nCommand: `.venv/bin/python -m bench`"
                f" (run on {time.strftime('%Y-%m-%d')}).\n\n{w1_table}\n\n{table}\n{END}")
+    if png is not None and png.resolve().is_relative_to(readme.parent):
+        figure = png.resolve().relative_to(readme.parent).as_posix()
+        section = section.replace(f"\n{END}", f"\n\n![the ratios as bars]({figure})\n{END}")
     if BEGIN in text:
         text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
     else:

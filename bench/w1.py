@@ -1,13 +1,15 @@
 """W1: keyed count of Zipf(1.1) keys, without and with checkpoints, against a bare loop.
 
     python -m bench.w1 [--records 2000000] [--vocabulary 100000] [--parallelism 1]
+                       [--png bench/results/w1.png | --no-png]
 
 Runs in one process, in this order: a bare Python loop counting the same keys (the
 baseline), the pipeline ``from_collection -> key_by -> KeyedProcessFunction count ->
 discarding sink`` without checkpoints, and the same with checkpoints every second (heap
 backend). Prints records/s, the ratios to the bare loop and to the run without
 checkpoints, and per checkpoint the alignment, synchronous part, asynchronous part (ms)
-and bytes.
+and bytes. The ratios are also drawn as a bar chart PNG (``--png``; skipped, with a line
+saying so, when matplotlib, the ``plot`` extra, is missing).
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ import tempfile
 import time
 from typing import Any
 
-from reactive.connectors.collections import DiscardingSink
-
 from bench.common import peak_rss_mb, print_table, zipf_keys
+from bench.figures import RESULTS, write_ratio_png
 from reactive import CheckpointConfig, Dataflow, KeyedProcessFunction, ValueStateDescriptor
+from reactive.connectors.collections import DiscardingSink
 
 
 class Count(KeyedProcessFunction):
@@ -62,6 +64,10 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--vocabulary", type=int, default=100_000)
     p.add_argument("--parallelism", type=int, default=1)
     p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--png", default=str(RESULTS / "w1.png"),
+                   help="bar chart of the ratios (default: %(default)s)")
+    p.add_argument("--no-png", dest="png", action="store_const", const=None,
+                   help="do not write the bar chart")
     args = p.parse_args(argv)
     keys = zipf_keys(args.records, args.vocabulary)
     from reactive.runtime.loop import run_coroutine
@@ -81,6 +87,10 @@ def main(argv: list[str] | None = None) -> str:
           chk_rate / plain]],
     )
     print()
+    if args.png:
+        write_ratio_png(table, args.png, f"W1: {args.records:,} Zipf(1.1) keys, parallelism "
+                        f"{args.parallelism}, checkpoints every {args.interval:g} s")
+        print()
     rows = [[c.checkpoint_id, c.alignment * 1e3, c.sync * 1e3, c.async_ * 1e3, c.size]
             for c in done]
     if done:

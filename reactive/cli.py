@@ -5,6 +5,7 @@ reactive run MODULE[:ATTR] [--checkpoint-dir D] [--interval S] [--backend heap|r
              [--parallelism N] [--resume | --fresh] [--allow-replayed-output]
 reactive checkpoints list D
 reactive checkpoints inspect D/<job>/chk-N
+reactive checkpoints plot D[/<job>] [--output FILE.png] [--x id|time]   (the plot extra)
 reactive savepoint D/<job>[/chk-N] --output P   (a checkpoint -> a self-contained savepoint)
 reactive validate ...            (the Spark validation: python -m reactive.connectors.spark validate)
 ```
@@ -26,13 +27,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from .checkpoint.history_plot import CheckpointHistoryError, plot_checkpoint_history
 from .checkpoint.metadata import METADATA, iter_file_refs, read_metadata
 from .checkpoint.savepoints import export_savepoint
 from .checkpoint.storage import CheckpointStorage
 from .config import CheckpointConfig
 from .dataflow import Dataflow
 from .defaults import builtin
-from .errors import ConfigurationError, JobFailedError, ReactiveError
+from .errors import ConfigurationError, JobFailedError, MissingExtraError, ReactiveError
 from .state.backend import StateBackend
 
 __all__ = ["main"]
@@ -203,6 +205,17 @@ def cmd_checkpoints_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_checkpoints_plot(args: argparse.Namespace) -> int:
+    """Draw the durations and sizes of a job's completed checkpoints into a PNG."""
+    try:
+        plot = plot_checkpoint_history(args.directory, args.output, x=args.x)
+    except (CheckpointHistoryError, MissingExtraError) as exc:
+        raise CliError(str(exc)) from exc
+    print(f"{len(plot.history.points)} checkpoints of job {plot.history.job!r} drawn to "
+          f"{plot.path}")
+    return 0
+
+
 def cmd_savepoint(args: argparse.Namespace) -> int:
     """Copy a completed checkpoint into a self-contained savepoint directory.
 
@@ -279,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "one is damaged although it had committed output (that output is then "
                      "published again)")
     run.set_defaults(func=cmd_run)
-    chk = sub.add_parser("checkpoints", help="list or inspect checkpoints")
+    chk = sub.add_parser("checkpoints", help="list, inspect or plot checkpoints")
     chk_sub = chk.add_subparsers(dest="action", required=True)
     ls = chk_sub.add_parser("list", help="list the checkpoints of a directory")
     ls.add_argument("directory", help="a checkpoint root (every job in it), a job directory "
@@ -290,6 +303,15 @@ def build_parser() -> argparse.ArgumentParser:
                       "directory")
     insp.add_argument("--json", action="store_true", help="print the raw metadata")
     insp.set_defaults(func=cmd_checkpoints_inspect)
+    plot = chk_sub.add_parser("plot", help="draw the durations and sizes of a job's completed "
+                              "checkpoints into a PNG (the plot extra: matplotlib)")
+    plot.add_argument("directory", help="a job directory DIR/<job>, or a checkpoint root "
+                      "that holds one job")
+    plot.add_argument("--output", default=None, help="the PNG file to write (default: "
+                      "DIRECTORY/checkpoints.png)")
+    plot.add_argument("--x", choices=["id", "time"], default="id", help="draw over the "
+                      "checkpoint id or the completion time (default: %(default)s)")
+    plot.set_defaults(func=cmd_checkpoints_plot)
     sp = sub.add_parser("savepoint", help="copy a completed checkpoint into a "
                         "self-contained savepoint (restore it with restore_from=...)")
     sp.add_argument("checkpoint", help="a job directory D/<job> (its latest restorable "

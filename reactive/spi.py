@@ -43,7 +43,6 @@ from .state.key_group_stream import (
 from .two_phase_commit import TwoPhaseCommitSink
 
 __all__ = [
-    "RecordRejectedError",
     "KeyGroupRange",
     "KeyGroupReader",
     "KeyGroupState",
@@ -54,6 +53,7 @@ __all__ = [
     "ListStateDescriptor",
     "MapState",
     "MapStateDescriptor",
+    "RecordRejectedError",
     "ReducingState",
     "ReducingStateDescriptor",
     "Serializer",
