@@ -9,6 +9,7 @@ from .checkpoint.stats import CheckpointStats
 from .checkpoint.storage import CheckpointStorage
 from .config import CheckpointConfig, RestartStrategy
 from .dataflow import Dataflow, KeyedStream, Stream
+from .embedding import PushSource, StateQueryError
 from .errors import (
     CheckpointError,
     ConfigurationError,
@@ -86,6 +87,7 @@ __all__ = [
     "PickleSerializer",
     "ProcessFunction",
     "ProcessWindowFunction",
+    "PushSource",
     "ReactiveError",
     "ReducingState",
     "ReducingStateDescriptor",
@@ -101,6 +103,7 @@ __all__ = [
     "SourceReader",
     "StateAccessError",
     "StateBackend",
+    "StateQueryError",
     "StateSerializationError",
     "Stream",
     "TimeWindow",

@@ -53,6 +53,8 @@ class RuntimeContext:
         self._keyed = keyed_backend
         self._operator_state = operator_state
         self._timer_service: TimerService | None = None
+        # the keyed states the operator's functions use, by name (for state queries)
+        self.keyed_states: dict[str, State] = {}
 
     @property
     def timer_service(self) -> TimerService:
@@ -87,6 +89,7 @@ class RuntimeContext:
                 "use keyed state, or use get_operator_state"
             )
         state: State = self._keyed.get_state(descriptor)
+        self.keyed_states[descriptor.name] = state
         return state
 
     def get_operator_state(self, name: str, mode: RedistributionMode = "split") -> OperatorListState:

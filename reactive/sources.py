@@ -24,6 +24,14 @@ __all__ = ["Source", "SourceReader"]
 class SourceReader(ABC):
     """Reads one instance's share of a source."""
 
+    def open(self, checkpointing: bool) -> None:  # noqa: B027 - optional hook
+        """Called once per attempt before the first read (after ``restore_state``).
+
+        Args:
+            checkpointing: whether the job takes checkpoints (a reader that buffers records
+                for replay can release them at once without).
+        """
+
     @abstractmethod
     async def read_batch(self, max_records: int) -> list[Any] | None:
         """Return up to ``max_records`` records, ``[]`` when none is ready yet, ``None`` at the

@@ -40,6 +40,8 @@ from ..checkpoint.savepoints import move_savepoint
 from ..checkpoint.state_assignment_operation import StateAssignmentOperation
 from ..checkpoint.storage import CheckpointStorage
 from ..config import CheckpointConfig, RestartStrategy
+from ..embedding.committed_results import CommittedResults
+from ..embedding.state_query import CommittedStateCache, StateQueryError, query_live
 from ..errors import (
     CheckpointError,
     ConfigurationError,
@@ -49,6 +51,7 @@ from ..errors import (
     RestoreError,
     StateSerializationError,
 )
+from ..sinks import Sink
 from ..state.backend import StateBackend
 from .execution_graph import ExecutionGraph, validate
 from .metrics import JobMetrics
@@ -181,6 +184,9 @@ class Job:
         )
         self._coordinator: CheckpointCoordinator | None = None
         self._task: asyncio.Task[None] | None = None
+        self._tasks: list[StreamTask] = []  # the running attempt's tasks
+        self._results: dict[str, list[CommittedResults]] = {}  # by sink uid
+        self._committed_state = CommittedStateCache()
         self._running = asyncio.Event()
         self._stopping = False
         validate(flow.transformations, flow.parallelism, flow.max_parallelism)
@@ -238,8 +244,83 @@ class Job:
             pass
         self.status = "cancelled"
 
-    async def _wait_running(self) -> CheckpointCoordinator:
-        """Wait until an attempt runs; raise CheckpointError if the job ended first."""
+    # ------------------------------------------------------------------ embedding
+    def results(self, sink: str | Sink, committed: bool = True) -> CommittedResults:
+        """The records that reach ``sink`` (its uid, or the sink object given to
+        ``stream.sink``), as an async iterator: ``async for record in job.results(...)``.
+
+        Read committed (the default): a record is yielded once the checkpoint that covers it
+        completed, so a failure never takes back what the application saw; without
+        checkpointing, records come at the end of input. Read uncommitted: at once (after a
+        failure the replayed records come again). Iteration ends when the job finishes and
+        raises its error when it fails for good. Ask before the job's first records reach
+        the sink (right after ``start``) to see all of them.
+
+        Raises:
+            ConfigurationError: the job has no such sink.
+        """
+        uid = self._sink_uid(sink)
+        iterator = CommittedResults(committed)
+        self._results.setdefault(uid, []).append(iterator)
+        for task in self._tasks:  # an attempt already running: tap it now
+            if task.sink is not None and task.sink.uid == uid:
+                task.sink.writer = iterator.wrap(task.sink.writer)
+        return iterator
+
+    def _sink_uid(self, sink: str | Sink) -> str:
+        for t in self.flow.transformations:
+            target = getattr(t, "sink", None)
+            if target is None:
+                continue
+            if (isinstance(sink, str) and t.resolved_uid == sink) or target is sink:
+                return t.resolved_uid
+        sinks = sorted(t.resolved_uid for t in self.flow.transformations
+                       if getattr(t, "sink", None) is not None)
+        raise ConfigurationError(f"job {self.name!r} has no sink {sink!r}; its sinks: {sinks}")
+
+    def _tap_sinks(self, tasks: list[StreamTask]) -> None:
+        for task in tasks:
+            if task.sink is not None:
+                for iterator in self._results.get(task.sink.uid, ()):
+                    task.sink.writer = iterator.wrap(task.sink.writer)
+
+    async def query_state(self, uid: str, state: str, key: Any, committed: bool = True) -> Any:
+        """The value of keyed state ``state`` of operator ``uid`` for ``key`` (thesis 4.3.1,
+        queryable state; a point lookup in this process, no server).
+
+        Read committed (the default) answers from the latest checkpoint this run completed
+        (or the one it restored; None before either): a value no failure can take back. Read
+        uncommitted asks the running instance that owns the key's key group, between two of
+        its batches.
+
+        Returns:
+            the value (a list for list state, a dict for map state, for live lookups), or
+            None when the key has none.
+
+        Raises:
+            StateQueryError: no operator ``uid`` or no state ``state`` (live lookups).
+            StateQueryError: also for a live lookup when the job is not running.
+        """
+        if committed:
+            latest = self._latest_committed()
+            if latest is None:
+                return None
+            return self._committed_state.lookup(latest, uid, state, key)
+        await self._wait_attempt()
+        if self.status != "running":
+            raise StateQueryError(f"job {self.name!r} is {self.status}: no live state to query")
+        return await query_live(self._tasks, uid, state, key, self.flow.max_parallelism)
+
+    def _latest_committed(self) -> CompletedCheckpoint | None:
+        coordinator = self._coordinator
+        if coordinator is not None:
+            for checkpoint in reversed(coordinator.store.checkpoints):
+                if checkpoint.metadata.get("run_id") == self.run_id:
+                    return checkpoint
+        return self.restored_from
+
+    async def _wait_attempt(self) -> None:
+        """Wait until an attempt runs or the job ended."""
         assert self._task is not None
         if not self._running.is_set():
             running = asyncio.ensure_future(self._running.wait())
@@ -247,6 +328,11 @@ class Job:
                 await asyncio.wait({running, self._task}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 running.cancel()
+
+    async def _wait_running(self) -> CheckpointCoordinator:
+        """Wait until an attempt runs; raise CheckpointError if the job ended first."""
+        await self._wait_attempt()
+        assert self._task is not None
         coordinator = self._coordinator
         if coordinator is None or self.status != "running" or self._task.done():
             raise CheckpointError(f"job {self.name!r} is {self.status}: cannot checkpoint")
@@ -389,6 +475,22 @@ class Job:
                 log.warning("could not remove the record of run %s: %s", self.run_id, exc)
 
     async def _main(self) -> None:
+        """Run the job; then end every results iterator (with the job's error, if any)."""
+        error: BaseException | None = None
+        try:
+            await self._run_all_attempts()
+        except asyncio.CancelledError:
+            error = JobCancelledError(f"job {self.name!r} was cancelled")
+            raise
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            for results in self._results.values():
+                for iterator in results:
+                    iterator.end(error)
+
+    async def _run_all_attempts(self) -> None:
         try:
             restore = self._initial_restore()
         except ReactiveError as exc:
@@ -511,6 +613,8 @@ class Job:
                 flow.channel_capacity, env, backend, assignment,
             )
             tasks = graph.tasks
+            self._tasks = tasks
+            self._tap_sinks(tasks)
             sources = [t for t in tasks if t.source is not None]
             sources_left.update(t.task_id for t in sources)
             self.metrics.attach(tasks)

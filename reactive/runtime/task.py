@@ -132,6 +132,7 @@ class StreamTask:
                     await op.restore()
                 op.open()
             if self.source is not None:
+                self.source.reader.open(self.env.coordinator is not None)
                 await self._run_source(self.source)
             else:
                 await self._run_inputs()

@@ -1,0 +1,127 @@
+"""A sink's records as an async iterator for the application, released when the checkpoint
+that covers them completes (read committed) or at once (read uncommitted).
+
+Read committed is the epoch commit of the thesis (4.1.3) applied to an in-memory queue: the
+records a sink instance receives between two barriers are held as that checkpoint's
+transaction, released in checkpoint order when it completes, and dropped when the attempt
+fails (the restored job produces them again). So the application never acts on output that a
+failure takes back, whatever the sink itself guarantees. Read uncommitted yields every record
+at once: after a failure it may see records again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+from ..runtime.operators import maybe_await
+from ..sinks import SinkWriter
+
+__all__ = ["CommittedResults"]
+
+_END = object()
+
+
+class CommittedResults(AsyncIterator[Any]):
+    """The records of one sink (all its instances), as an async iterator.
+
+    Made by :meth:`reactive.Job.results`. Iteration ends when the job finishes (after the
+    last records) and raises the job's error when it fails for good.
+
+    Args:
+        committed: read committed (True) or uncommitted (False).
+    """
+
+    def __init__(self, committed: bool = True) -> None:
+        self.committed = committed
+        self._ready: deque[Any] = deque()
+        self._event = asyncio.Event()
+        self._error: BaseException | None = None
+
+    def wrap(self, writer: SinkWriter) -> SinkWriter:
+        """The sink instance's writer, with its records also going to this iterator."""
+        return _TappedWriter(writer, self)
+
+    def _release(self, records: list[Any]) -> None:
+        if records:
+            self._ready.extend(records)
+            self._event.set()
+
+    def end(self, error: BaseException | None = None) -> None:
+        """The job ended (with ``error`` when it failed): iteration stops after the records
+        released so far."""
+        self._error = error
+        self._ready.append(_END)
+        self._event.set()
+
+    def __aiter__(self) -> CommittedResults:
+        return self
+
+    async def __anext__(self) -> Any:
+        while not self._ready:
+            self._event.clear()
+            await self._event.wait()
+        item = self._ready[0]
+        if item is _END:
+            if self._error is not None:
+                raise self._error
+            raise StopAsyncIteration
+        return self._ready.popleft()
+
+
+class _TappedWriter(SinkWriter):
+    """Delegates to the sink's writer; copies its records to a :class:`CommittedResults`,
+    held per checkpoint until it completes (read committed)."""
+
+    def __init__(self, writer: SinkWriter, results: CommittedResults) -> None:
+        self.writer = writer
+        self.results = results
+        self.current: list[Any] = []
+        self.pending: list[tuple[int, list[Any]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        # state_redistribution, start_fresh ... of the wrapped writer
+        return getattr(self.writer, name)
+
+    async def write(self, batch: list[Any]) -> None:
+        await maybe_await(self.writer.write(batch))
+        if self.results.committed:
+            self.current.extend(batch)
+        else:
+            self.results._release(list(batch))
+
+    async def snapshot_state(self, checkpoint_id: int) -> list[Any]:  # type: ignore[override]
+        entries = await maybe_await(self.writer.snapshot_state(checkpoint_id))
+        if self.current:
+            self.pending.append((checkpoint_id, self.current))
+            self.current = []
+        return list(entries or [])
+
+    def restore_state(self, entries: list[Any]) -> Awaitable[None] | None:
+        return self.writer.restore_state(entries)
+
+    async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        await maybe_await(self.writer.notify_checkpoint_complete(checkpoint_id))
+        while self.pending and self.pending[0][0] <= checkpoint_id:
+            self.results._release(self.pending.pop(0)[1])
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> Awaitable[None] | None:
+        # the records stay pending: the next completed checkpoint covers them
+        return self.writer.notify_checkpoint_aborted(checkpoint_id)
+
+    async def finish(self) -> None:
+        """End of input: the final checkpoint committed the intervals before it; what came
+        after it is released now (as the two-phase-commit writers commit it at finish)."""
+        await maybe_await(self.writer.finish())
+        for _, records in self.pending:
+            self.results._release(records)
+        self.pending = []
+        self.results._release(self.current)
+        self.current = []
+
+    def close(self) -> Awaitable[None] | None:
+        # after a failure the held records are taken back: the restored job emits them again
+        self.current, self.pending = [], []
+        return self.writer.close()

@@ -1,0 +1,142 @@
+"""Point lookups of keyed state for the application (queryable state, thesis 4.3.1): read
+committed, from the latest completed checkpoint, or live, from the operator instance that
+owns the key's key group (asked in its task's mailbox, between two batches, so the lookup
+never sees a half-processed batch's key). No network server: the application and the job
+share the process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+from ..checkpoint.metadata import CompletedCheckpoint
+from ..errors import ReactiveError
+from ..keygroups import KeyGroupRange, assign_to_key_group, operator_index_for_key_group
+from ..state.api import ListState, MapState, ReducingState, State, ValueState
+from ..state.key_group_stream import read_key_groups
+
+__all__ = ["CommittedStateCache", "StateQueryError", "query_live"]
+
+
+class StateQueryError(ReactiveError):
+    """A state query names an operator or state the job does not have, or the operator is
+    not keyed."""
+
+
+def _read(state: State) -> Any:
+    if isinstance(state, ValueState):
+        return state.value()
+    if isinstance(state, ReducingState):
+        return state.get()
+    if isinstance(state, ListState):
+        return list(state.get())
+    if isinstance(state, MapState):
+        return dict(state.items())
+    raise StateQueryError(f"cannot read state of type {type(state).__name__}")
+
+
+async def query_live(tasks: Iterable[Any], uid: str, state_name: str, key: Any,
+                     max_parallelism: int) -> Any:
+    """The current value of ``state_name`` for ``key`` in the running instance of operator
+    ``uid`` that owns the key (read uncommitted: a failure may take it back).
+
+    Returns:
+        the value (a list for list state, a dict for map state), or None when the key has
+        none.
+
+    Raises:
+        StateQueryError: no keyed operator ``uid`` runs, or it has no state ``state_name``.
+    """
+    instances = [(task, op) for task in tasks for op in task.operators if op.uid == uid]
+    if not instances:
+        raise StateQueryError(f"no running operator has uid {uid!r}")
+    parallelism = instances[0][1].parallelism
+    owner = operator_index_for_key_group(assign_to_key_group(key, max_parallelism),
+                                         parallelism, max_parallelism)
+    task, op = next((t, o) for t, o in instances if o.subtask == owner)
+    if op.keyed_backend is None:
+        raise StateQueryError(f"operator {uid!r} is not keyed: it has no keyed state")
+    answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def lookup() -> None:
+        try:
+            state = op.ctx.keyed_states.get(state_name)
+            if state is None:
+                raise StateQueryError(
+                    f"operator {uid!r} has no keyed state {state_name!r} (it has "
+                    f"{sorted(op.ctx.keyed_states)})")
+            backend = op.keyed_backend
+            previous = getattr(backend, "current_key", None)
+            backend.set_current_key(key)
+            try:
+                value = _read(state)
+            finally:
+                if previous is not None:
+                    backend.set_current_key(previous)
+        except BaseException as exc:
+            if not answer.done():
+                answer.set_exception(exc)
+            return
+        if not answer.done():
+            answer.set_result(value)
+
+    task.post(lookup)
+    return await answer
+
+
+class CommittedStateCache:
+    """Point lookups in completed checkpoints, keeping the last ``size`` key groups read.
+
+    Args:
+        size: key groups kept in memory.
+    """
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._key_groups: OrderedDict[tuple[str, int, str, int], dict[str, dict[Any, Any]]] = (
+            OrderedDict())
+
+    def lookup(self, checkpoint: CompletedCheckpoint, uid: str, state_name: str,
+               key: Any) -> Any:
+        """The value of ``state_name`` for ``key`` in operator ``uid``'s state in
+        ``checkpoint``.
+
+        Returns:
+            the value as the snapshot holds it, or None when the key has none.
+
+        Raises:
+            StateQueryError: the checkpoint has no operator ``uid``.
+            RestoreError: the snapshot cannot be read.
+        """
+        metadata = checkpoint.metadata
+        operator = metadata["operators"].get(uid)
+        if operator is None:
+            raise StateQueryError(f"checkpoint {checkpoint.checkpoint_id} has no operator "
+                                  f"{uid!r} (it has {sorted(metadata['operators'])})")
+        max_parallelism = int(metadata["max_parallelism"])
+        key_group = assign_to_key_group(key, max_parallelism)
+        owner = operator_index_for_key_group(key_group, int(operator["parallelism"]),
+                                             max_parallelism)
+        cache_key = (str(checkpoint.path), checkpoint.checkpoint_id, uid, key_group)
+        states = self._key_groups.get(cache_key)
+        if states is None:
+            states = {}
+            handle = operator["subtasks"].get(str(owner), {}).get("keyed_state")
+            if handle:
+                from ..defaults import register_builtin_key_group_readers
+
+                register_builtin_key_group_readers()
+                with read_key_groups(handle, checkpoint.job_dir,
+                                     key_group_range=KeyGroupRange(key_group, key_group)
+                                     ) as stream:
+                    for _, _, found in stream:
+                        for name, entries in found.items():
+                            states.setdefault(name, {}).update(entries)
+            self._key_groups[cache_key] = states
+            while len(self._key_groups) > self.size:
+                self._key_groups.popitem(last=False)
+        else:
+            self._key_groups.move_to_end(cache_key)
+        return states.get(state_name, {}).get(key)
