@@ -22,6 +22,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,8 @@ from .config import CheckpointConfig
 from .dataflow import Dataflow
 from .defaults import builtin
 from .errors import ConfigurationError, JobFailedError, MissingExtraError, ReactiveError
+from .runtime.graceful_stop import run_until_stopped
+from .runtime.loop import run_coroutine
 from .state.backend import StateBackend
 
 __all__ = ["main"]
@@ -112,13 +115,31 @@ def cmd_run(args: argparse.Namespace) -> int:
         "resume": args.resume,
         "allow_replayed_output": args.allow_replayed_output,
     }
-    job = flow.execute(**options)
-    m = job.metrics
+    outcome = run_coroutine(run_until_stopped(flow, **options))
+    m = outcome.job.metrics
+    if outcome.signal_name is not None:
+        where = (f" with savepoint {outcome.savepoint.checkpoint_id} at {outcome.savepoint.path}"
+                 if outcome.savepoint is not None else "")
+        print(f"job {flow.name!r} stopped by {outcome.signal_name}{where}; resume with:\n"
+              f"  {_resume_command(args)}")
+        return 0
     print(f"job {flow.name!r} finished: {len(m.completed_checkpoints)} checkpoints, "
           f"{m.restarts} restarts")
     for name, counts in m.operators.items():
         print(f"  {name}: in {counts['records_in']:,} out {counts['records_out']:,}")
     return 0
+
+
+def _resume_command(args: argparse.Namespace) -> str:
+    """The ``reactive run`` command that continues the stopped run."""
+    parts = ["reactive", "run", shlex.quote(args.target), "--checkpoint-dir",
+             shlex.quote(str(args.checkpoint_dir)), "--interval", str(args.interval),
+             "--backend", args.backend]
+    if args.parallelism is not None:
+        parts += ["--parallelism", str(args.parallelism)]
+    if args.allow_replayed_output:
+        parts.append("--allow-replayed-output")
+    return " ".join([*parts, "--resume"])
 
 
 def _job_dirs(directory: Path) -> list[Path]:

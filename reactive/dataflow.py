@@ -215,10 +215,16 @@ class Dataflow:
         return job
 
     def execute(self, **options: Any) -> Job:
-        """Run the job to completion on a new event loop (uvloop when installed)."""
+        """Run the job to completion on a new event loop (uvloop when installed).
+
+        SIGINT or SIGTERM stops it with a savepoint in its checkpoint storage (so a run with
+        ``resume=True`` continues from there; without checkpointing it is cancelled), and it
+        returns with ``status == "stopped"``; a second signal cancels at once.
+        """
+        from .runtime.graceful_stop import run_until_stopped
         from .runtime.loop import run_coroutine
 
-        return run_coroutine(self.run(**options))
+        return run_coroutine(run_until_stopped(self, **options)).job
 
 
 class Stream:

@@ -96,8 +96,9 @@ def candidates_in(storage: CheckpointStorage, min_id: int = 0, run_id: str | Non
 
     A directory whose ``_metadata`` exists but cannot be read is a rejected candidate (it
     completed, so it may have committed output). With ``run_id``, checkpoints whose metadata
-    names another run are left out, and savepoints too (as in Flink, failover never restores
-    an intermediate savepoint: its side effects were not committed).
+    names another run are left out, and so are intermediate savepoints (as in Flink, failover
+    never restores one: its side effects were not committed). A stop-with-savepoint committed
+    them (``commits`` true): it is where the run stopped, and where it resumes.
     """
     out: list[CompletedCheckpoint | RejectedCheckpoint] = []
     for n, path in reversed(storage.checkpoint_dirs()):
@@ -108,7 +109,8 @@ def candidates_in(storage: CheckpointStorage, min_id: int = 0, run_id: str | Non
         except RestoreError as exc:
             out.append(RejectedCheckpoint(n, path, str(exc), committed_output(None)))
             continue
-        if run_id is not None and (chk.metadata.get("run_id") != run_id or chk.is_savepoint):
+        if run_id is not None and (chk.metadata.get("run_id") != run_id or (
+                chk.is_savepoint and not committed_output(chk.metadata))):
             continue
         out.append(chk)
     return out

@@ -1,0 +1,70 @@
+"""SIGTERM/SIGINT to ``reactive run``: the job stops with a savepoint, the command prints how
+to resume and exits 0; the resumed run finishes with every record counted exactly once."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reactive import CheckpointStorage
+from tests.pipelines import slow_count_job
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB = ROOT / "tests" / "pipelines" / "slow_count_job.py"
+
+
+def _committed(out: Path) -> collections.Counter[tuple[str, int]]:
+    seen: collections.Counter[tuple[str, int]] = collections.Counter()
+    for part in out.glob("part-*.jsonl"):
+        for line in part.read_text().splitlines():
+            word, n = json.loads(line)
+            seen[(word, n)] += 1
+    return seen
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_with_a_savepoint_and_the_run_resumes_exactly(tmp_path, sig):
+    chk, out = tmp_path / "chk", tmp_path / "out"
+    env = {**os.environ, "REACTIVE_TEST_OUT": str(out), "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "reactive", "run", f"{JOB}:flow", "--checkpoint-dir",
+           str(chk), "--interval", "0.1"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        # signal once the job has really started: its first checkpoint completed
+        storage = CheckpointStorage(chk, "slow-count")
+        for _ in range(600):
+            if storage.completed() or proc.poll() is not None:
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.05)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert f"stopped by {sig.name} with savepoint" in stdout
+    assert "Traceback" not in stderr
+    resume = stdout.strip().splitlines()[-1].split()
+    assert resume[:2] == ["reactive", "run"] and resume[-1] == "--resume"
+    savepoints = [c for c in CheckpointStorage(chk, "slow-count").completed() if c.is_savepoint]
+    assert len(savepoints) == 1
+    # stopped part way: not everything was committed yet
+    counts = {f"k{i}": len(range(i, slow_count_job.RECORDS, 97)) for i in range(97)}
+    expected = collections.Counter((w, n) for w, c in counts.items() for n in range(1, c + 1))
+    assert sum(_committed(out).values()) < sum(expected.values())
+    # the printed command (through python -m reactive) continues and finishes exactly once
+    again = subprocess.run([sys.executable, "-m", "reactive", *resume[1:]], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _committed(out) == expected
