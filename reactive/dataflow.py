@@ -13,11 +13,12 @@ await flow.run(checkpoints=CheckpointConfig(interval=1.0, directory="chk"))
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .config import CheckpointConfig, RestartStrategy
+from .embedding.trio_host import running_under_trio
 from .errors import ConfigurationError
 from .functions import KeyedProcessFunction, ProcessFunction
 from .graph import Edge, Partitioning, Transformation
@@ -159,6 +160,10 @@ class Dataflow:
     ) -> Job:
         """Start the job on the running event loop and return its handle at once.
 
+        Under trio (``trio.run``), the job runs on its own asyncio loop thread and the
+        handle is a :class:`~reactive.embedding.trio_host.TrioJob` with the same methods,
+        awaited from trio (``reactive.embedding.trio_host``).
+
         Each call starts a new *run* (``job.run_id``). Without ``resume`` or
         ``restore_from`` the run starts fresh, whatever the checkpoint directory holds
         (checkpoint ids continue after the ones on disk). After a failure the restart
@@ -187,6 +192,28 @@ class Dataflow:
             RestoreError: when ``restore_from`` is not a completed checkpoint, was taken with
                 another max parallelism, or holds state of unknown operators.
         """
+        options: dict[str, Any] = {"checkpoints": checkpoints, "restart": restart,
+                   "state_backend": state_backend, "resume": resume,
+                   "restore_from": restore_from,
+                   "allow_non_restored_state": allow_non_restored_state,
+                   "allow_replayed_output": allow_replayed_output}
+        if running_under_trio():
+            from .embedding.trio_host import start_under_trio
+
+            return cast("Job", await start_under_trio(self, **options))
+        return await self._start_on_asyncio(**options)
+
+    async def _start_on_asyncio(
+        self,
+        checkpoints: CheckpointConfig | None = None,
+        restart: RestartStrategy | None = None,
+        state_backend: StateBackend | None = None,
+        resume: bool = False,
+        restore_from: str | os.PathLike[str] | None = None,
+        allow_non_restored_state: bool = False,
+        allow_replayed_output: bool = False,
+    ) -> Job:
+        """``start`` on the running asyncio loop (arguments as ``start``)."""
         from .runtime.job import Job, JobOptions
 
         if (resume or restore_from) and checkpoints is None and restore_from is None:
@@ -210,6 +237,10 @@ class Dataflow:
         Raises:
             JobFailedError: when the job failed and its restart strategy gave up.
         """
+        if running_under_trio():
+            from .embedding.trio_host import run_under_trio
+
+            return await run_under_trio(self, **options)
         job = await self.start(**options)
         await job.wait()
         return job
@@ -309,6 +340,68 @@ class Stream:
         """Zero or more outputs per record: the items of ``fn(record)``."""
         return self._then("flat_map", name,
                           lambda t: ops.FlatMapOperator(t.name, t.resolved_uid, fn))
+
+    def map_async(
+        self,
+        fn: Callable[[Any], Awaitable[Any]],
+        capacity: int = 100,
+        timeout: float | None = 5.0,
+        ordered: bool = True,
+        retry: ops.RetryPolicy | int | None = None,
+        on_failure: Literal["fail", "dead_letter"] | Sink | Callable[[Any], Any] = "fail",
+        name: str | None = None,
+    ) -> Stream:
+        """One output per record: ``await fn(record)``, with at most ``capacity`` calls in
+        flight per instance (Flink's async I/O); a full operator makes its task wait.
+
+        The inputs of the calls not yet emitted at a checkpoint are in its snapshot and are
+        called again, first, after a restore: ``fn`` must be idempotent. Set a ``uid`` on it.
+
+        Args:
+            fn: ``async def fn(record) -> result``.
+            capacity: calls started and not yet emitted per instance, at most (>= 1).
+            timeout: seconds one attempt may take (None: no limit).
+            ordered: emit results in input order; else as calls complete, with watermarks
+                as fences (no result crosses a watermark).
+            retry: None (one attempt), a number of attempts (``retry=3``: three, with the
+                default backoff), or a ``reactive.runtime.operators.RetryPolicy``.
+            on_failure: for a call that timed out or failed on its last attempt:
+                ``"fail"`` fails the job with an error naming the operator and the record;
+                ``"dead_letter"`` emits an ``AsyncFailure(record, reason, attempts)`` in
+                place of its result; a sink (or a callback) receives those ``AsyncFailure``
+                records as a side output, and the stream returned carries results only.
+
+        Raises:
+            ConfigurationError: on invalid options.
+        """
+        emit = on_failure != "fail"
+        if isinstance(on_failure, str) and on_failure not in ("fail", "dead_letter"):
+            raise ConfigurationError(
+                f"on_failure must be 'fail', 'dead_letter', a sink or a callable, got "
+                f"{on_failure!r}")
+        # validate now, not when the job starts
+        ops.AsyncWaitOperator("", "", fn, capacity, timeout, ordered, retry)
+
+        def factory(t: Transformation) -> ops.StreamOperator:
+            return ops.AsyncWaitOperator(t.name, t.resolved_uid, fn, capacity, timeout,
+                                         ordered, retry, "emit" if emit else "fail")
+
+        stream = self._then("map_async", name, factory)
+        if isinstance(on_failure, str):
+            return stream
+        # a side output, as windows' late data: the failures travel in band, wrapped, and
+        # two filters after the operator split them from the results
+        flow, t = self.flow, stream.transformation
+        main = flow._add("map_async_results", f"{t.name}-results",
+                         lambda mt: ops.FilterOperator(mt.name, mt.resolved_uid,
+                                                       ops.is_async_result),
+                         [Edge(t, "forward")])
+        failed = flow._add("map_async_failures", f"{t.name}-failures",
+                           lambda ft: ops.FilterOperator(ft.name, ft.resolved_uid,
+                                                         ops.is_async_failure),
+                           [Edge(t, "forward")])
+        self._derive(failed).sink(on_failure, name=f"{t.name}-failures-sink")
+        return self._derive(main, primary=t)
 
     def process(self, fn: ProcessFunction, name: str | None = None) -> Stream:
         """Run a :class:`ProcessFunction` (operator state via ``ctx.get_operator_state``)."""

@@ -20,14 +20,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import uuid
 from collections import deque
 from typing import Any
 
 from ..errors import ConfigurationError
 from ..sources import Source, SourceReader
+from .trio_host import running_under_trio, to_job_loop
 
 __all__ = ["PushSource"]
+
+
+def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 class PushSource(Source):
@@ -57,6 +66,10 @@ class PushSource(Source):
         self._durable = 0  # records below are covered by a completed checkpoint
         self._closed = False
         self._checkpointing: bool | None = None  # known once a reader opened
+        # the loop of the job that reads it (set when its reader opens), for trio callers
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_ready = threading.Event()
+        self._lock = threading.Lock()  # the buffer, for senders on another thread (trio)
         # futures of the coroutines waiting for a change (a send, a read, a release)
         self._waiters: list[asyncio.Future[None]] = []
 
@@ -75,18 +88,43 @@ class PushSource(Source):
             ConfigurationError: after :meth:`close`, or ``durable=True`` in a job without
                 checkpointing (no checkpoint will ever cover the record).
         """
-        if self._closed:
-            raise ConfigurationError("PushSource is closed: no more records")
-        while self._next - self._first >= self.capacity:
+        if running_under_trio():
+            return await self._send_from_trio(record, durable)
+        while (seq := self._try_accept(record)) is None:
             await self._wait_change()
-            if self._closed:
-                raise ConfigurationError("PushSource is closed: no more records")
-        seq = self._next
-        self._buffer.append(record)
-        self._next += 1
         self._notify()
         if durable:
             await self.wait_durable(seq)
+        return seq
+
+    def _try_accept(self, record: Any) -> int | None:
+        """Append ``record`` if the buffer has room; its sequence number, else None.
+
+        Raises:
+            ConfigurationError: after :meth:`close`.
+        """
+        with self._lock:  # a trio caller appends from its own thread
+            if self._closed:
+                raise ConfigurationError("PushSource is closed: no more records")
+            if self._next - self._first >= self.capacity:
+                return None
+            seq = self._next
+            self._buffer.append(record)
+            self._next += 1
+            return seq
+
+    async def _send_from_trio(self, record: Any, durable: bool) -> int:
+        """``send`` from a trio application: the job runs on its own asyncio loop thread
+        (reactive.embedding.trio_host). A record that fits is appended here, under the lock,
+        without a round trip to that loop; a full buffer or a durable send waits there."""
+        loop = await self._job_loop()
+        seq = self._try_accept(record)
+        if seq is None:
+            return await to_job_loop(loop, self.send(record, durable))
+        if self._waiters:  # the reader waits for a record: wake it in its loop
+            loop.call_soon_threadsafe(self._notify)
+        if durable:
+            await to_job_loop(loop, self.wait_durable(seq))
         return seq
 
     async def wait_durable(self, seq: int) -> None:
@@ -102,13 +140,27 @@ class PushSource(Source):
                     "durable; configure checkpoints=CheckpointConfig(...)")
             await self._wait_change()
 
+    async def _job_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop of the job reading this source (waited for from trio)."""
+        if self._loop is None:
+            import trio
+
+            await trio.to_thread.run_sync(self._loop_ready.wait)
+        assert self._loop is not None
+        return self._loop
+
     @property
     def durable(self) -> int:
         """How many records (sequence numbers ``< durable``) a completed checkpoint covers."""
         return self._durable
 
     def close(self) -> None:
-        """End the stream: the job finishes once it has read every accepted record."""
+        """End the stream: the job finishes once it has read every accepted record
+        (thread-safe: from a trio application it is passed to the job's loop)."""
+        loop = self._loop
+        if loop is not None and loop.is_running() and not _in_loop(loop):
+            loop.call_soon_threadsafe(self.close)
+            return
         self._closed = True
         self._notify()
 
@@ -127,6 +179,10 @@ class PushSource(Source):
         await waiter
 
     def _read(self, position: int, max_records: int) -> list[Any]:
+        with self._lock:
+            return self._read_locked(position, max_records)
+
+    def _read_locked(self, position: int, max_records: int) -> list[Any]:
         start = position - self._first
         if start < 0:
             raise RuntimeError(
@@ -138,9 +194,10 @@ class PushSource(Source):
 
     def _release(self, below: int) -> None:
         """Drop the records below sequence number ``below`` from the buffer."""
-        while self._first < below and self._buffer:
-            self._buffer.popleft()
-            self._first += 1
+        with self._lock:
+            while self._first < below and self._buffer:
+                self._buffer.popleft()
+                self._first += 1
         self._notify()
 
     def _covered(self, position: int) -> None:
@@ -161,7 +218,10 @@ class _PushReader(SourceReader):
         self._snapshots: list[tuple[int, int]] = []  # (checkpoint id, position)
 
     def open(self, checkpointing: bool) -> None:
-        self.source._checkpointing = checkpointing
+        source = self.source
+        source._checkpointing = checkpointing
+        source._loop = asyncio.get_running_loop()
+        source._loop_ready.set()
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
         source = self.source

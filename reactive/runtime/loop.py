@@ -6,9 +6,19 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["run_coroutine"]
+__all__ = ["new_event_loop", "run_coroutine"]
 
 T = TypeVar("T")
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop: uvloop's when installed, else asyncio's default."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
 
 
 def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:

@@ -303,13 +303,20 @@ class StreamTask:
         valve = self._valve
         low = valve.input_watermark_status(channel, idle)
         all_idle = valve.all_idle()
-        generator = any(op.generates_watermarks for op in self.chain)
+        generator = any(op.generates_watermarks and not op.forwards_watermark_status
+                        for op in self.chain)
         if not generator and all_idle != self._idle_out:
             await self.emit_watermark_status(IDLE if all_idle else ACTIVE)
         if low is not None:
             await self._advance_watermark(low)
 
     async def _advance_watermark(self, timestamp: float) -> None:
+        if timestamp == MAX_WATERMARK:
+            # results still in flight (map_async) go out before event time ends
+            for op in self.chain:
+                pending = op.drain()
+                if pending is not None:
+                    await pending
         self.watermark = timestamp
         await self.emit_watermark_from(0, timestamp)
 

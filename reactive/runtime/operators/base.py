@@ -96,8 +96,12 @@ class StreamOperator:
         name: display name.
         uid: stable id; snapshots are keyed by it.
         keyed: True when the operator needs a keyed state backend.
-        generates_watermarks: True for a watermark generator (``assign_timestamps``): the
-            task stops upstream watermarks at it, except the final one.
+        generates_watermarks: True for an operator that emits watermarks itself (a
+            generator, ``assign_timestamps``, or one that holds them back behind its own
+            output, ``map_async``): the task stops upstream watermarks at it, except the
+            final one.
+        forwards_watermark_status: True for such an operator that still lets the idle and
+            active statuses of its inputs through (it keeps event time, it only delays it).
         key_selector: record -> key, for keyed operators.
         mailbox: the task's mailbox, set by the task for chained operators (timers,
             periodic watermarks); None in a harness without a task.
@@ -105,6 +109,7 @@ class StreamOperator:
 
     keyed = False
     generates_watermarks = False
+    forwards_watermark_status = False
 
     def __init__(self, name: str, uid: str, key_selector: Callable[[Any], Any] | None = None):
         self.name = name
@@ -155,6 +160,13 @@ class StreamOperator:
     def end_input(self) -> list[Any]:
         """All input consumed; return final records."""
         return []
+
+    def drain(self) -> Awaitable[None] | None:
+        """Event time is about to end (the final watermark comes next): finish the work
+        still in flight and emit its results now, so they come before that watermark and
+        the end of data (Flink's ``AsyncWaitOperator`` waits in ``endInput`` likewise). The
+        task awaits a coroutine result; the default has nothing in flight."""
+        return None
 
     def snapshot_state(self, checkpoint_id: int) -> Awaitable[None] | None:
         """Synchronous part of a checkpoint: move what must be kept into operator state."""

@@ -1,0 +1,96 @@
+"""A trio application runs pipelines: ``await flow.run()`` and ``await flow.start()`` under
+``trio.run``, with the push source, the committed results iterator, state queries,
+checkpoints, RocksDB and restarts (reactive.embedding.trio_host). The tests run under trio
+itself."""
+
+from __future__ import annotations
+
+import collections
+import random
+
+import pytest
+
+from reactive import CheckpointConfig, Dataflow, PushSource, RestartStrategy
+from reactive.connectors.collections import ListSink
+
+from .conftest import FailureInjector, failing_count, zipf_words
+
+trio = pytest.importorskip("trio", reason="the trio tests need trio (pip install -e '.[test]')")
+
+
+def test_flow_run_inside_trio_run(tmp_path):
+    words = zipf_words(20_000, 500, seed=1)
+    out = ListSink()
+    flow = Dataflow("trio-run", parallelism=2)
+    flow.from_collection(words).key_by(lambda w: w).reduce(
+        lambda a, b: a).map(lambda w: w).sink(out)
+
+    async def main():
+        job = await flow.run(checkpoints=CheckpointConfig(interval=0.05,
+                                                          directory=str(tmp_path)))
+        return job.status, len(job.metrics.completed_checkpoints)
+
+    status, checkpoints = trio.run(main)
+    assert status == "finished" and checkpoints >= 1
+    assert len(out.records) == len(words)
+
+
+def test_push_source_results_and_queries_from_trio_with_rocksdb_and_restarts(tmp_path):
+    from reactive.backends.rocksdb import RocksDBStateBackend
+
+    words = zipf_words(4_000, 200, seed=2)
+    injector = FailureInjector(sorted(random.Random(2).sample(range(300, 3_700), 2)))
+    source = PushSource(capacity=300)
+    flow = Dataflow("trio-push", parallelism=2)
+    (flow.source(source).uid("pushed")
+         .key_by(lambda w: w)
+         .process(failing_count(injector)).uid("count")
+         .sink(ListSink()).uid("counts"))
+
+    async def main():
+        job = await flow.start(
+            checkpoints=CheckpointConfig(interval=0.02, directory=str(tmp_path / "chk")),
+            restart=RestartStrategy.fixed(5, 0.0),
+            state_backend=RocksDBStateBackend(str(tmp_path / "rocksdb")))
+        results = job.results("counts")
+        seen: collections.Counter[tuple[str, int]] = collections.Counter()
+
+        async def collect():
+            async for record in results:
+                seen[tuple(record)] += 1
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collect)
+            for w in words[:-1]:
+                await source.send(w)
+            await source.send(words[-1], durable=True)
+            assert source.durable == len(words)
+            truth = collections.Counter(words)
+            checkpoint = await job.checkpoint()
+            assert checkpoint.checkpoint_id > 0
+            for word in list(truth)[:20]:
+                assert await job.query_state("count", "count", word) == truth[word]
+            source.close()
+            await job.wait()
+        return seen, job.metrics.restarts
+
+    seen, restarts = trio.run(main)
+    counts = collections.Counter(words)
+    assert restarts == 2 and injector.failures == 2
+    assert seen == collections.Counter((w, i) for w, c in counts.items()
+                                       for i in range(1, c + 1))
+
+
+def test_cancelling_the_trio_scope_cancels_the_job(tmp_path):
+    source = PushSource()
+    flow = Dataflow("trio-cancel")
+    flow.source(source).sink(ListSink())
+    state = {}
+
+    async def main():
+        with trio.move_on_after(0.5) as scope:
+            await flow.run(checkpoints=CheckpointConfig(interval=0.05, directory=str(tmp_path)))
+        state["cancelled"] = scope.cancelled_caught
+
+    trio.run(main)
+    assert state["cancelled"]
