@@ -1,4 +1,5 @@
-"""The state-backend contract (tests/backend_contract.py) run for the built-in backends."""
+"""The state-backend contract (reactive/testing/backend_contract.py) run for the built-in
+backends."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ from pathlib import Path
 from reactive import StateBackend
 from reactive.backends.heap import HeapStateBackend
 from reactive.backends.rocksdb import RocksDBStateBackend
-
-from .backend_contract import StateBackendContract
+from reactive.testing.backend_contract import StateBackendContract
 
 
 class TestHeapStateBackend(StateBackendContract):

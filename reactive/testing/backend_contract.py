@@ -1,13 +1,19 @@
-"""The contract every keyed state backend must pass (DESIGN.md, "State backends").
+"""The state-backend contract suite: pytest tests that a backend's own test module subclasses.
 
-A third-party backend runs it by subclassing :class:`StateBackendContract` in a test module
-(the class name must start with ``Test`` for pytest to collect it) and returning its backend::
+A state backend, the built-in ones or a third party's, runs it by subclassing
+:class:`StateBackendContract` in one of its test modules (the class name must start with
+``Test`` for pytest to collect it) and returning its backend::
 
-    from tests.backend_contract import StateBackendContract
+    from reactive.testing.backend_contract import StateBackendContract
 
     class TestMyBackend(StateBackendContract):
         def create_state_backend(self, tmp_path):
             return MyStateBackend(path=tmp_path / "state")
+
+(or override the ``state_backend`` fixture, to build the backend from other fixtures).
+The asynchronous tests carry ``pytest.mark.asyncio``, so they run under pytest-asyncio's
+default *strict* mode as well as its auto mode; the module needs pytest and pytest-asyncio
+(the ``test`` extra).
 
 The tests drive the backend the way the runtime does: ``create_keyed_backend`` for a key-group
 range, ``set_current_key`` + the state API per record, ``snapshot(ctx)`` (synchronous part)
@@ -24,23 +30,25 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-import pytest
-
-from reactive import (
-    KeyGroupRange,
+from ..errors import RestoreError, StateAccessError
+from ..extras import require
+from ..keygroups import KeyGroupRange, assign_to_key_group
+from ..state.api import ListState, MapState, ReducingState, ValueState
+from ..state.backend import KeyedStateBackend, SnapshotContext, StateBackend
+from ..state.descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,
     ReducingStateDescriptor,
-    RestoreError,
-    SnapshotContext,
-    StateAccessError,
-    StateBackend,
     ValueStateDescriptor,
 )
-from reactive.keygroups import assign_to_key_group
-from reactive.state.backend import KeyedStateBackend
+
+if TYPE_CHECKING:
+    import pytest
+else:
+    pytest = require("pytest", "test", "the state backend contract suite")
+    require("pytest_asyncio", "test", "the state backend contract suite")
 
 __all__ = ["BackendHarness", "StateBackendContract"]
 
@@ -56,12 +64,28 @@ ATTRS = MapStateDescriptor("attrs")
 TOTAL = ReducingStateDescriptor("total", reduce_fn=lambda a, b: a + b)
 
 
+def _value(kb: KeyedStateBackend, descriptor: ValueStateDescriptor) -> ValueState:
+    return cast(ValueState, kb.get_state(descriptor))
+
+
+def _list(kb: KeyedStateBackend, descriptor: ListStateDescriptor) -> ListState:
+    return cast(ListState, kb.get_state(descriptor))
+
+
+def _map(kb: KeyedStateBackend, descriptor: MapStateDescriptor) -> MapState:
+    return cast(MapState, kb.get_state(descriptor))
+
+
+def _reducing(kb: KeyedStateBackend, descriptor: ReducingStateDescriptor) -> ReducingState:
+    return cast(ReducingState, kb.get_state(descriptor))
+
+
 class BackendHarness:
     """Runs a :class:`StateBackend` outside a job, as the runtime's tasks do.
 
     Args:
-        backend: the backend under test.
-        job_dir: where snapshots write (handle paths are relative to it).
+        backend (StateBackend): the backend under test.
+        job_dir (Path): where snapshots write (handle paths are relative to it).
     """
 
     def __init__(self, backend: StateBackend, job_dir: Path) -> None:
@@ -71,7 +95,14 @@ class BackendHarness:
         self._next_subtask = 0
 
     def create(self, key_group_range: KeyGroupRange = FULL) -> KeyedStateBackend:
-        """A new keyed backend owning ``key_group_range`` (disposed by :meth:`close`)."""
+        """A new keyed backend owning ``key_group_range`` (disposed by :meth:`close`).
+
+        Args:
+            key_group_range (KeyGroupRange): its key groups (of :data:`MAX_PARALLELISM`).
+
+        Returns:
+            KeyedStateBackend: the new instance.
+        """
         kb = self.backend.create_keyed_backend(
             job_name="contract", operator_uid="op", subtask=self._next_subtask,
             key_group_range=key_group_range, max_parallelism=MAX_PARALLELISM,
@@ -81,14 +112,30 @@ class BackendHarness:
         return kb
 
     def context(self, kb: KeyedStateBackend, checkpoint_id: int) -> SnapshotContext:
-        """The snapshot context the runtime would pass for ``checkpoint_id``."""
+        """The snapshot context the runtime would pass for ``checkpoint_id``.
+
+        Args:
+            kb (KeyedStateBackend): an instance this harness created.
+            checkpoint_id (int): the checkpoint.
+
+        Returns:
+            SnapshotContext: paths under :attr:`job_dir`.
+        """
         return SnapshotContext(
             checkpoint_id, self.job_dir, self.job_dir / f"chk-{checkpoint_id}",
             self.job_dir / "shared", "op", self.instances.index(kb),
         )
 
     async def checkpoint(self, kb: KeyedStateBackend, checkpoint_id: int) -> dict[str, Any]:
-        """Synchronous + asynchronous part, then completion; returns the handle."""
+        """Synchronous + asynchronous part, then completion.
+
+        Args:
+            kb (KeyedStateBackend): an instance this harness created.
+            checkpoint_id (int): the checkpoint.
+
+        Returns:
+            dict[str, Any]: the snapshot's handle.
+        """
         snap = kb.snapshot(self.context(kb, checkpoint_id))
         handle = await snap.write()
         kb.notify_checkpoint_complete(checkpoint_id)
@@ -96,7 +143,15 @@ class BackendHarness:
 
     def restore(self, handles: list[dict[str, Any]],
                 key_group_range: KeyGroupRange = FULL) -> KeyedStateBackend:
-        """A new keyed backend of ``key_group_range`` restored from ``handles``."""
+        """A new keyed backend of ``key_group_range`` restored from ``handles``.
+
+        Args:
+            handles (list[dict[str, Any]]): snapshot handles (of any instances).
+            key_group_range (KeyGroupRange): the new instance's key groups.
+
+        Returns:
+            KeyedStateBackend: the restored instance.
+        """
         kb = self.create(key_group_range)
         # handles travel through the JSON metadata: restore from what JSON gives back
         kb.restore(json.loads(json.dumps(handles)), self.job_dir)
@@ -124,30 +179,29 @@ def keys_in(kgr: KeyGroupRange, n: int) -> list[str]:
 def fill(kb: KeyedStateBackend, keys: list[str]) -> dict[str, tuple[Any, ...]]:
     """Write every kind of state for ``keys``; return what each key should hold as
     ``(count, log, attrs, total)``."""
-    count, log = kb.get_state(COUNT), kb.get_state(LOG)
-    attrs, total = kb.get_state(ATTRS), kb.get_state(TOTAL)
+    count, log = _value(kb, COUNT), _list(kb, LOG)
+    attrs, total = _map(kb, ATTRS), _reducing(kb, TOTAL)
     expected = {}
     for i, key in enumerate(keys):
         kb.set_current_key(key)
-        count.update(i)  # type: ignore[attr-defined]
-        log.add_all([key, i])  # type: ignore[attr-defined]
-        attrs.put("i", i)  # type: ignore[attr-defined]
-        attrs.put(("t", i), key)  # type: ignore[attr-defined]
-        total.add(i)  # type: ignore[attr-defined]
-        total.add(1)  # type: ignore[attr-defined]
+        count.update(i)
+        log.add_all([key, i])
+        attrs.put("i", i)
+        attrs.put(("t", i), key)
+        total.add(i)
+        total.add(1)
         expected[key] = (i, [key, i], {"i": i, ("t", i): key}, i + 1)
     return expected
 
 
 def read_all(kb: KeyedStateBackend, keys: list[str]) -> dict[str, tuple[Any, ...]]:
     """Read back what :func:`fill` wrote, for ``keys``."""
-    count, log = kb.get_state(COUNT), kb.get_state(LOG)
-    attrs, total = kb.get_state(ATTRS), kb.get_state(TOTAL)
+    count, log = _value(kb, COUNT), _list(kb, LOG)
+    attrs, total = _map(kb, ATTRS), _reducing(kb, TOTAL)
     out = {}
     for key in keys:
         kb.set_current_key(key)
-        out[key] = (count.value(), log.get(), dict(attrs.items()),  # type: ignore[attr-defined]
-                    total.get())  # type: ignore[attr-defined]
+        out[key] = (count.value(), log.get(), dict(attrs.items()), total.get())
     return out
 
 
@@ -176,7 +230,8 @@ class OpaqueSerializer:
 
     def serialize(self, value: Any) -> bytes:
         self.serialized += 1
-        return b"opaque:" + value.payload.encode()
+        payload: str = value.payload
+        return b"opaque:" + payload.encode()
 
     def deserialize(self, data: bytes) -> Any:
         self.deserialized += 1
@@ -185,99 +240,115 @@ class OpaqueSerializer:
 
 
 class StateBackendContract:
-    """Contract tests; subclass as ``Test<Name>`` and implement :meth:`create_state_backend`."""
+    """Contract tests; subclass as ``Test<Name>`` and implement :meth:`create_state_backend`
+    (or override the :meth:`state_backend` fixture)."""
 
     def create_state_backend(self, tmp_path: Path) -> StateBackend:
-        """Return the backend under test (may keep its files under ``tmp_path``)."""
-        raise NotImplementedError
+        """Return the backend under test.
+
+        Args:
+            tmp_path (Path): a fresh directory of the test, for the backend's files.
+
+        Returns:
+            StateBackend: the backend factory to test.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement create_state_backend(tmp_path) or override "
+            "the state_backend fixture")
 
     @pytest.fixture
-    def harness(self, tmp_path: Path) -> Iterator[BackendHarness]:
-        h = BackendHarness(self.create_state_backend(tmp_path), tmp_path / "job")
+    def state_backend(self, tmp_path: Path) -> StateBackend:
+        """The backend under test (by default :meth:`create_state_backend`)."""
+        return self.create_state_backend(tmp_path)
+
+    @pytest.fixture
+    def harness(self, state_backend: StateBackend, tmp_path: Path) -> Iterator[BackendHarness]:
+        """A :class:`BackendHarness` of the backend, writing under ``tmp_path / "job"``."""
+        h = BackendHarness(state_backend, tmp_path / "job")
         yield h
         h.close()
 
     # ------------------------------------------------------------------ semantics
     def test_value_state(self, harness: BackendHarness) -> None:
         kb = harness.create()
-        s = kb.get_state(ValueStateDescriptor("v", default=-1))
+        s = _value(kb, ValueStateDescriptor("v", default=-1))
         kb.set_current_key("a")
-        assert s.value() == -1  # type: ignore[attr-defined]
-        s.update(5)  # type: ignore[attr-defined]
-        assert s.value() == 5  # type: ignore[attr-defined]
-        s.update(None)  # type: ignore[attr-defined]
-        assert s.value() is None  # type: ignore[attr-defined]
+        assert s.value() == -1
+        s.update(5)
+        assert s.value() == 5
+        s.update(None)
+        assert s.value() is None
         s.clear()
-        assert s.value() == -1  # type: ignore[attr-defined]
+        assert s.value() == -1
         assert list(kb.keys("v")) == []
 
     def test_list_state(self, harness: BackendHarness) -> None:
         kb = harness.create()
-        s = kb.get_state(LOG)
+        s = _list(kb, LOG)
         kb.set_current_key("a")
-        assert s.get() == []  # type: ignore[attr-defined]
-        s.add(1)  # type: ignore[attr-defined]
-        s.add_all([2, 3])  # type: ignore[attr-defined]
-        got = s.get()  # type: ignore[attr-defined]
+        assert s.get() == []
+        s.add(1)
+        s.add_all([2, 3])
+        got = s.get()
         assert got == [1, 2, 3]
         got.append(99)  # the returned list is the caller's, not the state
-        assert s.get() == [1, 2, 3]  # type: ignore[attr-defined]
-        s.update([7])  # type: ignore[attr-defined]
-        assert s.get() == [7]  # type: ignore[attr-defined]
-        s.update([])  # type: ignore[attr-defined]
-        assert s.get() == []  # type: ignore[attr-defined]
+        assert s.get() == [1, 2, 3]
+        s.update([7])
+        assert s.get() == [7]
+        s.update([])
+        assert s.get() == []
         assert list(kb.keys("log")) == []
-        s.add(1)  # type: ignore[attr-defined]
+        s.add(1)
         s.clear()
-        assert s.get() == []  # type: ignore[attr-defined]
+        assert s.get() == []
 
     def test_map_state(self, harness: BackendHarness) -> None:
         kb = harness.create()
-        s = kb.get_state(ATTRS)
+        s = _map(kb, ATTRS)
         kb.set_current_key("a")
-        assert s.get("x") is None and s.get("x", 0) == 0  # type: ignore[attr-defined]
-        assert s.is_empty() and not s.contains("x")  # type: ignore[attr-defined]
-        s.put("x", 1)  # type: ignore[attr-defined]
-        s.put((2, "y"), [2])  # type: ignore[attr-defined]
-        assert s.get("x") == 1 and s.contains((2, "y"))  # type: ignore[attr-defined]
-        assert dict(s.items()) == {"x": 1, (2, "y"): [2]}  # type: ignore[attr-defined]
-        assert set(s.keys()) == {"x", (2, "y")}  # type: ignore[attr-defined]
-        assert sorted(map(str, s.values())) == ["1", "[2]"]  # type: ignore[attr-defined]
-        s.remove("missing")  # type: ignore[attr-defined]
-        s.remove("x")  # type: ignore[attr-defined]
-        assert dict(s.items()) == {(2, "y"): [2]}  # type: ignore[attr-defined]
-        s.remove((2, "y"))  # type: ignore[attr-defined]
-        assert s.is_empty()  # type: ignore[attr-defined]
+        assert s.get("x") is None and s.get("x", 0) == 0
+        assert s.is_empty() and not s.contains("x")
+        s.put("x", 1)
+        s.put((2, "y"), [2])
+        assert s.get("x") == 1 and s.contains((2, "y"))
+        assert dict(s.items()) == {"x": 1, (2, "y"): [2]}
+        assert set(s.keys()) == {"x", (2, "y")}
+        assert sorted(map(str, s.values())) == ["1", "[2]"]
+        s.remove("missing")
+        s.remove("x")
+        assert dict(s.items()) == {(2, "y"): [2]}
+        s.remove((2, "y"))
+        assert s.is_empty()
         assert list(kb.keys("attrs")) == []
-        s.put("z", 3)  # type: ignore[attr-defined]
+        s.put("z", 3)
         s.clear()
-        assert s.is_empty()  # type: ignore[attr-defined]
+        assert s.is_empty()
 
     def test_reducing_state(self, harness: BackendHarness) -> None:
         kb = harness.create()
-        s = kb.get_state(ReducingStateDescriptor("r", reduce_fn=lambda a, b: a * 10 + b))
+        s = _reducing(kb, ReducingStateDescriptor("r", reduce_fn=lambda a, b: a * 10 + b))
         kb.set_current_key("a")
-        assert s.get() is None  # type: ignore[attr-defined]
+        assert s.get() is None
         for v in (1, 2, 3):
-            s.add(v)  # type: ignore[attr-defined]
-        assert s.get() == 123  # type: ignore[attr-defined]
+            s.add(v)
+        assert s.get() == 123
         s.clear()
-        assert s.get() is None  # type: ignore[attr-defined]
-        s.add(4)  # type: ignore[attr-defined]
-        assert s.get() == 4  # type: ignore[attr-defined]
+        assert s.get() is None
+        s.add(4)
+        assert s.get() == 4
 
     def test_per_key_and_per_state_isolation(self, harness: BackendHarness) -> None:
         kb = harness.create()
         keys = keys_in(FULL, 300)
         expected = fill(kb, keys)
-        other = kb.get_state(ValueStateDescriptor("other", default="none"))
+        other = _value(kb, ValueStateDescriptor("other", default="none"))
         kb.set_current_key(keys[0])
-        other.update("set")  # type: ignore[attr-defined]
+        other.update("set")
         kb.get_state(COUNT).clear()
         expected[keys[0]] = (0, *expected[keys[0]][1:])
         assert read_all(kb, keys) == expected
         kb.set_current_key(keys[1])
-        assert other.value() == "none"  # type: ignore[attr-defined]
+        assert other.value() == "none"
         assert sorted(kb.keys("count")) == sorted(keys[1:])
         assert sorted(kb.keys("other")) == [keys[0]]
         assert sorted(kb.keys("log")) == sorted(keys)
@@ -285,15 +356,16 @@ class StateBackendContract:
 
     def test_misuse_raises_state_access_error(self, harness: BackendHarness) -> None:
         kb = harness.create(LOW)
-        count = kb.get_state(COUNT)
+        count = _value(kb, COUNT)
         with pytest.raises(StateAccessError):
-            count.value()  # type: ignore[attr-defined]  # no current key yet
+            count.value()  # no current key yet
         with pytest.raises(StateAccessError):
             kb.set_current_key(keys_in(HIGH, 1)[0])
         with pytest.raises(StateAccessError):
             kb.get_state(ListStateDescriptor("count"))
 
     # ------------------------------------------------------------------ snapshots
+    @pytest.mark.asyncio
     async def test_snapshot_restore_round_trip(self, harness: BackendHarness) -> None:
         kb = harness.create()
         keys = keys_in(FULL, 500)
@@ -305,6 +377,7 @@ class StateBackendContract:
         assert read_all(restored, keys) == expected
         assert sorted(restored.keys("count")) == sorted(keys)
 
+    @pytest.mark.asyncio
     async def test_restore_key_group_subset(self, harness: BackendHarness) -> None:
         kb = harness.create(FULL)
         low, high = keys_in(LOW, 200), keys_in(HIGH, 200)
@@ -318,6 +391,7 @@ class StateBackendContract:
             with pytest.raises(StateAccessError):
                 part.set_current_key(theirs[0])
 
+    @pytest.mark.asyncio
     async def test_restore_merges_several_instances(self, harness: BackendHarness) -> None:
         left, right = harness.create(LOW), harness.create(HIGH)
         low, high = keys_in(LOW, 150), keys_in(HIGH, 150)
@@ -327,27 +401,28 @@ class StateBackendContract:
         assert read_all(merged, low + high) == expected
         assert sorted(merged.keys("log")) == sorted(low + high)
 
+    @pytest.mark.asyncio
     async def test_snapshot_does_not_see_later_updates(self, harness: BackendHarness) -> None:
         kb = harness.create()
         keys = keys_in(FULL, 200)
         expected = fill(kb, keys)
-        items = kb.get_state(ITEMS)
+        items = _value(kb, ITEMS)
         kb.set_current_key(keys[0])
-        items.update(["before"])  # type: ignore[attr-defined]
+        items.update(["before"])
         snap = kb.snapshot(harness.context(kb, 1))  # synchronous part only
         # the task keeps processing before the asynchronous part runs
-        count, log = kb.get_state(COUNT), kb.get_state(LOG)
-        attrs, total = kb.get_state(ATTRS), kb.get_state(TOTAL)
+        count, log = _value(kb, COUNT), _list(kb, LOG)
+        attrs, total = _map(kb, ATTRS), _reducing(kb, TOTAL)
         kb.set_current_key(keys[0])
-        value = items.value()  # type: ignore[attr-defined]
+        value = items.value()
         value.append("after")  # in-place mutation of what get returned ...
-        items.update(value)  # type: ignore[attr-defined]  # ... then written back
+        items.update(value)  # ... then written back
         for key in keys[1:50]:
             kb.set_current_key(key)
-            count.update(-1)  # type: ignore[attr-defined]
-            log.add("later")  # type: ignore[attr-defined]
-            attrs.put("i", "later")  # type: ignore[attr-defined]
-            total.add(1000)  # type: ignore[attr-defined]
+            count.update(-1)
+            log.add("later")
+            attrs.put("i", "later")
+            total.add(1000)
         for key in keys[50:100]:
             kb.set_current_key(key)
             for s in (count, log, attrs, total):
@@ -355,29 +430,30 @@ class StateBackendContract:
         new_keys = keys_in(FULL, 260)[200:]
         for key in new_keys:
             kb.set_current_key(key)
-            count.update(7)  # type: ignore[attr-defined]
+            count.update(7)
         handle = await snap.write()
         kb.notify_checkpoint_complete(1)
         restored = harness.restore([handle])
         assert read_all(restored, keys) == expected
         restored.set_current_key(keys[0])
-        assert restored.get_state(ITEMS).value() == ["before"]  # type: ignore[attr-defined]
+        assert _value(restored, ITEMS).value() == ["before"]
         assert sorted(restored.keys("count")) == sorted(keys)
         # ... while the live instance has the new values
         kb.set_current_key(keys[0])
-        assert items.value() == ["before", "after"]  # type: ignore[attr-defined]
+        assert items.value() == ["before", "after"]
         assert sorted(kb.keys("count")) == sorted(keys[:50] + keys[100:] + new_keys)
 
+    @pytest.mark.asyncio
     async def test_successive_snapshots_each_restore_their_state(
             self, harness: BackendHarness) -> None:
         kb = harness.create()
         keys = keys_in(FULL, 400)
         first = fill(kb, keys)
         h1 = await harness.checkpoint(kb, 1)
-        count = kb.get_state(COUNT)
+        count = _value(kb, COUNT)
         for key in keys[:10]:
             kb.set_current_key(key)
-            count.update(10_000)  # type: ignore[attr-defined]
+            count.update(10_000)
         kb.set_current_key(keys[10])
         count.clear()
         h2 = await harness.checkpoint(kb, 2)
@@ -390,12 +466,13 @@ class StateBackendContract:
         assert read_all(r2, keys) == second
         # a restored instance checkpoints again, and that snapshot restores too
         r2.set_current_key(keys[0])
-        r2.get_state(COUNT).update(1)  # type: ignore[attr-defined]
+        _value(r2, COUNT).update(1)
         h3 = await harness.checkpoint(r2, 3)
         third = dict(second)
         third[keys[0]] = (1, *second[keys[0]][1:])
         assert read_all(harness.restore([h3]), keys) == third
 
+    @pytest.mark.asyncio
     async def test_discarded_snapshot_leaves_backend_usable(
             self, harness: BackendHarness) -> None:
         kb = harness.create()
@@ -405,24 +482,26 @@ class StateBackendContract:
         handle = await harness.checkpoint(kb, 2)
         assert read_all(harness.restore([handle]), keys) == expected
 
+    @pytest.mark.asyncio
     async def test_custom_serializer(self, harness: BackendHarness) -> None:
         ser = OpaqueSerializer()
         desc = ValueStateDescriptor("opaque", serializer=ser)
         kb = harness.create()
         keys = keys_in(FULL, 100)
-        state = kb.get_state(desc)
+        state = _value(kb, desc)
         for key in keys:
             kb.set_current_key(key)
-            state.update(_Opaque(key))  # type: ignore[attr-defined]
+            state.update(_Opaque(key))
         handle = await harness.checkpoint(kb, 1)
         assert ser.serialized >= len(keys)
         restored = harness.restore([handle])
-        state2 = restored.get_state(ValueStateDescriptor("opaque", serializer=ser))
+        state2 = _value(restored, ValueStateDescriptor("opaque", serializer=ser))
         for key in keys:
             restored.set_current_key(key)
-            assert state2.value() == _Opaque(key)  # type: ignore[attr-defined]
+            assert state2.value() == _Opaque(key)
         assert ser.deserialized >= len(keys)
 
+    @pytest.mark.asyncio
     async def test_refuses_a_foreign_handle(self, harness: BackendHarness) -> None:
         kb = harness.create()
         with pytest.raises(RestoreError):

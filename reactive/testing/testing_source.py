@@ -1,0 +1,151 @@
+"""A scripted source for tests: a list of records with end-of-stream and failure markers.
+
+``TestingSource(items)`` emits ``items`` in order (bytewax's ``TestingSource``). Two markers
+may stand among them:
+
+- :data:`TestingSource.EOF` ends the stream there, even when items follow. The position
+  moves past the marker, so the job's final checkpoint records it: a run that resumes from
+  that checkpoint (``resume=True``) continues with the items after it, up to the next
+  ``EOF`` or the end of the list.
+- :data:`TestingSource.ABORT` fails the job there (the reader raises
+  :class:`AbortExecution`), the first time a reader of this source object reaches it in the
+  process. The restart strategy then restores the latest checkpoint; the restored reader
+  reads the same items again and skips the marker, so a test sees one injected failure and
+  can check that the results are exactly once.
+
+The position (the index of the next item) is operator state, so a restore, a resume or a
+restore at another parallelism replays exactly from the checkpoint. The source is not
+parallel (``max_source_parallelism = 1``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Final
+
+from ..sources import Source, SourceReader
+
+__all__ = ["ABORT", "EOF", "AbortExecution", "TestingSource"]
+
+
+class _Marker:
+    """A marker among a :class:`TestingSource`'s items (compared by identity)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"TestingSource.{self.name}"
+
+    def __reduce__(self) -> str:
+        # pickle and deepcopy give back the module's singleton
+        return self.name
+
+
+EOF: Final = _Marker("EOF")
+"""Ends the stream of a run at this point (see :class:`TestingSource`)."""
+
+ABORT: Final = _Marker("ABORT")
+"""Fails the job at this point once per process (see :class:`TestingSource`)."""
+
+
+class AbortExecution(RuntimeError):
+    """The failure a :data:`TestingSource.ABORT` marker injects.
+
+    The task reports it wrapped in a :class:`~reactive.errors.UserFunctionError` that names
+    the source and its position, and the restart strategy restarts the job from its latest
+    completed checkpoint.
+    """
+
+
+class TestingSource(Source):
+    """A non-parallel source over a list of records, ``EOF`` and ``ABORT`` markers.
+
+    Args:
+        items (Iterable[Any]): the records, with :data:`TestingSource.EOF` and
+            :data:`TestingSource.ABORT` markers among them (materialized once).
+        batch_size (int | None): the most records per batch (None: as many as the task asks
+            for). Small batches give checkpoints more places to fall between records.
+
+    Attributes:
+        EOF: the end-of-stream marker.
+        ABORT: the failure marker.
+        items (list[Any]): the records and markers.
+        aborts_raised (int): how many ``ABORT`` markers raised so far (each raises once).
+
+    Raises:
+        ValueError: if ``batch_size`` is not a positive number.
+    """
+
+    __test__ = False  # not a pytest test class, despite its name
+
+    EOF: Final = EOF
+    ABORT: Final = ABORT
+    max_source_parallelism = 1
+
+    def __init__(self, items: Iterable[Any], batch_size: int | None = None) -> None:
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        self.items = list(items)
+        self.batch_size = batch_size
+        self.aborts_raised = 0
+        self._raised: set[int] = set()  # indices of the ABORT markers that raised
+
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+        """Create the reader of instance ``subtask`` (always 0: the source is not parallel).
+
+        Args:
+            subtask (int): the instance's index.
+            parallelism (int): the number of instances (1).
+
+        Returns:
+            SourceReader: a reader starting at the first item (a restore moves it).
+        """
+        return _TestingSourceReader(self)
+
+
+class _TestingSourceReader(SourceReader):
+    """Reads a :class:`TestingSource`; its position is the index of the next item."""
+
+    def __init__(self, source: TestingSource) -> None:
+        self.source = source
+        self.position = 0
+
+    async def read_batch(self, max_records: int) -> list[Any] | None:
+        source = self.source
+        items = source.items
+        limit = max_records if source.batch_size is None else min(max_records,
+                                                                   source.batch_size)
+        batch: list[Any] = []
+        while self.position < len(items) and len(batch) < limit:
+            item = items[self.position]
+            if item is EOF:
+                if batch:
+                    return batch  # the records before the marker first
+                self.position += 1  # a resumed run continues after it
+                return None
+            if item is ABORT:
+                if self.position in source._raised:
+                    self.position += 1  # raised once already: skipped after the restore
+                    continue
+                if batch:
+                    return batch
+                source._raised.add(self.position)
+                source.aborts_raised += 1
+                raise AbortExecution(f"TestingSource.ABORT at index {self.position}")
+            batch.append(item)
+            self.position += 1
+        if not batch and self.position >= len(items):
+            return None
+        return batch
+
+    def snapshot_state(self) -> list[Any]:
+        return [self.position]
+
+    def restore_state(self, entries: list[Any]) -> None:
+        self.position = int(entries[0])
+
+    def describe_position(self) -> Any:
+        return f"index {self.position}"
