@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import random
+from typing import Any
 
 import pytest
 
@@ -145,3 +146,41 @@ async def test_the_buffer_holds_what_no_checkpoint_covers_and_bounds_send():
 def test_configuration_errors():
     with pytest.raises(ConfigurationError, match="capacity"):
         PushSource(capacity=0)
+
+
+async def test_a_live_query_pending_when_an_attempt_fails_fails_instead_of_hanging(tmp_path):
+    """A live lookup posted to a task that dies before answering gets a StateQueryError
+    when the attempt ends; lookups after the restart are answered."""
+    from reactive import KeyedProcessFunction, ValueStateDescriptor
+    from reactive.connectors.collections import DiscardingSink
+
+    pending: list[asyncio.Task] = []
+    handle: dict[str, Any] = {}
+
+    class Total(KeyedProcessFunction):
+        failed = [False]
+
+        def open(self, ctx):
+            self.total = ctx.get_state(ValueStateDescriptor("total", default=0))
+
+        def process_element(self, e, ctx):
+            if e == "boom" and not Total.failed[0]:
+                Total.failed[0] = True
+                pending.append(asyncio.get_running_loop().create_task(
+                    handle["job"].query_state("totals", "total", "a", committed=False)))
+                raise RuntimeError("injected")
+            self.total.update(self.total.value() + 1)
+
+    source = PushSource()
+    flow = Dataflow("live-query-failure")
+    flow.source(source).key_by(lambda e: e).process(Total()).uid("totals").sink(DiscardingSink())
+    handle["job"] = job = await flow.start(
+        checkpoints=CheckpointConfig(interval=0.05, directory=str(tmp_path)),
+        restart=RestartStrategy.fixed(3, 0.0))
+    await source.send("a")
+    await source.send("boom", durable=True)
+    assert await job.query_state("totals", "total", "a", committed=False) == 1
+    with pytest.raises(StateQueryError, match="attempt ended"):
+        await asyncio.wait_for(pending[0], timeout=30)
+    source.close()
+    await job.wait()

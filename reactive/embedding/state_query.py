@@ -38,7 +38,8 @@ def _read(state: State) -> Any:
 
 
 async def query_live(tasks: Iterable[Any], uid: str, state_name: str, key: Any,
-                     max_parallelism: int) -> Any:
+                     max_parallelism: int,
+                     waiting: set[asyncio.Future[Any]] | None = None) -> Any:
     """The current value of ``state_name`` for ``key`` in the running instance of operator
     ``uid`` that owns the key (read uncommitted: a failure may take it back).
 
@@ -46,8 +47,13 @@ async def query_live(tasks: Iterable[Any], uid: str, state_name: str, key: Any,
         the value (a list for list state, a dict for map state), or None when the key has
         none.
 
+    Args:
+        waiting: where the pending lookup is kept while it waits, so that the job fails it
+            when the attempt ends before the instance answered.
+
     Raises:
-        StateQueryError: no keyed operator ``uid`` runs, or it has no state ``state_name``.
+        StateQueryError: no keyed operator ``uid`` runs, it has no state ``state_name``, or
+            its instance stopped before answering.
     """
     instances = [(task, op) for task in tasks for op in task.operators if op.uid == uid]
     if not instances:
@@ -58,6 +64,9 @@ async def query_live(tasks: Iterable[Any], uid: str, state_name: str, key: Any,
     task, op = next((t, o) for t, o in instances if o.subtask == owner)
     if op.keyed_backend is None:
         raise StateQueryError(f"operator {uid!r} is not keyed: it has no keyed state")
+    if getattr(task, "_closed", False):
+        raise StateQueryError(f"the instance of {uid!r} that owns the key has stopped "
+                              "(the attempt ended); ask again after the restart")
     answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     def lookup() -> None:
@@ -83,7 +92,14 @@ async def query_live(tasks: Iterable[Any], uid: str, state_name: str, key: Any,
             answer.set_result(value)
 
     task.post(lookup)
-    return await answer
+    if waiting is None:
+        return await answer
+    # the job fails the lookups still waiting when the attempt ends (its tasks answer no more)
+    waiting.add(answer)
+    try:
+        return await answer
+    finally:
+        waiting.discard(answer)
 
 
 class CommittedStateCache:

@@ -187,6 +187,7 @@ class Job:
         self._tasks: list[StreamTask] = []  # the running attempt's tasks
         self._results: dict[str, list[CommittedResults]] = {}  # by sink uid
         self._committed_state = CommittedStateCache()
+        self._live_queries: set[asyncio.Future[Any]] = set()
         self._running = asyncio.Event()
         self._stopping = False
         validate(flow.transformations, flow.parallelism, flow.max_parallelism)
@@ -309,7 +310,8 @@ class Job:
         await self._wait_attempt()
         if self.status != "running":
             raise StateQueryError(f"job {self.name!r} is {self.status}: no live state to query")
-        return await query_live(self._tasks, uid, state, key, self.flow.max_parallelism)
+        return await query_live(self._tasks, uid, state, key, self.flow.max_parallelism,
+                                self._live_queries)
 
     def _latest_committed(self) -> CompletedCheckpoint | None:
         coordinator = self._coordinator
@@ -580,6 +582,12 @@ class Job:
             if coordinator is not None:
                 self._next_id = coordinator.next_id
                 coordinator.shutdown(f"job {self.name!r} ended")
+            self._tasks = []
+            for waiting in list(self._live_queries):
+                if not waiting.done():
+                    waiting.set_exception(StateQueryError(
+                        f"job {self.name!r}: the attempt ended before the live state query "
+                        "was answered; ask again after the restart"))
 
     async def _run_tasks(self, flow: LogicalGraph, options: JobOptions,
                          config: CheckpointConfig | None, backend: StateBackend,
