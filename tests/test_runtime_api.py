@@ -178,3 +178,15 @@ async def test_backpressure_bounds_every_channel():
     # what can be in flight: 2 channels x 4 batches x 100 records, plus one batch being
     # partitioned and one per task being processed; far below the 60,000 produced
     assert sink.max_ahead <= 2 * 4 * 100 + 4 * 1024
+
+
+async def test_a_union_of_sources_with_the_same_name_keeps_every_record():
+    """Two ``from_collection`` sources share the display name "collection": the job must
+    still wait for both to end (it once took the first one's end for both and cut the
+    other short)."""
+    flow = Dataflow("same-names", batch_size=16, channel_capacity=2)
+    sink = ListSink()
+    flow.from_collection(range(20_000)).union(
+        flow.from_collection(range(20_000, 21_000))).sink(sink)
+    await flow.run()
+    assert sorted(sink.records) == list(range(21_000))

@@ -167,6 +167,13 @@ class ExecutionGraph:
                             key_serializer=e.key_serializer, operator=c.head.resolved_uid)
                     writers[up.id][i].append(RecordWriter(partitioner, channels, batch_size))
 
+        # task names identify tasks (checkpoint acknowledgements, statistics, logs): two
+        # chains with the same display name (two sources called "collection") get their
+        # head's uid, which is unique, added
+        names = [c.name for c in chains]
+        task_names = {id(c): c.name if names.count(c.name) == 1
+                      else f"{c.name} [{c.head.resolved_uid}]" for c in chains}
+
         # tasks
         self.tasks: list[StreamTask] = []
         self.channels: list[Channel] = []
@@ -198,5 +205,6 @@ class ExecutionGraph:
                     operators.append(op)
                 gate = InputGate(inputs[c.head.id][i])
                 self.channels.extend(gate.channels)
-                self.tasks.append(StreamTask(env, c.name, i, c.parallelism, operators, gate,
+                self.tasks.append(StreamTask(env, task_names[id(c)], i, c.parallelism,
+                                             operators, gate,
                                              writers[c.tail.id][i]))

@@ -593,7 +593,8 @@ class Job:
                          config: CheckpointConfig | None, backend: StateBackend,
                          assignment: StateAssignmentOperation | None,
                          coordinator: CheckpointCoordinator | None) -> None:
-        sources_left: set[str] = set()
+        # by identity: task ids are display names, and two sources may share one
+        sources_left: set[int] = set()
         all_sources_done = asyncio.Event()
         async with asyncio.TaskGroup() as tg:
 
@@ -601,7 +602,7 @@ class Job:
                 tg.create_task(coro)
 
             def on_source_finished(task: StreamTask) -> None:
-                sources_left.discard(task.task_id)
+                sources_left.discard(id(task))
                 if not sources_left:
                     all_sources_done.set()
 
@@ -624,7 +625,7 @@ class Job:
             self._tasks = tasks
             self._tap_sinks(tasks)
             sources = [t for t in tasks if t.source is not None]
-            sources_left.update(t.task_id for t in sources)
+            sources_left.update(id(t) for t in sources)
             self.metrics.attach(tasks)
             if coordinator is not None:
                 coordinator.operators = {
