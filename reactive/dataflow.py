@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from .config import CheckpointConfig, RestartStrategy
 from .embedding.trio_host import running_under_trio
@@ -29,8 +29,11 @@ from .sources import Source
 from .time.clock import ProcessingClock, SystemClock
 
 if TYPE_CHECKING:
+    from .connected_streams import BroadcastConnectedStream, BroadcastStream, ConnectedStreams
+    from .joined_streams import IntervalJoin, JoinedStreams
     from .runtime.job import Job
     from .state.backend import StateBackend
+    from .state.descriptors import MapStateDescriptor
     from .windowing.assigners import WindowAssigner
     from .windowing.stream import WindowedStream
 
@@ -480,9 +483,61 @@ class Stream:
         """Distribute batches round robin over the next operator's instances."""
         return Stream(self.flow, self.transformation, "rebalance")
 
-    def broadcast(self) -> Stream:
-        """Send every record to every instance of the next operator."""
-        return Stream(self.flow, self.transformation, "broadcast")
+    @overload
+    def broadcast(self) -> Stream: ...
+
+    @overload
+    def broadcast(self, descriptor: MapStateDescriptor, /, *descriptors: MapStateDescriptor
+                  ) -> BroadcastStream: ...
+
+    def broadcast(self, *descriptors: MapStateDescriptor) -> Stream | BroadcastStream:
+        """Send every record to every instance of the next operator.
+
+        With state descriptors, return a ``BroadcastStream`` to ``connect`` to another
+        stream: the operator built from the connection keeps one broadcast state (a map)
+        per descriptor, the same in every instance (Flink's broadcast state pattern; see
+        ``reactive.connected_streams``).
+
+        Raises:
+            ConfigurationError: for descriptors that are not ``MapStateDescriptor`` s.
+        """
+        if not descriptors:
+            return Stream(self.flow, self.transformation, "broadcast")
+        from .connected_streams import BroadcastStream
+
+        return BroadcastStream(self, list(descriptors))
+
+    @overload
+    def connect(self, other: BroadcastStream) -> BroadcastConnectedStream[Stream]: ...
+
+    @overload
+    def connect(self, other: Stream) -> ConnectedStreams[Stream]: ...
+
+    def connect(self, other: Stream | BroadcastStream
+                ) -> ConnectedStreams[Stream] | BroadcastConnectedStream[Stream]:
+        """Connect two streams for one two-input operator (``map(fn1, fn2)``,
+        ``process(CoProcessFunction)`` ...; keyed when both are keyed), or this stream with
+        a broadcast stream (``process(BroadcastProcessFunction)``). Barriers are aligned
+        across both inputs and the watermark is the minimum of both.
+
+        Raises:
+            ConfigurationError: for a stream of another dataflow.
+        """
+        from .connected_streams import BroadcastConnectedStream, BroadcastStream, ConnectedStreams
+
+        if isinstance(other, BroadcastStream):
+            return BroadcastConnectedStream(self, other)
+        return ConnectedStreams(self, other)
+
+    def join(self, other: Stream) -> JoinedStreams[Stream]:
+        """A window join with ``other``: ``a.join(b).where(f).equal_to(g)
+        .window(TumblingEventTimeWindows.of(60)).apply(lambda l, r: ...)`` (see
+        ``reactive.joined_streams``)."""
+        from .joined_streams import JoinedStreams
+
+        if other.flow is not self.flow:
+            raise ConfigurationError("join() of streams of different dataflows")
+        return JoinedStreams(self, other)
 
     def union(self, *others: Stream) -> Stream:
         """Merge streams (of the same record type) into one."""
@@ -568,6 +623,19 @@ class KeyedStream(Stream):
         from .windowing.stream import WindowedStream
 
         return WindowedStream(self, [CountWindows.of(size, slide)])
+
+    def interval_join(self, other: KeyedStream) -> IntervalJoin[Stream]:
+        """Join with another keyed stream on event time: ``a.key_by(f).interval_join(
+        b.key_by(g)).between(-60, 0).process(fn)`` pairs each record of this stream at
+        ``t`` with the records of ``other`` with an equal key at ``t - 60 <= t' <= t``
+        (Flink's interval join; see ``reactive.joined_streams``).
+
+        Raises:
+            ConfigurationError: when ``other`` is not keyed or encodes its keys otherwise.
+        """
+        from .joined_streams import IntervalJoin
+
+        return IntervalJoin(self, other)
 
     def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None) -> Stream:
         """Emit the running ``fn(accumulated, record)`` per key (the first record as is)."""

@@ -30,12 +30,16 @@ class Edge:
         key_selector: record -> key, for ``"hash"`` (key_by) edges.
         key_serializer: encodes the keys of a ``"hash"`` edge instead of the canonical key
             encoding (``key_by(selector, key_serializer=...)``); None for the canonical one.
+        side: which input of a two-input operator the edge feeds (0: the first, 1: the
+            second, as ``process_element1``/``process_element2``); 0 for every other edge
+            (a union's inputs are all the same input).
     """
 
     upstream: Transformation
     partitioning: Partitioning
     key_selector: Callable[[Any], Any] | None = None
     key_serializer: Serializer | None = None
+    side: int = 0
 
 
 @dataclass(eq=False)

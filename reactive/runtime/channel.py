@@ -24,6 +24,8 @@ class Channel:
     Args:
         capacity: maximum number of queued items (>= 1).
         name: for diagnostics (``"producer->consumer"``).
+        side: the input of a two-input consumer the channel feeds (0 or 1; see
+            ``reactive.graph.Edge.side``).
     """
 
     __slots__ = (
@@ -36,11 +38,13 @@ class Channel:
         "index",
         "max_seen",
         "name",
+        "side",
     )
 
-    def __init__(self, capacity: int, name: str = "") -> None:
+    def __init__(self, capacity: int, name: str = "", side: int = 0) -> None:
         self.capacity = capacity
         self.name = name
+        self.side = side
         self._items: deque[Any] = deque()
         self._space_waiter: asyncio.Future[None] | None = None
         self._gate: InputGate | None = None

@@ -150,7 +150,8 @@ class ExecutionGraph:
                     targets = [i] if kind == "forward" else list(range(p_down))
                     channels = []
                     for j in targets:
-                        ch = Channel(channel_capacity, f"{up.name}#{i}->{c.head.name}#{j}")
+                        ch = Channel(channel_capacity, f"{up.name}#{i}->{c.head.name}#{j}",
+                                     e.side)
                         inputs[c.head.id][j].append(ch)
                         channels.append(ch)
                     partitioner: Partitioner

@@ -15,7 +15,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..checkpoint.failure_reason import CheckpointFailureReason
 from ..errors import ReactiveError, UserFunctionError
@@ -41,6 +41,7 @@ from .watermark_valve import StatusWatermarkValve
 
 if TYPE_CHECKING:
     from ..checkpoint.storage import CheckpointStorage
+    from .operators.two_input import TwoInputOperator
 
 __all__ = ["StreamTask", "TaskEnvironment"]
 
@@ -212,6 +213,9 @@ class StreamTask:
         )
         timeout = self.env.buffer_timeout
         live = len(gate.channels)
+        # batches of a two-input operator's second input go to its process_batch2
+        second = [ch.side == 1 for ch in gate.channels]
+        two_input = any(second)
         data_ended: set[int] = set()
         last_flush = time.monotonic()
         while live:
@@ -223,7 +227,10 @@ class StreamTask:
                 await maybe_await(item())
             elif type(item) is list:
                 self.records_in += len(item)
-                await self._push(item, 0)
+                if two_input and second[idx]:
+                    await self._push_second(item)
+                else:
+                    await self._push(item, 0)
                 now = time.monotonic()
                 if now - last_flush >= timeout:
                     await self._flush()
@@ -278,6 +285,16 @@ class StreamTask:
         if full:
             for w in writers:
                 await w.flush_full()
+
+    async def _push_second(self, batch: list[Any]) -> None:
+        """Run ``batch`` of the second input through the chain's two-input head operator
+        (``process_batch2``), then through the rest of the chain."""
+        head = cast("TwoInputOperator", self.chain[0])
+        head.records_in += len(batch)
+        out = head.process_batch2(batch)
+        if out:
+            head.records_out += len(out)
+            await self._push(out, 1)
 
     async def _flush(self) -> None:
         for w in self.writers:

@@ -285,7 +285,8 @@ class OperatorTestHarness:
 
     Call :meth:`open` (optionally restoring an :class:`OperatorSnapshot`), then feed it with
     :meth:`process_element`, :meth:`process_elements`, :meth:`process_watermark`,
-    :meth:`set_processing_time` and :meth:`end_input`; each returns the records emitted
+    :meth:`set_processing_time` and :meth:`end_input` (a two-input operator's second input
+    with :meth:`process_element2`); each returns the records emitted
     during the call, which also accumulate in :attr:`output`. ``await``
     :meth:`snapshot` takes a checkpoint of the instance. Use it as a context manager (``with``
     or ``async with``) to open and close it.
@@ -585,6 +586,51 @@ class OperatorTestHarness:
         if batch:
             self.operator.records_in += len(batch)
             out = self.operator.process_batch(batch)
+            self.operator.records_out += len(out)
+            self.output.extend(out)
+        self._run_mailbox()
+        return self.output[start:]
+
+    def process_element2(self, record: Any) -> list[Any]:
+        """Process one record of a two-input operator's second input (Flink's
+        ``TwoInputStreamOperatorTestHarness.processElement2``).
+
+        Args:
+            record (Any): the record.
+
+        Returns:
+            list[Any]: the records emitted during the call.
+
+        Raises:
+            TypeError: the operator has one input.
+            UserFunctionError: the operator's function failed (naming the record).
+        """
+        return self.process_elements2([record])
+
+    def process_elements2(self, records: Iterable[Any]) -> list[Any]:
+        """Process ``records`` as one batch of a two-input operator's second input
+        (:meth:`process_elements` feeds the first).
+
+        Args:
+            records (Iterable[Any]): the batch's records.
+
+        Returns:
+            list[Any]: the records emitted during the call.
+
+        Raises:
+            TypeError: the operator has one input.
+            UserFunctionError: the operator's function failed (naming the record).
+        """
+        self._check_open()
+        process = getattr(self.operator, "process_batch2", None)
+        if process is None:
+            raise TypeError(f"operator {self.operator.name!r} has one input: use "
+                            "process_element(s)")
+        start = len(self.output)
+        batch = list(records)
+        if batch:
+            self.operator.records_in += len(batch)
+            out = process(batch)
             self.operator.records_out += len(out)
             self.output.extend(out)
         self._run_mailbox()

@@ -126,7 +126,16 @@ def restore_watermark(op: Any) -> float:
 
 
 def snapshot_watermark(op: Any, watermark: float) -> None:
-    """Keep ``watermark`` (seconds) in the operator's union state."""
+    """Keep ``watermark`` (seconds) in the operator's union state.
+
+    The final watermark of a bounded input (+inf, end of input, not event time) is not
+    kept: the entry stays at the last event time an earlier checkpoint recorded, so a run
+    that resumes the job's final checkpoint with more input (a source that continues after
+    its end, a file that grew) goes on from real event time instead of finding every record
+    late.
+    """
+    if watermark == float("inf"):
+        return
     op.operator_state.get_list_state(WATERMARK_STATE, "union").update(
         [watermark] if watermark > float("-inf") else [])
 

@@ -1,0 +1,197 @@
+"""Two-input operators over connected streams: co-map, co-flat-map, co-process and keyed
+co-process (Flink's ``CoStreamMap``, ``CoStreamFlatMap``, ``CoProcessOperator`` and
+``KeyedCoProcessOperator``; the thesis's n-ary operators, section 3.3.1.1).
+
+A two-input operator is the head of its task's chain. The task reads both inputs' channels
+through one input gate, so barrier alignment covers the channels of both inputs as for any
+task with several input channels (a checkpoint holds, for each input, exactly the effects of
+its records before the barrier) and the watermark is the minimum over all channels. Batches
+of the first input go to ``process_batch``, those of the second to ``process_batch2``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ...time.clock import ProcessingClock
+from ...two_input_functions import CoProcessFunction
+from .base import GENERATOR, StreamOperator, checked_outputs
+from .process import ProcessOperator, TimedKeyedProcessOperator
+
+__all__ = [
+    "CoFlatMapOperator",
+    "CoMapOperator",
+    "CoProcessOperator",
+    "KeyedCoProcessOperator",
+    "TwoInputOperator",
+    "call_per_record",
+]
+
+
+class TwoInputOperator(StreamOperator):
+    """Base of operators with two inputs: ``process_batch`` takes the first input's
+    batches, :meth:`process_batch2` the second's."""
+
+    def process_batch2(self, batch: list[Any]) -> list[Any]:
+        """Process a batch of the second input; return the output batch."""
+        raise NotImplementedError
+
+
+def call_per_record(
+    op: StreamOperator,
+    fn: Callable[[Any, Any], Any],
+    batch: list[Any],
+    ctx: Any,
+    method: str,
+    side: int,
+    key_of: Callable[[Any], Any] | None = None,
+) -> list[Any]:
+    """Call ``fn(record, ctx)`` for each record of ``batch`` and collect the outputs (the
+    loop of :class:`~reactive.runtime.operators.process.ProcessOperator`, for either input).
+
+    Args:
+        op: the operator (errors name it).
+        fn: the user method.
+        batch: the input records.
+        ctx: the context passed to ``fn``.
+        method: the method's name, for errors about what it returned.
+        side: 0 or 1, the input (errors name it).
+        key_of: the input's key selector on keyed streams; each record's key becomes the
+            backend's current key before the call.
+
+    Returns:
+        The outputs, in order.
+
+    Raises:
+        UserFunctionError: naming the operator, the record and the input, when ``fn``
+            raises or returns something that is not outputs.
+    """
+    out: list[Any] = []
+    extend = out.extend
+    generator = GENERATOR
+    r = None
+    try:
+        if key_of is None:
+            for r in batch:
+                res = fn(r, ctx)
+                t = type(res)
+                if t is list or t is generator:
+                    extend(res)
+                elif res is not None:
+                    extend(checked_outputs(res, method))
+        else:
+            assert op.keyed_backend is not None
+            set_key = op.keyed_backend.set_current_key
+            for r in batch:
+                set_key(key_of(r))
+                res = fn(r, ctx)
+                t = type(res)
+                if t is list or t is generator:
+                    extend(res)
+                elif res is not None:
+                    extend(checked_outputs(res, method))
+    except Exception as exc:
+        raise op.fail(r, exc, f"input {side + 1} ({method})") from exc
+    return out
+
+
+class CoMapOperator(TwoInputOperator):
+    """``a.connect(b).map(fn1, fn2)``: one output per record of either input."""
+
+    def __init__(self, name: str, uid: str, fn1: Callable[[Any], Any],
+                 fn2: Callable[[Any], Any]) -> None:
+        super().__init__(name, uid)
+        self.fns = (fn1, fn2)
+
+    def _map(self, batch: list[Any], side: int) -> list[Any]:
+        fn = self.fns[side]
+        out: list[Any] = []
+        append = out.append
+        r = None
+        try:
+            for r in batch:
+                append(fn(r))
+        except Exception as exc:
+            raise self.fail(r, exc, f"input {side + 1} (map{side + 1})") from exc
+        return out
+
+    def process_batch(self, batch: list[Any]) -> list[Any]:
+        return self._map(batch, 0)
+
+    def process_batch2(self, batch: list[Any]) -> list[Any]:
+        return self._map(batch, 1)
+
+
+class CoFlatMapOperator(TwoInputOperator):
+    """``a.connect(b).flat_map(fn1, fn2)``: zero or more outputs per record (the items of
+    the iterable the function returns, or none for None)."""
+
+    def __init__(self, name: str, uid: str, fn1: Callable[[Any], Iterable[Any] | None],
+                 fn2: Callable[[Any], Iterable[Any] | None]) -> None:
+        super().__init__(name, uid)
+        self.fns = (fn1, fn2)
+
+    def _flat_map(self, batch: list[Any], side: int) -> list[Any]:
+        fn = self.fns[side]
+        out: list[Any] = []
+        extend = out.extend
+        r = None
+        try:
+            for r in batch:
+                res = fn(r)
+                if res is not None:
+                    extend(res)
+        except Exception as exc:
+            raise self.fail(r, exc, f"input {side + 1} (flat_map{side + 1})") from exc
+        return out
+
+    def process_batch(self, batch: list[Any]) -> list[Any]:
+        return self._flat_map(batch, 0)
+
+    def process_batch2(self, batch: list[Any]) -> list[Any]:
+        return self._flat_map(batch, 1)
+
+
+class CoProcessOperator(TwoInputOperator, ProcessOperator):
+    """``a.connect(b).process(CoProcessFunction)`` on non-keyed streams (operator state
+    only)."""
+
+    def __init__(self, name: str, uid: str, fn: CoProcessFunction) -> None:
+        ProcessOperator.__init__(self, name, uid, fn)  # type: ignore[arg-type]
+
+    def process_batch(self, batch: list[Any]) -> list[Any]:
+        return call_per_record(self, self.fn.process_element1, batch, self.ctx,
+                               "process_element1", 0)
+
+    def process_batch2(self, batch: list[Any]) -> list[Any]:
+        return call_per_record(self, self.fn.process_element2, batch, self.ctx,
+                               "process_element2", 1)
+
+
+class KeyedCoProcessOperator(TwoInputOperator, TimedKeyedProcessOperator):
+    """``a.key_by(f).connect(b.key_by(g)).process(KeyedCoProcessFunction)``: the state and
+    timers of a key are shared by both inputs' records with that key.
+
+    Args:
+        name, uid: operator identity.
+        fn: the ``KeyedCoProcessFunction``.
+        key_selector1, key_selector2: record -> key, per input.
+        clock: processing-time clock.
+    """
+
+    def __init__(self, name: str, uid: str, fn: CoProcessFunction,
+                 key_selector1: Callable[[Any], Any], key_selector2: Callable[[Any], Any],
+                 clock: ProcessingClock) -> None:
+        TimedKeyedProcessOperator.__init__(self, name, uid, fn,  # type: ignore[arg-type]
+                                           key_selector1, clock)
+        self.key_selector2 = key_selector2
+
+    def process_batch(self, batch: list[Any]) -> list[Any]:
+        return call_per_record(self, self.fn.process_element1, batch, self.ctx,
+                               "process_element1", 0, self.key_selector)
+
+    def process_batch2(self, batch: list[Any]) -> list[Any]:
+        return call_per_record(self, self.fn.process_element2, batch, self.ctx,
+                               "process_element2", 1, self.key_selector2)
+
