@@ -10,7 +10,7 @@ from .errors import ConfigurationError
 
 __all__ = ["CheckpointConfig", "CheckpointingMode", "RestartStrategy"]
 
-CheckpointingMode = Literal["exactly_once", "at_least_once"]
+CheckpointingMode = Literal["exactly_once", "at_least_once", "synchronous"]
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,14 @@ class CheckpointConfig:
             the checkpoints asked for with ``job.checkpoint()`` and the final one.
         directory: checkpoint storage root; checkpoints go to ``<directory>/<job>/chk-<n>``.
         mode: ``"exactly_once"`` aligns barriers (Algorithm 1 of the ABS paper);
-            ``"at_least_once"`` does not block channels, so state may count replayed records.
+            ``"at_least_once"`` does not block channels, so state may count replayed records;
+            ``"synchronous"`` is the baseline the ABS paper compares against (a Naiad-style
+            global synchronous snapshot, thesis section 3.4.2): the sources are halted
+            from the trigger until the checkpoint completes, in-flight records drain, and
+            every task writes its whole snapshot before it processes anything else. It is
+            exactly once like ``"exactly_once"`` and meant for comparisons, not for use:
+            the job stops for the drain and the writes of every checkpoint
+            (``reactive.checkpoint.synchronous_snapshots``).
         timeout: seconds after which a pending checkpoint is aborted.
         max_concurrent: how many checkpoints may be pending at once (>= 1).
         retained: how many completed checkpoints are kept on disk (>= 1).
@@ -30,7 +37,8 @@ class CheckpointConfig:
 
     Raises:
         ConfigurationError: on a non-positive interval, timeout, max_concurrent or retained,
-            or an unknown mode.
+            an unknown mode, or ``max_concurrent > 1`` with ``mode="synchronous"`` (the
+            sources stay halted until the one pending checkpoint completes).
     """
 
     interval: float | None = 1.0
@@ -44,14 +52,19 @@ class CheckpointConfig:
     def __post_init__(self) -> None:
         if self.interval is not None and not self.interval > 0:
             raise ConfigurationError(f"checkpoint interval must be > 0 seconds, got {self.interval}")
-        if self.mode not in ("exactly_once", "at_least_once"):
+        if self.mode not in ("exactly_once", "at_least_once", "synchronous"):
             raise ConfigurationError(
-                f"checkpointing mode must be 'exactly_once' or 'at_least_once', got {self.mode!r}"
+                "checkpointing mode must be 'exactly_once', 'at_least_once' or 'synchronous', "
+                f"got {self.mode!r}"
             )
         if not self.timeout > 0:
             raise ConfigurationError(f"checkpoint timeout must be > 0 seconds, got {self.timeout}")
         if self.max_concurrent < 1:
             raise ConfigurationError(f"max_concurrent must be >= 1, got {self.max_concurrent}")
+        if self.mode == "synchronous" and self.max_concurrent != 1:
+            raise ConfigurationError(
+                "mode='synchronous' takes one checkpoint at a time (the sources stay halted "
+                f"until it completes): max_concurrent must be 1, got {self.max_concurrent}")
         if self.retained < 1:
             raise ConfigurationError(f"retained must be >= 1, got {self.retained}")
         if self.tolerable_failed_checkpoints < 0:

@@ -8,6 +8,8 @@ import collections
 import pickle
 from typing import Any
 
+import pytest
+
 from reactive import CheckpointConfig, CheckpointStorage, Dataflow, Source, SourceReader
 from reactive.backends.heap import read_heap_snapshot
 from reactive.connectors.collections import ListSink
@@ -56,7 +58,8 @@ def _position(job_dir, chk_meta, uid):
     return states["source-position"][1][0]
 
 
-async def test_checkpointed_state_matches_records_before_barriers(tmp_path):
+@pytest.mark.parametrize("mode", ["exactly_once", "synchronous"])
+async def test_checkpointed_state_matches_records_before_barriers(tmp_path, mode):
     fast = [f"k{i % 50}" for i in range(60_000)]
     slow = [f"k{i % 70}" for i in range(3_000)]
     flow = Dataflow("align", parallelism=2, batch_size=64)
@@ -64,7 +67,7 @@ async def test_checkpointed_state_matches_records_before_barriers(tmp_path):
     b = flow.source(SlowSource(slow, batch=20, pause=0.001), uid="slow")
     a.union(b).key_by(lambda k: k).process(Count()).uid("count").sink(ListSink())
     job = await flow.run(checkpoints=CheckpointConfig(interval=0.02, directory=tmp_path,
-                                                      retained=1000))
+                                                      retained=1000, mode=mode))
     storage = CheckpointStorage(tmp_path, "align")
     checked = 0
     for chk in storage.completed():

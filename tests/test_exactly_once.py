@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 from reactive import CheckpointConfig, Dataflow, RestartStrategy
 from reactive.connectors.collections import ListSink
 
@@ -27,8 +29,9 @@ def _run_counting(words: list[str], tmp_path: Path, mode: str, seed: int):
     return flow, sink, injector, CheckpointConfig(interval=0.01, directory=tmp_path, mode=mode)
 
 
-async def test_keyed_count_is_exact_after_failures(words, truth, tmp_path):
-    flow, sink, injector, config = _run_counting(words, tmp_path, "exactly_once", seed=11)
+@pytest.mark.parametrize("mode", ["exactly_once", "synchronous"])
+async def test_keyed_count_is_exact_after_failures(words, truth, tmp_path, mode):
+    flow, sink, injector, config = _run_counting(words, tmp_path, mode, seed=11)
     job = await flow.run(checkpoints=config, restart=RestartStrategy.fixed(10, 0.0))
     assert injector.failures == 4
     assert job.metrics.restarts == 4

@@ -27,18 +27,19 @@ def _flow(words, fn, sink, name="resume"):
     return flow
 
 
-async def _fail_once(words, tmp_path, at):
+async def _fail_once(words, tmp_path, at, mode="exactly_once"):
     """Run until a permanent failure at record ``at``; checkpoints stay on disk."""
     flow = _flow(words, failing_count(FailureInjector([at])), ListSink())
-    config = CheckpointConfig(interval=0.02, directory=tmp_path, retained=10)
+    config = CheckpointConfig(interval=0.02, directory=tmp_path, retained=10, mode=mode)
     with pytest.raises(JobFailedError) as info:
         await flow.run(checkpoints=config, restart=RestartStrategy.none())
     assert isinstance(info.value.__cause__, UserFunctionError)
     return config
 
 
-async def test_resume_continues_from_latest_checkpoint(words, truth, tmp_path):
-    config = await _fail_once(words, tmp_path, at=150_000)
+@pytest.mark.parametrize("mode", ["exactly_once", "synchronous"])
+async def test_resume_continues_from_latest_checkpoint(words, truth, tmp_path, mode):
+    config = await _fail_once(words, tmp_path, at=150_000, mode=mode)
     storage = CheckpointStorage(tmp_path, "resume")
     latest = storage.latest_restorable()
     assert latest is not None
@@ -104,7 +105,8 @@ async def test_resume_without_checkpoints_starts_fresh(words, truth, tmp_path):
     assert final_counts(sink.records) == truth
 
 
-async def test_line_file_source_resumes_at_byte_offset(tmp_path):
+@pytest.mark.parametrize("mode", ["exactly_once", "synchronous"])
+async def test_line_file_source_resumes_at_byte_offset(tmp_path, mode):
     lines = [f"line {i} word{i % 97}" for i in range(50_000)]
     data = tmp_path / "input"
     data.mkdir()
@@ -117,7 +119,8 @@ async def test_line_file_source_resumes_at_byte_offset(tmp_path):
          .key_by(lambda line: line)
          .process(failing_count(injector)).uid("count")
          .sink(sink))
-    job = await flow.run(checkpoints=CheckpointConfig(interval=0.02, directory=tmp_path / "c"),
+    job = await flow.run(checkpoints=CheckpointConfig(interval=0.02, directory=tmp_path / "c",
+                                                      mode=mode),
                          restart=RestartStrategy.fixed(5, 0.0))
     assert job.metrics.restarts == 2
     # every line counted exactly once in the state (each line is unique)

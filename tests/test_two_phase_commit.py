@@ -292,10 +292,12 @@ async def test_open_transaction_is_aborted_on_close_and_finish_commits_the_tail(
 
 
 # ---------------------------------------------------------------------- in a job
-async def test_pre_commit_failure_aborts_the_checkpoint_and_the_next_one_commits_once(tmp_path):
+@pytest.mark.parametrize("mode", ["exactly_once", "synchronous"])
+async def test_pre_commit_failure_aborts_the_checkpoint_and_the_next_one_commits_once(tmp_path,
+                                                                                      mode):
     probe = Probe()
     probe.fail_pre_commit = {1}
-    job = await _start_gated(tmp_path, probe)
+    job = await _start_gated(tmp_path, probe, mode=mode)
     a, b = keys(500), keys(300, start=500)
     await _push(probe, 1, a)
     with pytest.raises(CheckpointError, match="injected pre-commit failure"):
@@ -387,8 +389,10 @@ async def test_commit_failure_after_completion_is_retried_after_recovery(tmp_pat
     assert set(probe.staged) == set(probe.committed)  # lingering transactions were aborted
 
 
-@pytest.mark.parametrize("seed", [21, 22])
-async def test_exactly_once_output_under_failures_and_concurrent_checkpoints(tmp_path, seed):
+@pytest.mark.parametrize(("seed", "mode"), [(21, "exactly_once"), (22, "exactly_once"),
+                                            (23, "synchronous")])
+async def test_exactly_once_output_under_failures_and_concurrent_checkpoints(tmp_path, seed,
+                                                                             mode):
     words = zipf_words(100_000, 3_000, seed=seed)
     rnd = random.Random(seed)
     # far apart, so each failure is alone in its attempt (one restart per failure)
@@ -399,7 +403,9 @@ async def test_exactly_once_output_under_failures_and_concurrent_checkpoints(tmp
     (flow.from_collection(words).uid("src").key_by(lambda w: w)
          .process(failing_count(injector)).uid("count")
          .sink(RecordingSink(probe, asynchronous=seed % 2 == 0)).uid("sink"))
-    config = CheckpointConfig(interval=0.01, directory=tmp_path, max_concurrent=2)
+    # the synchronous baseline takes one checkpoint at a time
+    config = CheckpointConfig(interval=0.01, directory=tmp_path, mode=mode,
+                              max_concurrent=1 if mode == "synchronous" else 2)
     job = await flow.run(checkpoints=config, restart=RestartStrategy.fixed(10, 0.0))
     assert injector.failures == 3 and job.metrics.restarts == 3
     assert probe.visible() == expected(words)

@@ -23,6 +23,11 @@ final checkpoint) waits with ``await_commit=True``: the checkpoint's ``committed
 resolves when every task has run its ``notify_checkpoint_complete`` (Flink waits for
 ``notifyCheckpointComplete`` of the final/synchronous savepoint the same way). When the
 attempt ends, :meth:`shutdown` fails every future still pending, so no caller hangs.
+
+With ``mode="synchronous"`` (the baseline of the ABS paper's evaluation, thesis 3.4.2) the
+coordinator halts the sources right behind the barriers until the checkpoint completes or
+is aborted, and the tasks write their snapshots before they go on
+(:mod:`reactive.checkpoint.synchronous_snapshots`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from .metadata import CompletedCheckpoint
 from .savepoints import rebase_savepoint_paths
 from .stats import CheckpointStats
 from .storage import CheckpointStorage
+from .synchronous_snapshots import halt_sources
 
 if TYPE_CHECKING:
     from ..runtime.task import StreamTask
@@ -136,11 +142,15 @@ class CheckpointCoordinator:
         self._failure: CheckpointError | None = None
         self._slot_free = asyncio.Event()
         self._slot_free.set()
+        self.synchronous = config.mode == "synchronous"
 
     def attach(self, tasks: list[StreamTask]) -> None:
-        """Register the job's tasks (sources are those with a source operator)."""
+        """Register the job's tasks (sources are those with a source operator); in the
+        synchronous mode, tell each task to write its snapshots before it goes on."""
         self.tasks = tasks
         self.sources = [t for t in tasks if t.source is not None]
+        for task in tasks:
+            task.checkpointing.synchronous = self.synchronous
 
     # ------------------------------------------------------------------ triggering
     async def run(self) -> None:
@@ -205,6 +215,9 @@ class CheckpointCoordinator:
                                     else "checkpoint")
         for task in self.sources:
             task.gate.post(functools.partial(task.trigger_checkpoint, barrier))
+        if self.synchronous:
+            # halted right behind the barrier until the checkpoint completes or is aborted
+            halt_sources(self.sources, pending.done)
         return pending
 
     async def checkpoint(

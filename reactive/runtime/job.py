@@ -611,7 +611,7 @@ class Job:
                 max_parallelism=flow.max_parallelism,
                 batch_size=flow.batch_size,
                 buffer_timeout=flow.buffer_timeout,
-                exactly_once=config is None or config.mode == "exactly_once",
+                exactly_once=config is None or config.mode != "at_least_once",
                 storage=self.storage,
                 coordinator=coordinator,
                 spawn=spawn,

@@ -8,6 +8,11 @@ barrier is forwarded downstream and the *asynchronous part* runs in the job's ta
 it writes the files and acknowledges to the checkpoint coordinator with the state handles,
 or declines the checkpoint when anything fails (thesis 4.5.1; ABS paper, Algorithm 1).
 Completion and abort notifications reach the operators through it too.
+
+In the synchronous-snapshot baseline (``synchronous``, set by the checkpoint coordinator
+for ``mode="synchronous"``; thesis 3.4.2) the task runs the writing in place of spawning
+it: it processes nothing else until its snapshot is written and acknowledged, and the
+statistics count the whole snapshot as its synchronous part.
 """
 
 from __future__ import annotations
@@ -88,6 +93,10 @@ class SubtaskCheckpointCoordinator:
         spawn: runs a coroutine in the job's task group (the asynchronous parts).
         broadcast: sends an event on every output channel of the task.
         is_closed: whether the task has closed its operators (a failure or the end).
+
+    Attributes:
+        synchronous: write each snapshot in the task before going on (the synchronous
+            baseline) instead of in an asynchronous part.
     """
 
     def __init__(self, task: TaskIdentity, operators: list[StreamOperator],
@@ -102,6 +111,7 @@ class SubtaskCheckpointCoordinator:
         self.spawn = spawn
         self.broadcast = broadcast
         self.is_closed = is_closed
+        self.synchronous = False
 
     async def checkpoint_state(self, barrier: CheckpointBarrier, alignment: float) -> None:
         """Snapshot for ``barrier`` (synchronous part), forward it, start the asynchronous
@@ -137,7 +147,12 @@ class SubtaskCheckpointCoordinator:
             return
         sync = time.perf_counter() - t0
         await self.broadcast(barrier)
-        self.spawn(self._async_part(cid, captures, alignment, sync))
+        if self.synchronous:
+            # the barrier goes on first, so the tasks downstream drain and snapshot while
+            # this one writes; this task reads nothing until its snapshot is written
+            await self._async_part(cid, captures, alignment, sync, in_task=True)
+        else:
+            self.spawn(self._async_part(cid, captures, alignment, sync))
 
     async def _async_part(
         self,
@@ -145,7 +160,14 @@ class SubtaskCheckpointCoordinator:
         captures: list[_Capture],
         alignment: float,
         sync: float,
+        in_task: bool = False,
     ) -> None:
+        """Write the captured snapshot and acknowledge it (or decline the checkpoint).
+
+        Args:
+            in_task: run by the task itself (the synchronous baseline): the writing counts
+                as synchronous time and the asynchronous part as 0.
+        """
         coordinator = self.acknowledger
         assert coordinator is not None
         t0 = time.perf_counter()
@@ -192,8 +214,9 @@ class SubtaskCheckpointCoordinator:
             coordinator.decline(cid, self.task, ReactiveError(
                 f"task {self.task.task_id} closed during the asynchronous part of checkpoint {cid}"))
             return
-        stats = {"alignment": alignment, "sync": sync, "async": time.perf_counter() - t0,
-                 "size": float(size)}
+        written = time.perf_counter() - t0
+        stats = {"alignment": alignment, "sync": sync + written if in_task else sync,
+                 "async": 0.0 if in_task else written, "size": float(size)}
         await coordinator.acknowledge(cid, self.task, states, stats)
 
     async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:

@@ -27,6 +27,8 @@ barrier still flows, so every sink instance pre-commits that checkpoint, but the
 is aborted, and its transactions stay pending until the next checkpoint completes (so that
 checkpoint lists pending transactions of two checkpoint ids per instance).
 
+``REACTIVE_TEST_MODE`` is the checkpointing mode (default ``exactly_once``).
+
 Before killing itself it appends the kill point to the file ``REACTIVE_TEST_KILL_LOG`` (if
 set), so the test knows the kill really happened there.
 """
@@ -177,7 +179,8 @@ async def main(out: str, checkpoints: str, fmt: str, records: int, parallelism: 
          .process(Count()).uid("count")
          .sink(KillingFileSink(out, format=fmt, schema=schema() if fmt == "parquet" else None))
          .uid("files"))
-    await flow.run(checkpoints=CheckpointConfig(interval=0.1, directory=checkpoints),
+    mode: Any = os.environ.get("REACTIVE_TEST_MODE", "exactly_once")  # or "synchronous"
+    await flow.run(checkpoints=CheckpointConfig(interval=0.1, directory=checkpoints, mode=mode),
                    restart=RestartStrategy.fixed(5, 0.0), resume=True,
                    state_backend=state_backend)
 

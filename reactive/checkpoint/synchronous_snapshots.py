@@ -1,0 +1,69 @@
+"""Halting the sources for the synchronous-snapshot baseline (``CheckpointConfig(mode="synchronous")``).
+
+The baseline the ABS paper measures itself against (Carbone et al., "Lightweight
+Asynchronous Snapshots for Distributed Dataflows", 2015, section 7; the thesis, section
+3.4.2, "global synchronous snapshots" as in Naiad): to take checkpoint n the coordinator
+
+1. halts the sources right after they snapshot their positions and inject barrier n
+   (:func:`halt_sources`: a mailbox action that holds each source task until checkpoint n is
+   completed or aborted);
+2. lets every channel drain: with no new input, the records in flight are processed, and
+   barrier n, the last item every source sent, marks on each channel the end of what was
+   in flight (no record follows it until the sources resume, so alignment never holds a
+   record back);
+3. has every task snapshot synchronously when barrier n has reached all its inputs: the
+   synchronous part and the writing of its files run in the task, which processes nothing
+   else until its snapshot is written (``SubtaskCheckpointCoordinator.synchronous``);
+4. writes the metadata when every task has acknowledged, and only then resumes the sources.
+
+So the whole dataflow stands still from the trigger until the checkpoint is written: the
+cost the asynchronous barrier snapshots avoid, which is what this mode is for (comparisons,
+``bench/papers.py``). It is exactly once like the aligned mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..runtime.task import StreamTask
+
+__all__ = ["halt_sources"]
+
+
+def halt_sources(sources: Sequence[StreamTask], until: asyncio.Future[Any]) -> None:
+    """Hold every source task, after the mailbox actions already posted, until ``until``
+    is done (the pending checkpoint completed, was aborted, or the attempt ended).
+
+    A held source runs the mailbox actions posted to it meanwhile (checkpoint completion or
+    abort notifications, state queries) but reads no input. Post it right behind the
+    barrier-injection actions, so the sources halt right after injecting the barrier.
+
+    Args:
+        sources: the job's source tasks.
+        until: resolved (with a result or an exception) when the sources may read again.
+    """
+    for task in sources:
+        task.gate.post(functools.partial(_hold, task, until))
+
+    def wake(_: asyncio.Future[Any]) -> None:
+        for task in sources:
+            task.gate.post(_no_op)  # a held task waits in its mailbox: let it see ``until``
+
+    until.add_done_callback(wake)
+
+
+async def _hold(task: StreamTask, until: asyncio.Future[Any]) -> None:
+    while not until.done():
+        _, action = await task.gate.get()
+        result = action()
+        if inspect.isawaitable(result):
+            await result
+
+
+def _no_op() -> None:
+    return None
