@@ -549,6 +549,70 @@ class Stream:
                            lambda t: ops.StreamOperator(t.name, t.resolved_uid), edges)
         return Stream(self.flow, t)
 
+    def iterate(self, step: Callable[[Stream], tuple[Stream, Stream]],
+                name: str | None = None, uid: str | None = None) -> Stream:
+        """A loop: ``step(loop_input)`` returns ``(feedback, output)``; the feedback stream
+        flows back into ``loop_input`` beside this stream's records, the output leaves the
+        loop (thesis 6.3.3's structured loops; the only way to build a cycle).
+
+        ```python
+        def step(loop_input):            # (vertex, label) proposals
+            best = loop_input.key_by(lambda p: p[0]).process(KeepSmallestLabel())
+            return best.flat_map(to_neighbours), best
+        labels = proposals.iterate(step, uid="propagate")
+        ```
+
+        The step may key, keep keyed state and chain several operators. Snapshots stay
+        exactly once: the loop's head logs the records coming back around while a
+        checkpoint's barrier travels the loop, and only those (ABS Algorithm 2; see
+        ``reactive.runtime.iteration_head``). A bounded input ends once it has ended and no
+        record is left in the loop. Watermarks do not circulate: event time inside and
+        after the loop ends with the input.
+
+        Args:
+            step: the loop body, called once while the dataflow is built.
+            name: the head's display name.
+            uid: the head's stable id (its snapshot, the back-edge log, is keyed by it);
+                the tail gets ``<uid>/tail``.
+
+        Returns:
+            The step's output stream.
+
+        Raises:
+            ConfigurationError: when the step does not return two streams of this
+                dataflow, the feedback does not come from the loop's input, or the loop
+                holds an async operator (its calls in flight would escape the back-edge
+                log and the end-of-loop detection).
+        """
+        from .runtime.operators.iteration import IterationHeadOperator, IterationTailOperator
+
+        flow = self.flow
+        head = flow._add("iteration_head", name or "iteration",
+                         lambda t: IterationHeadOperator(t.name, t.resolved_uid), [self._edge()])
+        head.uid = uid
+        result = step(Stream(flow, head))
+        if (not isinstance(result, tuple) or len(result) != 2
+                or not all(isinstance(s, Stream) and s.flow is flow for s in result)):
+            raise ConfigurationError(
+                "iterate(step): step(loop_input) must return (feedback, output), two streams "
+                "of this dataflow")
+        feedback, output = result
+        body = _loop_body(head, feedback.transformation)
+        if not body:
+            raise ConfigurationError(
+                "iterate(step): the feedback stream must be computed from loop_input")
+        for t in body:
+            if t.kind == "map_async":
+                raise ConfigurationError(
+                    f"iterate(step): operator {t.name!r} is a map_async inside the loop; its "
+                    "calls in flight would escape the loop's snapshots and end detection")
+        tail = flow._add("iteration_tail", f"{head.name}-feedback",
+                         lambda t: IterationTailOperator(t.name, t.resolved_uid),
+                         [feedback._edge()])
+        tail.uid = None if uid is None else f"{uid}/tail"
+        tail.loop_head = head
+        return output
+
     def sink(self, sink: Sink | Callable[[Any], Any], name: str | None = None) -> Stream:
         """Send records to a :class:`Sink`, or call ``sink(record)`` for each (a callback
         sink: at-least-once, it sees replayed records again after a recovery)."""
@@ -559,6 +623,31 @@ class Stream:
                             lambda t: ops.SinkOperator(t.name, t.resolved_uid, s))
         stream.transformation.sink = s
         return stream
+
+
+def _loop_body(head: Transformation, last: Transformation) -> list[Transformation]:
+    """The transformations on a path from ``head`` to ``last`` (both included); empty when
+    ``last`` does not descend from ``head``."""
+    memo: dict[int, bool] = {}
+
+    def reaches_head(t: Transformation) -> bool:
+        if t is head:
+            return True
+        if t.id not in memo:
+            memo[t.id] = any(reaches_head(e.upstream) for e in t.inputs)
+        return memo[t.id]
+
+    if not reaches_head(last):
+        return []
+    body, todo, seen = [], [last], set()
+    while todo:
+        t = todo.pop()
+        if t.id in seen or not reaches_head(t):
+            continue
+        seen.add(t.id)
+        body.append(t)
+        todo.extend(e.upstream for e in t.inputs)
+    return body
 
 
 class KeyedStream(Stream):

@@ -59,6 +59,8 @@ class Transformation:
             windows downstream re-derive record timestamps with it.
         sink: the :class:`~reactive.sinks.Sink` of a ``sink`` transformation (the job asks
             it whether it is exactly-once when choosing a checkpoint to restore).
+        loop_head: for an iteration's tail, the iteration's head, which its feedback
+            reaches through the loop's back edge (the one edge not in ``inputs``).
     """
 
     id: int
@@ -71,6 +73,7 @@ class Transformation:
     max_parallelism: int | None = None
     timestamp_fn: Callable[[Any], float] | None = None
     sink: Any = None
+    loop_head: Transformation | None = None
 
     @property
     def resolved_uid(self) -> str:

@@ -97,6 +97,15 @@ class InputGate:
         self._next = 0
         self._waiter: asyncio.Future[None] | None = None
         self._mail: deque[Callable[[], Any]] = deque()
+        self._priority: Channel | None = None
+        self._priority_threshold = 0
+
+    def prioritize(self, index: int, threshold: int) -> None:
+        """Deliver from channel ``index`` first whenever it holds ``threshold`` items or
+        more (an iteration head's feedback channel: thesis 6.4.3.2, the loop drains before
+        new input enters it)."""
+        self._priority = self.channels[index]
+        self._priority_threshold = threshold
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -133,6 +142,10 @@ class InputGate:
         while True:
             if self._mail:
                 return -1, self._mail.popleft()
+            first = self._priority
+            if (first is not None and len(first._items) >= self._priority_threshold
+                    and first._items and not first.blocked):
+                return first.index, first._take()
             start = self._next
             for k in range(n):
                 i = (start + k) % n

@@ -12,6 +12,7 @@ __all__ = [
     "CheckpointBarrier",
     "EndOfData",
     "EndOfInput",
+    "LoopProbe",
     "Watermark",
 ]
 
@@ -52,6 +53,23 @@ class EndOfData:
 @dataclass(frozen=True, slots=True)
 class EndOfInput:
     """The channel's producer has finished; nothing follows on this channel."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoopProbe:
+    """A marker an iteration's head sends around its loop to detect that the loop holds no
+    record any more (a round of the quiescence detection; see
+    ``reactive.runtime.iteration_head``). A task forwards it once it arrived on every input
+    channel, so every record sent before it, and what that record caused inside the loop,
+    reaches the loop's tail ahead of it.
+
+    Attributes:
+        loop: the uid of the iteration's head.
+        round: the round number, from 0.
+    """
+
+    loop: str
+    round: int
 
 
 END_OF_DATA = EndOfData()

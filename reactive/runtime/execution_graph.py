@@ -8,6 +8,7 @@ forward edges, all-to-all for rebalance, broadcast and key-group (``key_by``) ed
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from ..checkpoint.state_assignment_operation import StateAssignmentOperation
@@ -17,6 +18,7 @@ from ..key_encoding import bind_key_serializer
 from ..keygroups import key_group_range_for_operator
 from ..state.backend import StateBackend
 from .channel import Channel, InputGate
+from .iteration_head import IterationHeadTask, LoopQuiescence
 from .partitioner import (
     BroadcastPartitioner,
     ForwardPartitioner,
@@ -109,6 +111,10 @@ class ExecutionGraph:
         validate(transformations, default_parallelism, max_parallelism)
         self.max_parallelism = max_parallelism
         par = {t.id: _parallelism(t, default_parallelism) for t in transformations}
+        for t in transformations:
+            if t.loop_head is not None:
+                # a tail instance feeds the head instance with its index
+                par[t.id] = par[t.loop_head.id]
         consumers: dict[int, list[tuple[Transformation, Edge]]] = {t.id: [] for t in transformations}
         for t in transformations:
             for e in t.inputs:
@@ -121,8 +127,11 @@ class ExecutionGraph:
             if len(t.inputs) == 1:
                 e = t.inputs[0]
                 up = e.upstream
+                # an iteration head runs alone in its task: the operators after it must
+                # snapshot when the barrier passes them, the head when it comes back
                 if (e.partitioning == "forward" and par[up.id] == par[t.id]
-                        and len(consumers[up.id]) == 1 and chain_of[up.id].tail is up):
+                        and len(consumers[up.id]) == 1 and chain_of[up.id].tail is up
+                        and t.kind != "iteration_head" and up.kind != "iteration_head"):
                     chain = chain_of[up.id]
                     chain.transformations.append(t)
                     chain_of[t.id] = chain
@@ -168,6 +177,20 @@ class ExecutionGraph:
                             key_serializer=e.key_serializer, operator=c.head.resolved_uid)
                     writers[up.id][i].append(RecordWriter(partitioner, channels, batch_size))
 
+        # feedback channels of iterations: tail instance i -> head instance i, unbounded
+        # (a bounded channel in a cycle can deadlock), last in the head's gate
+        quiescence: dict[int, LoopQuiescence] = {}
+        for t in transformations:
+            head = t.loop_head
+            if head is None:
+                continue
+            quiescence[head.id] = LoopQuiescence(par[head.id])
+            for i in range(par[head.id]):
+                ch = Channel(sys.maxsize, f"{t.name}#{i}->{head.name}#{i} (feedback)")
+                inputs[head.id][i].append(ch)
+                writers[chain_of[t.id].tail.id][i].append(
+                    RecordWriter(ForwardPartitioner(1), [ch], batch_size))
+
         # task names identify tasks (checkpoint acknowledgements, statistics, logs): two
         # chains with the same display name (two sources called "collection") get their
         # head's uid, which is unique, added
@@ -206,6 +229,11 @@ class ExecutionGraph:
                     operators.append(op)
                 gate = InputGate(inputs[c.head.id][i])
                 self.channels.extend(gate.channels)
-                self.tasks.append(StreamTask(env, task_names[id(c)], i, c.parallelism,
-                                             operators, gate,
-                                             writers[c.tail.id][i]))
+                task_name = task_names[id(c)]
+                if c.head.kind == "iteration_head":
+                    self.tasks.append(IterationHeadTask(
+                        env, task_name, i, c.parallelism, operators, gate,
+                        writers[c.tail.id][i], quiescence=quiescence[c.head.id]))
+                else:
+                    self.tasks.append(StreamTask(env, task_name, i, c.parallelism,
+                                                 operators, gate, writers[c.tail.id][i]))

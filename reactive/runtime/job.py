@@ -625,7 +625,10 @@ class Job:
             self._tasks = tasks
             self._tap_sinks(tasks)
             sources = [t for t in tasks if t.source is not None]
-            sources_left.update(id(t) for t in sources)
+            # an iteration's loop ends after its input, like a source: the final
+            # checkpoint waits for it
+            sources_left.update(id(t) for t in tasks
+                                if t.source is not None or t.is_iteration_head)
             self.metrics.attach(tasks)
             if coordinator is not None:
                 coordinator.operators = {

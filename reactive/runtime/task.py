@@ -31,6 +31,7 @@ from .events import (
     CheckpointBarrier,
     EndOfData,
     EndOfInput,
+    LoopProbe,
     Watermark,
 )
 from .operators import SinkOperator, SourceOperator, StreamOperator, maybe_await
@@ -85,6 +86,10 @@ class StreamTask:
         gate: input channels and mailbox (a source task's gate has no channels).
         writers: one per outgoing edge.
     """
+
+    #: whether the task is an iteration's head (the job waits for its loop to end as for a
+    #: source, before the final checkpoint)
+    is_iteration_head = False
 
     def __init__(
         self,
@@ -217,6 +222,7 @@ class StreamTask:
         second = [ch.side == 1 for ch in gate.channels]
         two_input = any(second)
         data_ended: set[int] = set()
+        probes: dict[LoopProbe, set[int]] = {}
         last_flush = time.monotonic()
         while live:
             if gate.is_idle():
@@ -245,6 +251,11 @@ class StreamTask:
                 data_ended.add(idx)
                 if len(data_ended) == len(gate.channels):
                     await self._end_data()
+                if probes:
+                    await self._forward_probes(probes, data_ended)
+            elif isinstance(item, LoopProbe):
+                probes.setdefault(item, set()).add(idx)
+                await self._forward_probes(probes, data_ended)
             elif isinstance(item, EndOfInput):
                 gate.channels[idx].finished = True
                 live -= 1
@@ -252,6 +263,16 @@ class StreamTask:
                 if live:
                     await self._on_watermark(idx, MAX_WATERMARK)
         await self._end_input()
+
+    async def _forward_probes(self, probes: dict[LoopProbe, set[int]],
+                              data_ended: set[int]) -> None:
+        """Forward each loop probe that has arrived on every channel still carrying data
+        (a channel that ended its data sends no record, so no probe need come from it)."""
+        n = len(self.gate.channels)
+        for probe, arrived in list(probes.items()):
+            if all(i in arrived or i in data_ended for i in range(n)):
+                del probes[probe]
+                await self._broadcast(probe)
 
     # ------------------------------------------------------------------ data path
     async def _push(self, batch: list[Any], start: int) -> None:
