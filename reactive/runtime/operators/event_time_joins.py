@@ -177,10 +177,12 @@ class IntervalJoinOperator(_JoinBase):
     each left record at ``t`` with the right records of its key at ``t + lower <= t' <= t +
     upper`` (bounds optionally exclusive), whichever arrives first.
 
-    State: per key and input, a map from timestamp to the records with that timestamp. A
-    left record at ``t`` is removed once the watermark passes ``t + upper``, a right record
-    at ``t'`` once it passes ``t' - lower``: no record that is not late can join it after
-    that.
+    State: per key and input, a map from a time slot (``floor(t / (upper - lower))``) to
+    the ``(t, record)`` pairs of the slot, so a record looks at the one to three slots its
+    partners can be in, not at everything buffered for its key (one input may run far ahead
+    of the other, e.g. a small table read at once beside a long event stream). A left record
+    at ``t`` is removed once the watermark passes ``t + upper``, a right record at ``t'``
+    once it passes ``t' - lower``: no record that is not late can join it after that.
 
     Args:
         name, uid: operator identity.
@@ -205,6 +207,7 @@ class IntervalJoinOperator(_JoinBase):
         self.lower_inclusive = lower_inclusive
         self.upper_inclusive = upper_inclusive
         self.join_ctx = JoinContext()
+        self.slot_width = self.upper - self.lower or 1.0
         self.buffers: tuple[MapState, MapState]
 
     def open(self) -> None:
@@ -232,26 +235,31 @@ class IntervalJoinOperator(_JoinBase):
             self._late(_SIDES[side], record, out)
             return
         ours, theirs = self.buffers[side], self.buffers[1 - side]
+        width = self.slot_width
+        slot = math.floor(timestamp / width)
         # a new list: the stored one may still be serialized by a snapshot in progress
-        bucket = ours.get(timestamp)
-        ours.put(timestamp, [*bucket, record] if bucket else [record])
+        entries = ours.get(slot)
+        ours.put(slot, [*entries, (timestamp, record)] if entries else [(timestamp, record)])
         ctx = self.join_ctx
         ctx.current_key = self.ctx.current_key
         fn = self.fn
         process = fn.process_element if isinstance(fn, ProcessJoinFunction) else None
-        for other_ts, others in theirs.items():
-            if side == 0:
-                left_ts, right_ts = timestamp, other_ts
-            else:
-                left_ts, right_ts = other_ts, timestamp
-            if not self._within(right_ts - left_ts):
-                continue
-            ctx.left_timestamp, ctx.right_timestamp = left_ts, right_ts
-            for other in others:
-                left, right = (record, other) if side == 0 else (other, record)
+        # the partners' times: [t + lower, t + upper] for a left record, [t' - upper,
+        # t' - lower] for a right one
+        lo, hi = ((timestamp + self.lower, timestamp + self.upper) if side == 0
+                  else (timestamp - self.upper, timestamp - self.lower))
+        for other_slot in range(math.floor(lo / width), math.floor(hi / width) + 1):
+            for other_ts, other in theirs.get(other_slot) or ():
+                if side == 0:
+                    left_ts, right_ts, left, right = timestamp, other_ts, record, other
+                else:
+                    left_ts, right_ts, left, right = other_ts, timestamp, other, record
+                if not self._within(right_ts - left_ts):
+                    continue
                 if process is None:
                     out.append(fn(left, right))
                 else:
+                    ctx.left_timestamp, ctx.right_timestamp = left_ts, right_ts
                     res = process(left, right, ctx)
                     if res is not None:
                         out.extend(_outputs(res, "process_element"))
@@ -262,8 +270,14 @@ class IntervalJoinOperator(_JoinBase):
                                               (side, timestamp))
 
     def on_event_time(self, timestamp: float, namespace: Any) -> list[Any]:
-        side, bucket = namespace
-        self.buffers[side].remove(bucket)
+        side, expired = namespace
+        buffer = self.buffers[side]
+        slot = math.floor(expired / self.slot_width)
+        kept = [e for e in buffer.get(slot) or () if e[0] != expired]
+        if kept:
+            buffer.put(slot, kept)
+        else:
+            buffer.remove(slot)
         return []
 
     def close(self) -> None:
