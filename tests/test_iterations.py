@@ -209,3 +209,16 @@ async def test_iterate_refusals(tmp_path):
     with pytest.raises(Exception, match="aligned exactly-once"):
         await looping.run(checkpoints=CheckpointConfig(interval=None, directory=tmp_path,
                                                        mode="at_least_once"))
+
+
+def test_imports_graph_example_equals_networkx_after_a_failure(tmp_path):
+    """The example on real data (this machine's standard library): two loops, one failure
+    on the way, components and transitive imports equal networkx's."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "imports_graph.py"), "--fail-at", "15000",
+         "--interval", "0.05", "--output", str(tmp_path / "out"),
+         "--checkpoint-dir", str(tmp_path / "chk")],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "restarts: 1" in result.stdout
+    assert "validated against networkx" in result.stdout
