@@ -222,3 +222,42 @@ def test_imports_graph_example_equals_networkx_after_a_failure(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "restarts: 1" in result.stdout
     assert "validated against networkx" in result.stdout
+
+
+async def test_event_time_after_a_loop_holds_until_the_loop_is_done():
+    """Watermarks do not circulate: a record that goes around the loop keeps its old
+    timestamp, so the loop holds event time back; an event-time window after the loop
+    counts every pass, none of them late."""
+    from reactive import AggregateFunction, TumblingEventTimeWindows
+
+    class Count(AggregateFunction):
+        def create_accumulator(self) -> int:
+            return 0
+
+        def add(self, value: Any, acc: int) -> int:
+            return acc + 1
+
+        def get_result(self, acc: int) -> int:
+            return acc
+
+        def merge(self, a: int, b: int) -> int:
+            return a + b
+
+    records = [(k % 5, k % 7, float(k)) for k in range(300)]
+    flow = Dataflow("timed-loop", parallelism=2, batch_size=8)
+
+    def step(loop: Any) -> tuple[Any, Any]:
+        return (loop.filter(lambda r: r[1] > 0).map(lambda r: (r[0], r[1] - 1, r[2])), loop)
+
+    windowed = (flow.from_collection(records).assign_timestamps(lambda r: r[2])
+                .iterate(step).key_by(lambda r: r[0])
+                .window(TumblingEventTimeWindows.of(50), timestamp=lambda r: r[2]))
+    results, late = ListSink(), ListSink()
+    windowed.aggregate(Count()).sink(results)
+    windowed.late_data().sink(late)
+    await flow.run()
+    expected: collections.Counter[tuple[int, float]] = collections.Counter()
+    for key, n, ts in records:
+        expected[(key, ts // 50 * 50)] += n + 1
+    assert {(r.key, r.start): r.value for r in results.records} == dict(expected)
+    assert late.records == []
