@@ -3,9 +3,9 @@ minimum over the active, aligned channels and never decreases; a channel that re
 being idle with a watermark behind the output stays out of the minimum until it catches up.
 
 The unit cases follow the behaviour Flink documents and tests for its valve
-(``StatusWatermarkValveTest``), except where this runtime keeps its own rules: when every
-open channel is idle event time stands still (Flink flushes the largest watermark), and a
-watermark received while idle is recorded (Flink drops it).
+(``StatusWatermarkValveTest``), except where this runtime keeps its own rules: a watermark
+received while idle is recorded (Flink drops it), and flushed at once while every open
+channel is idle. When every open channel is idle the largest watermark goes out, as in Flink.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def test_single_channel_watermark_is_kept_through_idleness():
     valve = StatusWatermarkValve(1)
     assert valve.input_watermark(0, 25.0) == 25.0
     valve.input_watermark_status(0, True)
-    assert valve.input_watermark(0, 40.0) is None  # idle: out of the minimum
-    assert valve.input_watermark_status(0, False) == 40.0  # back, and ahead: aligned
+    assert valve.input_watermark(0, 40.0) == 40.0  # idle, as every channel: flushed
+    assert valve.input_watermark_status(0, False) is None  # back at 40: aligned
     assert valve.input_watermark(0, 50.0) == 50.0
 
 
@@ -82,9 +82,14 @@ def test_multiple_channels_advance_as_channels_become_idle_one_by_one():
     assert valve.input_watermark_status(1, True) == 17.0
     assert valve.input_watermark_status(2, True) == 25.0
     assert not valve.all_idle()
-    # the last active channel goes idle: event time stands still (this runtime's rule)
+    # the last active channel goes idle: its watermark, the largest, is already out
     assert valve.input_watermark_status(0, True) is None
     assert valve.all_idle() and valve.watermark == 25.0
+    # a watermark on an idle channel while all are idle is flushed (the task sends a
+    # channel's idle status before the watermark it flushes)
+    assert valve.input_watermark(1, 40.0) == 40.0
+    assert valve.input_watermark_status(2, False) is None  # back at 17 < 40: unaligned
+    assert valve.input_watermark(1, 50.0) is None  # not all idle any more: recorded only
 
 
 def test_partially_idle_channels_do_not_hold_the_minimum():
@@ -149,7 +154,7 @@ def test_ended_channels_leave_the_minimum_and_all_ended_is_infinity():
     assert valve.end_of_input(0) == 7.0
     assert valve.input_watermark(0, 100.0) is None  # an ended channel is ignored
     valve.input_watermark_status(1, True)
-    assert valve.end_of_input(2) is None  # the only open channel is idle: stand still
+    assert valve.end_of_input(2) == 9.0  # the only open channel is idle: flush its 9
     assert valve.all_idle()
     assert valve.end_of_input(1) == INF
 
@@ -192,6 +197,8 @@ def test_output_is_monotonic_and_the_minimum_of_the_aligned_channels(
             assert valve.watermark == min(aligned)
         if not open_channels:
             assert valve.watermark == INF
+        elif valve.all_idle():  # every open channel idle: the largest one was flushed
+            assert valve.watermark >= max(valve.watermarks[i] for i in open_channels)
 
 
 # ---------------------------------------------------------------------------- in a job

@@ -89,6 +89,11 @@ class _TxnWriter(SinkWriter):
         for key in entries:  # pre-committed in a completed checkpoint: commit (idempotent)
             if key in self.sink.pending:
                 self.sink.committed.extend(self.sink.pending.pop(key))
+        # epochs pre-committed after the restored checkpoint (aborted checkpoints) are
+        # replayed from the restored positions: abort them, or they would commit twice
+        restored = max((k[1] for k in entries), default=0)
+        for k in [k for k in self.sink.pending if k[0] == self.subtask and k[1] > restored]:
+            del self.sink.pending[k]
 
     def finish(self) -> None:
         self.sink.committed.extend(self.buffer)

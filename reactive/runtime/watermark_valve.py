@@ -11,15 +11,21 @@ with an old watermark would stall event time (the output cannot go down, but it 
 move until the stale channel caught up), and the windows fed by the other channels would
 stop firing. Records an unaligned channel sends before it catches up may be late.
 
+When every channel that has not ended is idle, no channel will move event time any more,
+so the valve *flushes*: the output becomes the largest watermark among those channels, and
+windows that can fire, fire (Flink's ``findAndOutputMaxWatermarkAcrossAllChannels``).
+
 Differences from Flink, kept from this runtime's earlier behaviour:
 
-* When every input that has not ended is idle, the output watermark stands still (Flink
-  flushes the largest channel watermark and marks the valve idle).
 * A watermark that arrives on an idle channel is recorded (Flink drops it); the channel
   still stays out of the minimum until it is active, and is aligned when it becomes active
-  only if that watermark reached the output watermark.
+  only if that watermark reached the output watermark. While *every* open channel is idle
+  such a watermark is flushed at once: the task sends a channel's idle status before the
+  watermark it flushes (Flink sends the watermark first), so the flushed watermark reaches
+  the next task's valve on a channel already idle.
 * A channel that ended (:meth:`StatusWatermarkValve.end_of_input`) leaves the valve; when
-  every channel has ended, the output watermark is ``+inf``.
+  every channel has ended, the output watermark is ``+inf``; when the channels left are all
+  idle, their largest watermark is flushed.
 
 The valve only computes; the task emits what it returns (watermarks, and an idle/active
 status through :meth:`StatusWatermarkValve.all_idle`).
@@ -63,8 +69,9 @@ class StatusWatermarkValve:
         """Channel ``channel`` sent watermark ``timestamp`` (seconds).
 
         A watermark not larger than the channel's last one is ignored (Flink's
-        ``inputWatermark``). An active channel that was unaligned becomes aligned once its
-        watermark reaches the output watermark.
+        ``inputWatermark``). On an idle channel it is recorded, and output only while every
+        open channel is idle (the all-idle flush). An active channel that was unaligned
+        becomes aligned once its watermark reaches the output watermark.
 
         Returns:
             The new output watermark when it advanced, else None.
@@ -76,7 +83,8 @@ class StatusWatermarkValve:
             return None
         self.watermarks[channel] = timestamp
         if self.idle[channel]:
-            return None  # recorded; out of the minimum while idle
+            # recorded; out of the minimum while idle, flushed when every channel is idle
+            return self._advance()
         if not self.aligned[channel]:
             if timestamp < self.watermark:
                 return None  # still behind the output: it cannot move the minimum
@@ -87,9 +95,10 @@ class StatusWatermarkValve:
         """Channel ``channel`` became idle (``idle=True``) or active again.
 
         Idle: the channel is no longer aligned, so the minimum over the other channels may
-        advance. Active: it is aligned only if its watermark is >= the output watermark
-        (Flink's ``inputWatermarkStatus``); a status that does not change the channel's is
-        ignored.
+        advance; when it was the last active channel, the largest watermark over the open
+        channels goes out (Flink's all-idle flush). Active: it is aligned only if its
+        watermark is >= the output watermark (Flink's ``inputWatermarkStatus``); a status
+        that does not change the channel's is ignored.
 
         Returns:
             The new output watermark when it advanced, else None.
@@ -142,8 +151,13 @@ class StatusWatermarkValve:
                 if wm < low:
                     low = wm
         if some_open and not some_aligned:
-            # every open channel is idle or behind: event time stands still
-            return None
+            if not self.all_idle():
+                # an active channel is behind the output: event time stands still until it
+                # catches up (it may still send records up to its own watermark)
+                return None
+            # every open channel is idle: none will move event time, flush the largest
+            low = max(wm for wm, finished in zip(self.watermarks, self.finished, strict=True)
+                      if not finished)
         if low > self.watermark:
             self.watermark = low
             return low

@@ -48,6 +48,11 @@ class AggregateStats:
                 f"slices={self.slices}, windows={self.windows})")
 
 
+def _unbound_merge(a: Any, b: Any) -> Any:
+    raise RuntimeError("FlatFAT restored from a snapshot is used before bind(): its owner "
+                       "must re-attach the aggregate's merge")
+
+
 class FlatFAT:
     """Aggregate store: append, update, range query and purge of partial aggregates.
 
@@ -73,6 +78,17 @@ class FlatFAT:
 
     def __len__(self) -> int:
         return self.next - self.first
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the merge function is the user's (a lambda in reduce(...)) and the counters are
+        # the operator's: neither is state, so neither is pickled; the owner re-binds them
+        return {"cap": self.cap, "tree": self.tree, "first": self.first, "next": self.next}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        self.merge = _unbound_merge
+        self.stats = AggregateStats()
 
     def _combine(self, a: Any, b: Any) -> Any:
         if a is None:

@@ -5,11 +5,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .assigners import TimeWindow
 
-__all__ = ["AggregateFunction", "ProcessWindowFunction", "ReduceAggregate", "WindowResult"]
+if TYPE_CHECKING:
+    from ..functions import RuntimeContext
+    from ..state.descriptors import StateDescriptor
+
+__all__ = ["AggregateFunction", "ProcessWindowContext", "ProcessWindowFunction",
+           "ReduceAggregate", "WindowResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +81,65 @@ class ReduceAggregate(AggregateFunction):
         return (self.fn(a[0], b[0]),)
 
 
+class ProcessWindowContext(Protocol):
+    """What a :class:`ProcessWindowFunction` sees of its window and operator (Flink's
+    ``ProcessWindowFunction.Context``)."""
+
+    @property
+    def window(self) -> TimeWindow:
+        """The window being processed (or cleared)."""
+        ...
+
+    def current_watermark(self) -> float:
+        """The operator's event time: its last watermark (seconds)."""
+        ...
+
+    def current_processing_time(self) -> float:
+        """Processing time now (seconds)."""
+        ...
+
+    def window_state(self, descriptor: StateDescriptor) -> Any:
+        """Keyed state of the current key *and window* (value, list or reducing state):
+        kept across the firings of one window; clear it in
+        :meth:`ProcessWindowFunction.clear` (Flink's ``windowState()``).
+
+        Raises:
+            StateAccessError: for merging (session) windows, or map state.
+        """
+        ...
+
+    def global_state(self, descriptor: StateDescriptor) -> Any:
+        """Keyed state of the current key, shared by all its windows (``globalState()``)."""
+        ...
+
+    def output(self, tag: str, value: Any) -> None:
+        """Send ``value`` to the side output ``tag`` (read it with
+        ``WindowedStream.side_output(tag)``)."""
+        ...
+
+
 class ProcessWindowFunction:
     """Whole-window processing (Flink's ``ProcessWindowFunction``): sees every record of
-    the window at once (the records are kept in keyed state until the window fires)."""
+    the window at once (the records are kept in keyed state until the window fires).
+
+    ``process`` takes ``(key, window, elements)``, or ``(key, window, elements, ctx)`` to get
+    a :class:`ProcessWindowContext` (watermark, processing time, per-window and per-key
+    state, side outputs). It runs at every firing of the window: once with the default
+    trigger, again for each late firing within the allowed lateness, and as often as a
+    user trigger fires.
+    """
+
+    def open(self, ctx: RuntimeContext) -> None:
+        """Called once per operator instance before the first record (and after a restore)."""
 
     def process(self, key: Any, window: TimeWindow, elements: list[Any]
                 ) -> Iterable[Any] | None:
         """Return (or yield) the outputs of the window ``[window.start, window.end)``."""
         raise NotImplementedError
+
+    def clear(self, ctx: ProcessWindowContext) -> None:
+        """The window ``ctx.window`` is cleaned up (after its allowed lateness): delete
+        its per-window state (Flink's ``ProcessWindowFunction.clear``)."""
+
+    def close(self) -> None:
+        """Called once when the operator instance stops."""

@@ -11,19 +11,22 @@ stream.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from ..errors import ConfigurationError
 from ..graph import Edge, GraphBuilder, Transformation
 from ..runtime import operators as ops
 from ..sinks import Sink
 from .assigners import CountWindows, PeriodicWindows, WindowAssigner
+from .evictors import Evictor
 from .functions import AggregateFunction, ProcessWindowFunction, ReduceAggregate
+from .triggers import Trigger
 from .window_operator import (
     CountWindowOperator,
     SharedWindowOperator,
     WindowOperator,
     is_window_output,
+    side_output_of,
     unwrap_late,
 )
 
@@ -90,15 +93,22 @@ class WindowedStream(Generic[S]):
         keyed: the keyed stream.
         assigners: one assigner, or several periodic ones to share (``windows([...])``).
         timestamp: record -> event time (seconds); default: the ``assign_timestamps``
-            function upstream (event-time assigners only).
+            function upstream (required by event-time assigners; processing-time and
+            global windows use it for evictors when there is one).
+        trigger: when windows fire (a :class:`~.triggers.Trigger`); default: the
+            assigner's (event time, processing time, never for global windows).
+        evictor: drops records of a window before/after it fires (windows then keep
+            their records, also for ``aggregate``).
 
     Raises:
         ConfigurationError: for mixed count and time assigners, sessions among shared
-            windows, or event-time windows without timestamps.
+            windows, event-time windows without timestamps, or a trigger or evictor on
+            count or shared windows.
     """
 
     def __init__(self, keyed: KeyedInput[S], assigners: list[WindowAssigner],
-                 timestamp: Callable[[Any], float] | None = None) -> None:
+                 timestamp: Callable[[Any], float] | None = None, *,
+                 trigger: Trigger | None = None, evictor: Evictor | None = None) -> None:
         if not assigners:
             raise ConfigurationError("windows([...]) needs at least one window assigner")
         counts = [a.count_based for a in assigners]
@@ -110,9 +120,24 @@ class WindowedStream(Generic[S]):
         self.keyed = keyed
         self.assigners = assigners
         self.count_based = all(counts)
+        self._trigger: Trigger | None = None
+        self._evictor: Evictor | None = None
+        if trigger is not None:
+            self.trigger(trigger)
+        if evictor is not None:
+            self.evictor(evictor)
         self.timestamp_fn: Callable[[Any], float] | None = None
         if not self.count_based:
-            self.timestamp_fn = timestamp or find_timestamp_fn(keyed.transformation)
+            if all(a.is_event_time for a in assigners):
+                self.timestamp_fn = timestamp or find_timestamp_fn(keyed.transformation)
+            elif timestamp is not None:
+                self.timestamp_fn = timestamp
+            else:
+                try:
+                    self.timestamp_fn = find_timestamp_fn(keyed.transformation)
+                except ConfigurationError:
+                    self.timestamp_fn = None  # processing time needs none
+        self.discarding = False
         self.lateness = 0.0
         self.window_transformation: Transformation | None = None
         self._late_enabled = False
@@ -120,18 +145,67 @@ class WindowedStream(Generic[S]):
         self._late_target: Sink | Callable[[Any], Any] | None = None
 
     # ------------------------------------------------------------------ options
-    def allowed_lateness(self, seconds: float) -> WindowedStream[S]:
-        """Keep window state ``seconds`` after the window's end: late records in that time
-        update the window and fire it again.
+    def _single_window(self, what: str) -> None:
+        if self.count_based or len(self.assigners) > 1:
+            raise ConfigurationError(
+                f"{what} applies to a single time or global window; for count windows with "
+                "a trigger use window(GlobalWindows.create()).trigger(CountTrigger.of(n))")
+
+    def trigger(self, trigger: Trigger) -> WindowedStream[S]:
+        """Fire windows with ``trigger`` instead of the assigner's default (Flink's
+        ``WindowedStream.trigger``); see :mod:`reactive.windowing.triggers`.
 
         Raises:
-            ConfigurationError: if negative, or for count or shared windows.
+            ConfigurationError: for count or shared windows, or a trigger that cannot merge
+                on session windows.
+        """
+        self._single_window("trigger")
+        if self.assigners[0].merging and not trigger.can_merge():
+            raise ConfigurationError(f"trigger {trigger!r} cannot merge windows (can_merge() "
+                                     "is False), so it cannot fire session windows")
+        self._trigger = trigger
+        return self
+
+    def evictor(self, evictor: Evictor) -> WindowedStream[S]:
+        """Drop records of a window before/after it fires (Flink's
+        ``WindowedStream.evictor``); the window keeps its records until then, also for
+        ``aggregate`` and ``reduce``.
+
+        Raises:
+            ConfigurationError: for count or shared windows.
+        """
+        self._single_window("evictor")
+        self._evictor = evictor
+        return self
+
+    def allowed_lateness(self, seconds: float,
+                         firing: Literal["accumulating", "discarding"] = "accumulating"
+                         ) -> WindowedStream[S]:
+        """Keep window state ``seconds`` after the window's end: late records in that time
+        update the window and fire it again (late firings).
+
+        Args:
+            seconds: the allowed lateness (event-time seconds, >= 0).
+            firing: ``"accumulating"`` (the default, as Flink's default triggers): a late
+                firing emits the whole window again, updated; downstream keeps the last
+                result per window. ``"discarding"``: every firing purges the window, so a
+                late firing emits only the late records' result (a delta).
+
+        Raises:
+            ConfigurationError: if negative, for an unknown mode, or for count, shared or
+                processing-time windows.
         """
         if not seconds >= 0:
             raise ConfigurationError(f"allowed lateness must be >= 0 seconds, got {seconds}")
-        if seconds and (self.count_based or len(self.assigners) > 1):
+        if firing not in ("accumulating", "discarding"):
+            raise ConfigurationError(
+                f"firing must be 'accumulating' or 'discarding', got {firing!r}")
+        if (seconds or firing != "accumulating") and (
+                self.count_based or len(self.assigners) > 1
+                or not self.assigners[0].is_event_time):
             raise ConfigurationError("allowed_lateness applies to a single event-time window")
         self.lateness = float(seconds)
+        self.discarding = firing == "discarding"
         return self
 
     def side_output_late_data(self, target: Sink | Callable[[Any], Any] | None = None
@@ -184,6 +258,23 @@ class WindowedStream(Generic[S]):
             self._late_stream = self.keyed._derive(late)
         return self._late_stream
 
+    def side_output(self, tag: str) -> S:
+        """The records a process window function sent with ``ctx.output(tag, value)``, as a
+        stream (after ``process``).
+
+        Raises:
+            ConfigurationError: before the window is built.
+        """
+        if self.window_transformation is None:
+            raise ConfigurationError("side_output() comes after process()")
+        t = self.window_transformation
+        unwrap = side_output_of(tag)
+        out = self.keyed.flow._add(
+            "side_output", f"{t.name}-{tag}",
+            lambda st: ops.FlatMapOperator(st.name, st.resolved_uid, unwrap),
+            [Edge(t, "forward")])
+        return self.keyed._derive(out)
+
     def _build(self, agg: AggregateFunction | None, fn: ProcessWindowFunction | None,
                name: str) -> S:
         if self.window_transformation is not None:
@@ -195,6 +286,7 @@ class WindowedStream(Generic[S]):
         clock = flow.processing_clock
         lateness = self.lateness
         ts_fn = self.timestamp_fn
+        trigger, evictor, discarding = self._trigger, self._evictor, self.discarding
 
         def late_enabled() -> bool:
             return self._late_enabled
@@ -204,16 +296,16 @@ class WindowedStream(Generic[S]):
                 return CountWindowOperator(t.name, t.resolved_uid, key_of,
                                            [a for a in assigners if isinstance(a, CountWindows)],
                                            aggregate=agg, process=fn)
-            assert ts_fn is not None
             if len(assigners) > 1:
-                assert agg is not None
+                assert agg is not None and ts_fn is not None
                 return SharedWindowOperator(
                     t.name, t.resolved_uid, key_of,
                     [a for a in assigners if isinstance(a, PeriodicWindows)], ts_fn, agg,
                     clock, late_enabled)
             return WindowOperator(t.name, t.resolved_uid, key_of, assigners[0], ts_fn,
                                   aggregate=agg, process=fn, allowed_lateness=lateness,
-                                  clock=clock, late_side_output=late_enabled)
+                                  clock=clock, late_side_output=late_enabled,
+                                  trigger=trigger, evictor=evictor, discarding=discarding)
 
         t = flow._add("window", name, factory, [keyed._edge()])
         self.window_transformation = t
