@@ -45,7 +45,7 @@ from reactive.connectors.collections import ListSink
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.pipelines.components_job import SmallestLabel  # noqa: E402
+from tests.pipelines.components_job import SmallestLabel
 
 
 def generate(vertices: int, edges: int, components: int = 20) -> list[tuple[int, int]]:

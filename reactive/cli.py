@@ -3,6 +3,7 @@
 ```
 reactive run MODULE[:ATTR] [--checkpoint-dir D] [--interval S] [--backend heap|rocksdb]
              [--parallelism N] [--resume | --fresh] [--allow-replayed-output]
+             [--runner embedded|spark] [--spark-master URL]
 reactive checkpoints list D
 reactive checkpoints inspect D/<job>/chk-N
 reactive checkpoints plot D[/<job>] [--output FILE.png] [--x id|time]   (the plot extra)
@@ -102,6 +103,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CliError("--parallelism must be >= 1")
         flow.parallelism = args.parallelism
     checkpoint_dir = Path(args.checkpoint_dir)
+    if getattr(args, "runner", "embedded") == "spark":
+        return _run_on_spark(flow, checkpoint_dir, args.spark_master)
     if not args.resume and not args.fresh:
         storage = CheckpointStorage(checkpoint_dir, flow.name)
         if storage.runs() or storage.completed():
@@ -127,6 +130,25 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{m.restarts} restarts")
     for name, counts in m.operators.items():
         print(f"  {name}: in {counts['records_in']:,} out {counts['records_out']:,}")
+    return 0
+
+
+def _run_on_spark(flow: Dataflow, checkpoint_dir: Path, master: str) -> int:
+    """``reactive run --runner spark``: the dataflow as Spark queries (the spark extra),
+    their Spark checkpoints in ``<checkpoint-dir>/spark``; a run continues what an earlier
+    one on the same directory committed."""
+    try:
+        runner_class = builtin("reactive.connectors.spark:SparkRunner")
+        session = builtin("reactive.connectors.spark:local_session")
+        translate = builtin("reactive.connectors.spark.translation:translate")
+    except ImportError as exc:
+        raise CliError(f"the Spark runner is not available: {exc}") from exc
+    translate(flow)  # refuse an untranslatable program before starting Spark's JVM
+    runner = runner_class(session(master), checkpoint_dir / "spark")
+    job = runner.run(flow)
+    print(f"job {flow.name!r} finished on Spark ({master}):")
+    for uid, rows in job.records_read().items():
+        print(f"  query of sink {uid}: {rows:,} input rows")
     return 0
 
 
@@ -312,6 +334,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --resume: accept restoring an older checkpoint when a newer "
                      "one is damaged although it had committed output (that output is then "
                      "published again)")
+    run.add_argument("--runner", choices=["embedded", "spark"], default="embedded",
+                     help="run in this process (embedded) or as Spark Structured Streaming "
+                     "queries (spark: the spark extra) (default: %(default)s)")
+    run.add_argument("--spark-master", default="local[2]",
+                     help="with --runner spark: the Spark master URL (default: %(default)s)")
     run.set_defaults(func=cmd_run)
     chk = sub.add_parser("checkpoints", help="list, inspect or plot checkpoints")
     chk_sub = chk.add_subparsers(dest="action", required=True)

@@ -7,6 +7,7 @@ df = ResultLog(spark, "out/").read()                 # committed parts + checkpo
 report = validate_exactly_once(df, expected_df, key=["word", "count"])
 state = CheckpointReader(spark, "chk/job/chk-42").keyed_state("count", "count")
 SavepointWriter(128, "job").with_keyed_state("count", "count", df, "word", "n").write("sp/")
+SparkRunner(spark, checkpoint_location="chk/spark").run(flow)   # the same Dataflow on Spark
 ```
 
 See DESIGN.md, "The PySpark bridge". ``pyspark`` is imported lazily: importing this package
@@ -14,8 +15,16 @@ does not start a JVM.
 """
 
 from .checkpoint_reader import CheckpointReader, OperatorSummary
-from .errors import JavaNotFoundError, ResultLogError, SavepointWriteError, SparkBridgeError
+from .errors import (
+    JavaNotFoundError,
+    ResultLogError,
+    SavepointWriteError,
+    SparkBridgeError,
+    SparkJobError,
+    TranslationError,
+)
 from .result_log import PartFile, ResultLog, list_part_files
+from .runner import SparkJob, SparkRunner
 from .savepoint_writer import SavepointWriter
 from .session import find_java, local_session
 from .state_readers import read_keyed_state, register_state_reader, supported_backends
@@ -31,6 +40,10 @@ __all__ = [
     "SavepointWriteError",
     "SavepointWriter",
     "SparkBridgeError",
+    "SparkJob",
+    "SparkJobError",
+    "SparkRunner",
+    "TranslationError",
     "ValidationReport",
     "find_java",
     "list_part_files",

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from reactive.errors import ReactiveError
 
-__all__ = ["JavaNotFoundError", "ResultLogError", "SavepointWriteError", "SparkBridgeError"]
+__all__ = ["JavaNotFoundError", "ResultLogError", "SavepointWriteError", "SparkBridgeError",
+           "SparkJobError", "TranslationError"]
 
 
 class SparkBridgeError(ReactiveError):
@@ -28,3 +29,27 @@ class ResultLogError(SparkBridgeError):
 class SavepointWriteError(SparkBridgeError):
     """A savepoint cannot be written from the given state (duplicate or null keys, an
     existing target directory, conflicting operator definitions)."""
+
+
+class TranslationError(SparkBridgeError):
+    """A dataflow cannot run on Spark: raised by the Spark runner before anything runs, naming
+    the operator (its name, uid and kind) and why it has no Spark equivalent.
+
+    Attributes:
+        operator: the operator's display name.
+        uid: its stable id.
+        kind: its kind (``"map_async"``, ``"iterate"`` ...).
+    """
+
+    def __init__(self, operator: str, uid: str, kind: str, reason: str) -> None:
+        super().__init__(f"operator {operator!r} (uid {uid!r}, {kind}) cannot run on Spark: "
+                         f"{reason}")
+        self.operator = operator
+        self.uid = uid
+        self.kind = kind
+
+
+class SparkJobError(SparkBridgeError):
+    """A streaming query of a dataflow running on Spark failed; the message names the query
+    (the sink it writes) and carries Spark's error (which names the failing user function,
+    operator and record when a user function raised)."""

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import ResultLogError
+from .spark_sink_log import is_spark_sink_directory, spark_sink_files
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -63,7 +64,10 @@ def list_part_files(directory: str | Path) -> list[PartFile]:
     """Every committed part file in ``directory``, by checkpoint then subtask.
 
     Names starting with ``.`` (in-progress and pending files) and anything else that does
-    not match ``part-<subtask>-<checkpoint>.<jsonl|parquet>`` are ignored.
+    not match ``part-<subtask>-<checkpoint>.<jsonl|parquet>`` are ignored. A directory
+    written by Spark's file sink (the Spark runner's output) is read through its
+    ``_spark_metadata`` log instead: its committed files, the micro-batch as checkpoint id
+    and the partition as subtask (:mod:`.spark_sink_log`).
 
     Raises:
         ResultLogError: if ``directory`` does not exist or is not a directory.
@@ -71,6 +75,9 @@ def list_part_files(directory: str | Path) -> list[PartFile]:
     d = Path(directory)
     if not d.is_dir():
         raise ResultLogError(f"result log directory {d} does not exist (or is not a directory)")
+    if is_spark_sink_directory(d):
+        return sorted(PartFile(f.batch_id, f.partition, f.path, f.format)
+                      for f in spark_sink_files(d))
     out = []
     for p in d.iterdir():
         m = PART_FILE.match(p.name)
@@ -246,7 +253,7 @@ class ResultLog:
         if clash:
             raise ResultLogError(f"records in {parts[0].path} have fields {clash}, the columns "
                                  "the reader adds: rename them in the pipeline")
-        return df.select("*", *_source_columns())
+        return df.select("*", *_source_columns(parts))
 
     # ------------------------------------------------------------------ parquet
     def _read_parquet(self, parts: list[PartFile]) -> DataFrame:
@@ -299,9 +306,8 @@ class ResultLog:
             _check_same_shape(p.path, record, ref)
             if isinstance(record, list):
                 kinds = [_merge_kind(a, _kind(b)) for a, b in zip(kinds, record, strict=True)]
-        paths = [str(p.path) for p in parts]
         if ref is not None and isinstance(ref[1], list):
-            return self._read_json_arrays(paths, kinds, schema), True
+            return self._read_json_arrays(parts, kinds, schema), True
         return self._read_json_objects(parts, schema), False
 
     def _read_json_objects(self, parts: list[PartFile], schema: StructType | None) -> DataFrame:
@@ -321,9 +327,11 @@ class ResultLog:
         # rather than silently becoming nulls
         return self.spark.read.schema(schema).option("mode", "FAILFAST").json(paths)
 
-    def _read_json_arrays(self, paths: list[str], kinds: list[str | None],
+    def _read_json_arrays(self, parts: list[PartFile], kinds: list[str | None],
                           schema: StructType | None) -> DataFrame:
         from pyspark.sql import functions as F
+
+        paths = [str(p.path) for p in parts]
 
         if schema is not None:
             names = schema.names
@@ -342,14 +350,22 @@ class ResultLog:
         # empty lines are not records (a JSON-lines file may end with one); the source
         # columns are added here, while the file's hidden _metadata column is in scope
         return text.where(F.length(F.trim(F.col("value"))) > 0).select(
-            *cols, *_source_columns())
+            *cols, *_source_columns(parts))
 
 
-def _source_columns() -> list[Column]:
-    """``checkpoint_id`` and ``subtask`` of each row, from its file's name."""
+def _source_columns(parts: list[PartFile]) -> list[Column]:
+    """``checkpoint_id`` and ``subtask`` of each row, from its file's name (or, for the
+    files of Spark's file sink, whose names hold neither, from its metadata log)."""
     from pyspark.sql import functions as F
 
     name = F.col("_metadata.file_name")
+    if not all(PART_FILE.match(p.path.name) for p in parts):
+        ids = F.create_map(*[x for p in parts for x in (F.lit(p.path.name),
+                                                       F.lit(p.checkpoint_id))])
+        subtasks = F.create_map(*[x for p in parts for x in (F.lit(p.path.name),
+                                                            F.lit(p.subtask))])
+        return [ids[name].cast("bigint").alias("checkpoint_id"),
+                subtasks[name].cast("int").alias("subtask")]
     pattern = PART_FILE.pattern
     return [F.regexp_extract(name, pattern, 2).cast("bigint").alias("checkpoint_id"),
             F.regexp_extract(name, pattern, 1).cast("int").alias("subtask")]

@@ -1,0 +1,133 @@
+"""A keyed operator of a dataflow as a Spark ``StatefulProcessor``: the embedded runtime's
+own operator (``key_by(...).process(...)``, ``reduce``, event-time and count windows) run
+by ``groupBy(key).transformWithState`` with state and timers in Spark's state store.
+
+Per micro-batch and key, Spark hands over the key's rows; the processor sets the key,
+gives the operator the batch's watermark as its event time, runs ``process_batch`` on the
+records (in source order) and returns the outputs, after the per-record steps between the
+operator and the sink, as the sink's rows. After the input rows, Spark fires the timers the
+watermark passed (``handleExpiredTimer``), which call the operator's ``on_timer`` /
+window firing. Source: Spark's arbitrary stateful processing v2 (SPARK-45939,
+``TransformWithStateExec``), Flink's ``KeyedProcessOperator`` for what the operator sees.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql import Row
+from pyspark.sql.streaming.stateful_processor import (
+    ExpiredTimerInfo,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+)
+
+from reactive.key_encoding import decode_key
+from reactive.runtime.operators import StreamOperator, TimedKeyedProcessOperator
+from reactive.runtime.operators.process import ProcessOperator
+from reactive.time.timers import TimerService
+
+from .record_chain import SinkEncoder, run_steps
+from .state_adapter import SparkKeyedStateBackend, SparkTimerService
+from .translation import KeyedStep, RecordStep, SinkStep
+
+__all__ = ["KeyedOperatorProcessor", "watermark_seconds"]
+
+
+def watermark_seconds(millis: int) -> float:
+    """Spark's watermark (ms; 0 before the first one) as the runtime's event time (seconds;
+    -inf before the first watermark)."""
+    return float("-inf") if millis <= 0 else millis / 1000.0
+
+
+class KeyedOperatorProcessor(StatefulProcessor):
+    """Runs one keyed operator of a dataflow inside ``transformWithState`` (Row mode).
+
+    Args:
+        step: the keyed operator and its key selector.
+        after_key: the per-record steps between the operator and the sink.
+        sink: the sink, whose rows the processor returns.
+    """
+
+    def __init__(self, step: KeyedStep, after_key: list[RecordStep], sink: SinkStep) -> None:
+        self.step = step
+        self.after_key = after_key
+        self.sink = sink
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        """Create the operator, its Spark-backed state and timers, and open it (its
+        functions' ``open()`` define their state here, where Spark wants it defined)."""
+        step = self.step
+        self.encoder = SinkEncoder(self.sink)
+        op: StreamOperator = copy.deepcopy(step.operator)
+        self.op = op
+        self.backend = SparkKeyedStateBackend(handle)
+        op.setup(0, 1, step.max_parallelism, self.backend)
+        if isinstance(op, TimedKeyedProcessOperator):
+            op.timers = self.timers = SparkTimerService(  # type: ignore[assignment]
+                handle, op.clock, op._fire)
+            op.ctx._timer_service = TimerService(op.timers)
+            ProcessOperator.open(op)  # its own open() would start the embedded timers
+        elif hasattr(op, "_open_timers"):
+            def open_timers() -> None:
+                op.emit_late = op.late_side_output()  # type: ignore[attr-defined]
+                window_op: Any = op
+                self.timers = SparkTimerService(handle, window_op.clock,
+                                                window_op.on_event_time)
+                op.timers = self.timers  # type: ignore[attr-defined]
+
+            op._open_timers = open_timers
+            op.open()
+        else:
+            self.timers = None  # type: ignore[assignment]
+            op.open()
+
+    def _key(self, key: tuple[Any, ...]) -> Any:
+        data = key[0]
+        ks = self.step.key_serializer
+        return ks.deserialize(data) if ks is not None else decode_key(data)
+
+    def _emit(self, outputs: list[Any]) -> Iterator[Row]:
+        encode = self.encoder.row
+        make = Row(*self.encoder.names)
+        steps = self.after_key
+        for o in outputs:
+            if steps:
+                for r, _ in run_steps(steps, o, None):
+                    yield make(*encode(r))
+            else:
+                yield make(*encode(o))
+
+    def _set_watermark(self, timer_values: TimerValues) -> None:
+        if self.timers is not None:
+            self.timers.watermark = watermark_seconds(timer_values.getCurrentWatermarkInMs())
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: TimerValues) -> Any:
+        """The key's records of this micro-batch, in source order, through the operator."""
+        self._set_watermark(timerValues)
+        # the end-of-input marker comes alone, with a null key and record
+        received = sorted(((r["seq"], r["record"]) for r in rows if r["record"] is not None),
+                          key=lambda p: p[0])
+        if not received:
+            return iter(())
+        records = [pickle.loads(data) for _, data in received]
+        self.backend.set_current_key(self._key(key))
+        return self._emit(self.op.process_batch(records))
+
+    def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
+                           expiredTimerInfo: ExpiredTimerInfo) -> Any:
+        """A Spark timer of ``key`` expired: fire the operator's timers registered for it."""
+        self._set_watermark(timerValues)
+        self.backend.set_current_key(self._key(key))
+        assert self.timers is not None
+        return self._emit(self.timers.fire(expiredTimerInfo.getExpiryTimeInMs()))
+
+    def close(self) -> None:
+        """Close the operator's functions."""
+        op = getattr(self, "op", None)
+        if op is not None and isinstance(op, ProcessOperator):
+            op.fn.close()

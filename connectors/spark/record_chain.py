@@ -1,0 +1,171 @@
+"""Per-record functions and sink rows inside Spark's Python workers: a chain of ``map`` /
+``filter`` / ``flat_map`` / ``assign_timestamps`` steps run over a batch of records, and the
+records a sink receives turned into the rows of Spark's file sink.
+
+Between the stages of a query a record travels as its pickle in a ``record binary`` column
+(any Python object, as in the embedded runtime), beside ``seq`` (its source position, for
+the order of a key's records), ``ts`` (its event time) and ``key`` (the canonical bytes of
+its key). A row whose ``record`` is null is the source's end-of-input marker: it passes
+every step untouched and carries the maximal event time, so the watermark moves past every
+timer once the input is consumed (the final watermark of Flink's bounded streams, FLIP-147).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from reactive.errors import UserFunctionError
+
+from .translation import RecordStep, SinkStep
+
+__all__ = ["END_OF_INPUT_TIME", "SinkEncoder", "run_steps"]
+
+END_OF_INPUT_TIME = datetime.datetime(9999, 12, 31, tzinfo=datetime.UTC)
+"""The event time of the end-of-input marker: past any record's."""
+
+
+def _subtask() -> int:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.partitionId() if ctx is not None else 0
+
+
+def run_steps(steps: list[RecordStep], record: Any, ts: float | None,
+              position: Any = None) -> Iterator[tuple[Any, float | None]]:
+    """Run ``steps`` on one record; yields ``(output, event time)`` pairs.
+
+    Args:
+        steps: the chain (``map``, ``filter``, ``flat_map``, ``timestamps``).
+        record: the input record.
+        ts: its event time in seconds (None before ``assign_timestamps``).
+        position: where the record came from (the source position), for errors.
+
+    Raises:
+        UserFunctionError: naming the operator, the record and its position, when a user
+            function raises or a flat_map returns something other than an iterable.
+    """
+    pending: list[tuple[int, Any, float | None]] = [(0, record, ts)]
+    n = len(steps)
+    while pending:
+        i, r, t = pending.pop()
+        while i < n:
+            step = steps[i]
+            try:
+                if step.kind == "map":
+                    r = step.fn(r)
+                elif step.kind == "filter":
+                    if not step.fn(r):
+                        break
+                elif step.kind == "timestamps":
+                    t = float(step.fn(r))
+                else:  # flat_map: the outputs continue from the next step, in order
+                    outs = step.fn(r)
+                    outs = [] if outs is None else list(outs)
+                    pending.extend((i + 1, o, t) for o in reversed(outs))
+                    break
+            except Exception as exc:
+                raise UserFunctionError(step.name, step.uid, _subtask(), 1, r, exc,
+                                        position) from exc
+            i += 1
+        else:
+            yield r, t
+
+
+class SinkEncoder:
+    """The rows of Spark's file sink for the records a committing file sink receives.
+
+    JSON lines become one ``value`` string column written with Spark's text format (the
+    same compact JSON the embedded sink writes); parquet records (dicts by column name,
+    tuples by position, or a scalar for a one-column schema) become the sink's columns.
+
+    Args:
+        sink: the sink step.
+    """
+
+    def __init__(self, sink: SinkStep) -> None:
+        self.sink = sink
+        if sink.format == "jsonl":
+            self.names = ["value"]
+            self.spark_format = "text"
+        else:
+            self.names = list(sink.schema.names)
+            self.spark_format = "parquet"
+        self._dumps: Callable[[Any], str] = json.JSONEncoder(
+            separators=(",", ":"), ensure_ascii=False).encode
+
+    def spark_schema(self) -> Any:
+        """The rows' Spark ``StructType``."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        if self.sink.format == "jsonl":
+            return StructType([StructField("value", StringType(), True)])
+        return from_arrow_schema(self.sink.schema)
+
+    def arrow_schema(self) -> Any:
+        """The rows' ``pyarrow.Schema``."""
+        import pyarrow as pa
+
+        if self.sink.format == "jsonl":
+            return pa.schema([("value", pa.string())])
+        return self.sink.schema
+
+    def row(self, record: Any) -> tuple[Any, ...]:
+        """One record as a row (a tuple in column order).
+
+        Raises:
+            UserFunctionError: naming the sink and the record, when it cannot be encoded
+                (a value JSON cannot write, a record of the wrong shape).
+        """
+        try:
+            if self.sink.format == "jsonl":
+                return (self._dumps(record),)
+            if isinstance(record, dict):
+                return tuple(record.get(n) for n in self.names)
+            if isinstance(record, tuple | list):
+                if len(record) != len(self.names):
+                    raise ValueError(f"a record of {len(record)} fields for the "
+                                     f"{len(self.names)} columns {self.names}")
+                return tuple(record)
+            if len(self.names) != 1:
+                raise ValueError(f"a scalar record for the {len(self.names)} columns "
+                                 f"{self.names}")
+            return (record,)
+        except (TypeError, ValueError) as exc:
+            raise UserFunctionError(self.sink.name, self.sink.uid, _subtask(), 1, record,
+                                    exc) from exc
+
+    def batch(self, rows: list[tuple[Any, ...]]) -> Any:
+        """Rows as a ``pyarrow.RecordBatch`` of the sink's schema.
+
+        Raises:
+            UserFunctionError: naming the sink and the first row that does not fit.
+        """
+        import pyarrow as pa
+
+        schema = self.arrow_schema()
+        try:
+            arrays = [pa.array([r[i] for r in rows], type=f.type)
+                      for i, f in enumerate(schema)]
+            return pa.RecordBatch.from_arrays(arrays, schema=schema)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            bad = _first_bad_row(rows, schema)
+            raise UserFunctionError(self.sink.name, self.sink.uid, _subtask(), 1, bad,
+                                    ValueError(f"does not fit the schema {schema}: {exc}")
+                                    ) from exc
+
+
+def _first_bad_row(rows: list[tuple[Any, ...]], schema: Any) -> Any:
+    import pyarrow as pa
+
+    for r in rows:
+        try:
+            for v, f in zip(r, schema, strict=True):
+                pa.array([v], type=f.type)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            return r
+    return rows[0] if rows else None

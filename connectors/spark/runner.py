@@ -1,0 +1,301 @@
+"""The Spark runner: the same :class:`~reactive.Dataflow` run as Spark Structured Streaming
+queries, one per sink, each with its checkpoint location (Spark's offset and commit logs and
+its RocksDB state store) and Spark's file sink (exactly once through its ``_spark_metadata``
+log, readable by :class:`~.result_log.ResultLog`).
+
+```python
+from reactive.connectors.spark import SparkRunner, local_session
+runner = SparkRunner(local_session("local[2]"), checkpoint_location="chk/spark")
+job = runner.run(flow)           # to the end of the input; job.progress() per query
+```
+
+A query reads its source in micro-batches (``max_records_per_batch``) under
+``Trigger.AvailableNow`` and stops once the input, and the end-of-input marker that fires
+the last timers, are processed. Started again on the same checkpoint location (after a
+crash of the driver, say), it continues after the last committed micro-batch: Spark's
+checkpoint plays the part of the embedded runtime's checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reactive.graph import LogicalGraph
+
+from .errors import SparkJobError
+from .translation import QueryPlan, translate
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+__all__ = ["SparkJob", "SparkRunner"]
+
+log = logging.getLogger(__name__)
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+_PRE_SCHEMA = "record binary, ts timestamp, seq bigint, key binary"
+
+
+@dataclass
+class SparkJob:
+    """The running (or finished) queries of a dataflow on Spark.
+
+    Attributes:
+        queries: one streaming query per sink, by the sink's uid.
+        plans: the translated plans, in the same order.
+    """
+
+    queries: dict[str, StreamingQuery]
+    plans: list[QueryPlan]
+
+    def wait(self) -> None:
+        """Wait until every query has processed its whole input.
+
+        Raises:
+            SparkJobError: when a query failed, naming its sink and carrying Spark's error
+                (a failing user function is named there with its operator and record).
+        """
+        for uid, q in self.queries.items():
+            try:
+                q.awaitTermination()
+            except Exception as exc:
+                raise SparkJobError(f"the Spark query of sink {uid!r} failed: {exc}") from exc
+            error = q.exception()
+            if error is not None:
+                raise SparkJobError(f"the Spark query of sink {uid!r} failed: {error}")
+
+    def stop(self) -> None:
+        """Stop every query (what they committed stays; a later run continues from it)."""
+        for q in self.queries.values():
+            q.stop()
+
+    def progress(self) -> dict[str, list[dict[str, Any]]]:
+        """Spark's progress reports of each query's recent micro-batches, by sink uid."""
+        return {uid: list(q.recentProgress) for uid, q in self.queries.items()}
+
+    def records_read(self) -> dict[str, int]:
+        """Input rows of each query over its recent micro-batches, by sink uid."""
+        return {uid: sum(int(p["numInputRows"]) for p in q.recentProgress)
+                for uid, q in self.queries.items()}
+
+
+class SparkRunner:
+    """Runs dataflows on Spark Structured Streaming.
+
+    Args:
+        spark: the session (``local_session()`` for one machine, or a cluster's).
+        checkpoint_location: a directory; query ``q`` of a dataflow ``job`` keeps its Spark
+            checkpoint in ``<checkpoint_location>/<job>/<sink uid>``.
+        max_records_per_batch: source records per micro-batch at most.
+        state_store: ``"rocksdb"`` (Spark's RocksDB state store provider) or ``"default"``
+            (the session's, HDFS-backed unless configured otherwise).
+
+    Raises:
+        ValueError: on a non-positive ``max_records_per_batch`` or an unknown state store.
+    """
+
+    def __init__(self, spark: SparkSession, checkpoint_location: str | Path,
+                 max_records_per_batch: int = 100_000, state_store: str = "rocksdb") -> None:
+        if max_records_per_batch < 1:
+            raise ValueError(f"max_records_per_batch must be >= 1, got {max_records_per_batch}")
+        if state_store not in ("rocksdb", "default"):
+            raise ValueError(f"state_store must be 'rocksdb' or 'default', got {state_store!r}")
+        self.spark = spark
+        self.checkpoint_location = Path(checkpoint_location)
+        self.max_records_per_batch = max_records_per_batch
+        self.state_store = state_store
+
+    def translate(self, flow: LogicalGraph) -> list[QueryPlan]:
+        """The query plans of ``flow`` (see :func:`~.translation.translate`).
+
+        Raises:
+            TranslationError: naming an operator without a Spark translation.
+        """
+        return translate(flow)
+
+    def start(self, flow: LogicalGraph) -> SparkJob:
+        """Translate ``flow`` and start its queries; returns at once.
+
+        Raises:
+            TranslationError: before any query starts, naming an operator that cannot run
+                on Spark and why.
+        """
+        plans = translate(flow)
+        from .stream_source import ReactiveSource
+
+        _export_python_path(self.spark)
+
+        self.spark.dataSource.register(ReactiveSource)
+        if self.state_store == "rocksdb":
+            self.spark.conf.set("spark.sql.streaming.stateStore.providerClass",
+                                ROCKSDB_PROVIDER)
+        queries: dict[str, StreamingQuery] = {}
+        try:
+            for plan in plans:
+                assert plan.sink is not None
+                location = self.checkpoint_location / flow.name / plan.sink.uid
+                queries[plan.sink.uid] = self._start_query(plan, location)
+        except BaseException:
+            for q in queries.values():
+                q.stop()
+            raise
+        return SparkJob(queries, plans)
+
+    def run(self, flow: LogicalGraph) -> SparkJob:
+        """``start`` then ``wait``: run ``flow`` to the end of its input.
+
+        Raises:
+            TranslationError: as :meth:`start`.
+            SparkJobError: when a query failed.
+        """
+        job = self.start(flow)
+        try:
+            job.wait()
+        finally:
+            job.stop()
+        return job
+
+    # ------------------------------------------------------------------ one query
+    def _start_query(self, plan: QueryPlan, location: Path) -> StreamingQuery:
+        from .record_chain import SinkEncoder
+        from .stream_source import SOURCE_FORMAT, source_options
+
+        assert plan.sink is not None
+        encoder = SinkEncoder(plan.sink)
+        frame = (self.spark.readStream.format(SOURCE_FORMAT)
+                 .options(**source_options(plan.source.kind, plan.source.source,
+                                           self.max_records_per_batch))
+                 .load())
+        if plan.keyed is None:
+            out = frame.mapInArrow(_records_to_sink(plan, encoder), encoder.spark_schema())
+        else:
+            out = self._keyed(frame, plan, encoder)
+        writer = (out.writeStream.format(encoder.spark_format)
+                  .outputMode("append")
+                  .option("path", plan.sink.directory)
+                  .option("checkpointLocation", str(location))
+                  .queryName(f"{plan.sink.uid}")
+                  .trigger(availableNow=True))
+        log.info("starting the Spark query of sink %r (checkpoint location %s)",
+                 plan.sink.uid, location)
+        return writer.start()
+
+    def _keyed(self, frame: DataFrame, plan: QueryPlan, encoder: Any) -> DataFrame:
+        from .keyed_processor import KeyedOperatorProcessor
+
+        assert plan.keyed is not None and plan.sink is not None
+        delay = plan.watermark_delay or 0.0
+        keyed = (frame.mapInArrow(_records_to_keyed(plan), _PRE_SCHEMA)
+                 # the marker's event time passes the watermark beyond every timer; the
+                 # records' event time is dropped before the operator, which judges lateness
+                 # itself, as embedded (Spark would drop late rows before it). The marker
+                 # reaches the operator (with a null key, skipped there): a filter here would
+                 # be pushed below the watermark, which would then never see it
+                 .withWatermark("ts", f"{int(delay * 1000)} milliseconds")
+                 .select("key", "record", "seq"))
+        processor = KeyedOperatorProcessor(plan.keyed, plan.after_key, plan.sink)
+        return keyed.groupBy("key").transformWithState(
+            processor, encoder.spark_schema(), "Append", "EventTime")
+
+
+def _export_python_path(spark: SparkSession) -> None:
+    """Give the Python workers the driver's import path (``PYTHONPATH`` of the UDFs created
+    from now on), so that the modules of the pipeline's functions and record types import
+    there as they do in the driver, as with the embedded runtime (on a cluster the paths
+    must exist on the workers, or the modules be shipped with ``addPyFile``)."""
+    import os
+    import sys
+
+    env = spark.sparkContext.environment
+    have = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    extra = [p for p in sys.path if p and os.path.isdir(p) and p not in have]
+    if extra:
+        env["PYTHONPATH"] = os.pathsep.join([*have, *extra])
+
+
+def _records_to_sink(plan: QueryPlan, encoder: Any) -> Any:
+    """The ``mapInArrow`` function of a query without a keyed operator: source records
+    through the steps to the sink's rows."""
+    steps = plan.before_key
+
+    def run(batches: Any) -> Any:
+        import pickle
+
+        from .record_chain import run_steps
+
+        row = encoder.row
+        for batch in batches:
+            rows: list[tuple[Any, ...]] = []
+            records = batch.column("record").to_pylist()
+            seqs = batch.column("seq").to_pylist()
+            for data, seq in zip(records, seqs, strict=True):
+                if data is None:  # the end-of-input marker: no watermark to move here
+                    continue
+                for r, _ in run_steps(steps, pickle.loads(data), None, f"record {seq}"):
+                    rows.append(row(r))
+            if rows:
+                yield encoder.batch(rows)
+
+    return run
+
+
+def _records_to_keyed(plan: QueryPlan) -> Any:
+    """The ``mapInArrow`` function before the keyed operator: source records through the
+    steps, with their event time and the canonical bytes of their key."""
+    steps = plan.before_key
+    assert plan.keyed is not None
+    key_of = plan.keyed.key_selector
+    key_serializer = plan.keyed.key_serializer
+    name, uid = plan.keyed.name, plan.keyed.uid
+
+    def run(batches: Any) -> Any:
+        import datetime
+        import pickle
+
+        import pyarrow as pa
+
+        from reactive.errors import UserFunctionError
+        from reactive.key_encoding import encode_key
+
+        from .record_chain import run_steps
+
+        schema = pa.schema([("record", pa.binary()), ("ts", pa.timestamp("us", tz="UTC")),
+                            ("seq", pa.int64()), ("key", pa.binary())])
+        utc = datetime.UTC
+        encode = key_serializer.serialize if key_serializer is not None else encode_key
+        dumps, proto = pickle.dumps, pickle.HIGHEST_PROTOCOL
+        for batch in batches:
+            out_r: list[Any] = []
+            out_t: list[Any] = []
+            out_s: list[int] = []
+            out_k: list[bytes | None] = []
+            records = batch.column("record").to_pylist()
+            tss = batch.column("ts").to_pylist()
+            seqs = batch.column("seq").to_pylist()
+            for data, ts, seq in zip(records, tss, seqs, strict=True):
+                if data is None:
+                    out_r.append(None)
+                    out_t.append(ts)
+                    out_s.append(seq)
+                    out_k.append(None)
+                    continue
+                for r, t in run_steps(steps, pickle.loads(data), None, f"record {seq}"):
+                    try:
+                        k = encode(key_of(r))
+                    except Exception as exc:
+                        raise UserFunctionError(name, uid, 0, 1, r, exc,
+                                                f"record {seq}") from exc
+                    out_r.append(dumps(r, protocol=proto))
+                    out_t.append(None if t is None else
+                                 datetime.datetime.fromtimestamp(t, utc))
+                    out_s.append(seq)
+                    out_k.append(k)
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(out_r, pa.binary()), pa.array(out_t, schema.field("ts").type),
+                 pa.array(out_s, pa.int64()), pa.array(out_k, pa.binary())], schema=schema)
+
+    return run

@@ -1,0 +1,337 @@
+"""Keyed state and timers backed by Spark's state store: what a keyed operator sees through
+``ctx.get_state(descriptor)`` and its timer service when it runs inside Spark's
+``transformWithState`` (PySpark 4's ``StatefulProcessorHandle``).
+
+Each descriptor becomes one Spark state variable of the grouping key, named as the
+descriptor, holding bytes written by the descriptor's serializer (pickle by default):
+
+- value state -> Spark ``ValueState`` (``value binary``);
+- list state -> Spark ``ListState`` of chunks (``chunk binary``): ``add``/``add_all``
+  append one chunk, the serialized list of the elements added, so the descriptor's
+  serializer still sees a list and an append does not rewrite the list;
+- map state -> Spark ``MapState`` keyed by the user key's canonical encoding
+  (:mod:`reactive.key_encoding`, so ``1`` and ``1.0`` are one entry as in a dict; pickle
+  for other user keys), each entry holding the pickled user key (given back as it was, a
+  ``TimeWindow`` stays one) and the value's bytes;
+- reducing state -> Spark ``ValueState`` holding the folded value.
+
+Timers (Flink's ``InternalTimerService`` with namespaces) become Spark event-time timers of
+the grouping key at the timestamp in milliseconds (rounded up, so a timer fires once the
+watermark reaches its timestamp); the ``(timestamp, namespace)`` pairs registered at one
+millisecond are kept in a map state, because a Spark timer has no namespace.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from reactive.errors import StateAccessError
+from reactive.key_encoding import encode_key
+from reactive.serialization import PickleSerializer, Serializer
+from reactive.state.api import ListState, MapState, ReducingState, State, ValueState
+from reactive.state.backend import KeyedStateBackend, KeyedStateSnapshot, SnapshotContext
+from reactive.state.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
+
+__all__ = ["TIMERS_STATE", "SparkKeyedStateBackend", "SparkTimerService", "timer_millis"]
+
+TIMERS_STATE = "_reactive_timers"
+"""The map state of the ``(timestamp, namespace)`` pairs of each timer millisecond."""
+
+_PICKLE = PickleSerializer()
+_BYTES = "value binary"
+
+
+def _serializer(descriptor: StateDescriptor) -> Serializer:
+    s = getattr(descriptor, "serializer", None)
+    return s if s is not None else _PICKLE
+
+
+class _SparkValueState(ValueState):
+    def __init__(self, state: Any, descriptor: ValueStateDescriptor) -> None:
+        self._state = state
+        self._default = descriptor.default
+        self._ser = _serializer(descriptor)
+
+    def value(self) -> Any:
+        row = self._state.get()
+        return self._default if row is None else self._ser.deserialize(row[0])
+
+    def update(self, value: Any) -> None:
+        self._state.update((self._ser.serialize(value),))
+
+    def clear(self) -> None:
+        self._state.clear()
+
+
+class _SparkListState(ListState):
+    def __init__(self, state: Any, descriptor: ListStateDescriptor) -> None:
+        self._state = state
+        self._ser = _serializer(descriptor)
+
+    def get(self) -> list[Any]:
+        out: list[Any] = []
+        if not self._state.exists():
+            return out
+        for (chunk,) in self._state.get():
+            out.extend(self._ser.deserialize(chunk))
+        return out
+
+    def add(self, value: Any) -> None:
+        self._state.appendValue((self._ser.serialize([value]),))
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        values = list(values)
+        if values:
+            self._state.appendValue((self._ser.serialize(values),))
+
+    def update(self, values: Iterable[Any]) -> None:
+        values = list(values)
+        if values:
+            self._state.put([(self._ser.serialize(values),)])
+        else:
+            self._state.clear()
+
+    def clear(self) -> None:
+        self._state.clear()
+
+
+def _user_key(user_key: Any) -> bytes:
+    """The identity of a map state's user key: its canonical encoding, else its pickle."""
+    try:
+        return b"k" + encode_key(user_key)
+    except Exception:  # a type without a canonical encoding: identity by its pickle
+        return b"p" + pickle.dumps(user_key, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class _SparkMapState(MapState):
+    def __init__(self, state: Any, descriptor: MapStateDescriptor) -> None:
+        self._state = state
+        self._ser = _serializer(descriptor)
+
+    def get(self, user_key: Any, default: Any = None) -> Any:
+        row = self._state.getValue((_user_key(user_key),))
+        return default if row is None else self._ser.deserialize(row[1])
+
+    def put(self, user_key: Any, value: Any) -> None:
+        self._state.updateValue((_user_key(user_key),),
+                                (pickle.dumps(user_key, protocol=pickle.HIGHEST_PROTOCOL),
+                                 self._ser.serialize(value)))
+
+    def remove(self, user_key: Any) -> None:
+        self._state.removeKey((_user_key(user_key),))
+
+    def contains(self, user_key: Any) -> bool:
+        return bool(self._state.containsKey((_user_key(user_key),)))
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        if not self._state.exists():
+            return iter(())
+        ser = self._ser
+        # a snapshot: callers may change the map while iterating
+        pairs = [(pickle.loads(v[0]), ser.deserialize(v[1])) for _, v in self._state.iterator()]
+        return iter(pairs)
+
+    def clear(self) -> None:
+        self._state.clear()
+
+
+class _SparkReducingState(ReducingState):
+    def __init__(self, state: Any, descriptor: ReducingStateDescriptor) -> None:
+        self._state = state
+        self._fn = descriptor.reduce_fn
+        self._ser = _serializer(descriptor)
+
+    def get(self) -> Any:
+        row = self._state.get()
+        return None if row is None else self._ser.deserialize(row[0])
+
+    def add(self, value: Any) -> None:
+        row = self._state.get()
+        acc = value if row is None else self._fn(self._ser.deserialize(row[0]), value)
+        self._state.update((self._ser.serialize(acc),))
+
+    def clear(self) -> None:
+        self._state.clear()
+
+
+class SparkKeyedStateBackend(KeyedStateBackend):
+    """The keyed state of one operator inside Spark's ``transformWithState``: state objects
+    over the ``StatefulProcessorHandle`` (Spark scopes them to the grouping key it is
+    processing, which is the key this backend is told).
+
+    Args:
+        handle: the ``StatefulProcessorHandle`` given to ``StatefulProcessor.init``.
+    """
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self._states: dict[str, State] = {}
+        self._kinds: dict[str, str] = {}
+        self._current_key: Any = None
+
+    @property
+    def current_key(self) -> Any:
+        """The key being processed."""
+        return self._current_key
+
+    def set_current_key(self, key: Any) -> None:
+        """Spark sets the grouping key itself; this keeps it for ``ctx.current_key``."""
+        self._current_key = key
+
+    def get_state(self, descriptor: StateDescriptor) -> State:
+        """The state ``descriptor`` names (created in Spark on first use; functions create
+        their state in ``open()``, which runs in ``StatefulProcessor.init``, where Spark
+        wants state variables defined).
+
+        Raises:
+            StateAccessError: for a state kind without a Spark counterpart, or a name used
+                with two kinds.
+        """
+        name = descriptor.name
+        found = self._states.get(name)
+        if found is not None:
+            if self._kinds[name] != descriptor.kind:
+                raise StateAccessError(f"state {name!r} is used as {descriptor.kind} and as "
+                                       f"{self._kinds[name]}")
+            return found
+        h = self.handle
+        state: State
+        if isinstance(descriptor, ValueStateDescriptor):
+            state = _SparkValueState(h.getValueState(name, _BYTES), descriptor)
+        elif isinstance(descriptor, ListStateDescriptor):
+            state = _SparkListState(h.getListState(name, "chunk binary"), descriptor)
+        elif isinstance(descriptor, MapStateDescriptor):
+            state = _SparkMapState(h.getMapState(name, "key binary", "k binary, v binary"),
+                                   descriptor)
+        elif isinstance(descriptor, ReducingStateDescriptor):
+            state = _SparkReducingState(h.getValueState(name, _BYTES), descriptor)
+        else:
+            raise StateAccessError(f"state {name!r} of kind {descriptor.kind!r} has no Spark "
+                                   "state counterpart (value, list, map and reducing do)")
+        self._kinds[name] = descriptor.kind
+        self._states[name] = state
+        return state
+
+    def keys(self, state_name: str) -> Iterator[Any]:
+        """Not available: Spark's state store is read per grouping key."""
+        raise StateAccessError("iterating over every key's state is not available inside "
+                               "Spark's transformWithState (state is read per key)")
+
+    def snapshot(self, ctx: SnapshotContext) -> KeyedStateSnapshot:
+        """Not used: Spark checkpoints its state store with each micro-batch."""
+        raise StateAccessError("Spark checkpoints the state of transformWithState itself")
+
+    def restore(self, handles: list[dict[str, Any]], job_dir: Path) -> None:
+        """Not used: Spark restores its state store from the checkpoint location."""
+        raise StateAccessError("Spark restores the state of transformWithState itself")
+
+
+def timer_millis(timestamp: float) -> int:
+    """A timer's Spark expiry time: ``timestamp`` seconds in milliseconds, rounded up (so it
+    fires once the watermark, a whole number of milliseconds, reaches ``timestamp``), and at
+    least 1: Spark's watermark starts at 0, where the runtime's starts at -inf, so a timer
+    at or before the epoch waits for the first real watermark.
+
+    Raises:
+        StateAccessError: for a timestamp that is not finite.
+    """
+    if not math.isfinite(timestamp):
+        raise StateAccessError(f"timer at {timestamp}: Spark timers need a finite time")
+    return max(1, math.ceil(timestamp * 1000.0))
+
+
+Fire = Callable[[float, Any], list[Any]]
+
+
+class SparkTimerService:
+    """The timer service of a keyed operator inside ``transformWithState`` (the parts of
+    ``reactive.time.timers.InternalTimerService`` operators use), over Spark's event-time
+    timers of the grouping key.
+
+    Args:
+        handle: the ``StatefulProcessorHandle``.
+        clock: the processing-time clock (``current_processing_time``).
+        on_event_time: ``fire(timestamp, namespace) -> outputs`` of an event-time timer.
+
+    Attributes:
+        watermark: the operator's event time (seconds; -inf before the first watermark).
+    """
+
+    def __init__(self, handle: Any, clock: Any, on_event_time: Fire) -> None:
+        self.handle = handle
+        self.clock = clock
+        self.on_event_time = on_event_time
+        self.watermark = float("-inf")
+        self._timers = handle.getMapState(TIMERS_STATE, "millis bigint", "timers binary")
+
+    def _pending(self, millis: int) -> list[tuple[float, Any]]:
+        row = self._timers.getValue((millis,))
+        return [] if row is None else list(pickle.loads(row[0]))
+
+    def register_event_time_timer(self, timestamp: float, namespace: Any = None) -> None:
+        """Fire ``on_event_time(timestamp, namespace)`` for the current key once the
+        watermark is >= ``timestamp`` (no effect when that timer exists)."""
+        millis = timer_millis(timestamp)
+        pending = self._pending(millis)
+        if (timestamp, namespace) in pending:
+            return
+        pending.append((timestamp, namespace))
+        self._timers.updateValue((millis,), (pickle.dumps(pending),))
+        self.handle.registerTimer(millis)
+
+    def delete_event_time_timer(self, timestamp: float, namespace: Any = None) -> None:
+        """Cancel a timer of the current key (no error when absent)."""
+        millis = timer_millis(timestamp)
+        pending = self._pending(millis)
+        if (timestamp, namespace) not in pending:
+            return
+        pending.remove((timestamp, namespace))
+        if pending:
+            self._timers.updateValue((millis,), (pickle.dumps(pending),))
+        else:
+            self._timers.removeKey((millis,))
+            self.handle.deleteTimer(millis)
+
+    def register_processing_time_timer(self, timestamp: float, namespace: Any = None) -> None:
+        """Not translated: the operator runs in Spark's event-time mode.
+
+        Raises:
+            StateAccessError: always.
+        """
+        raise StateAccessError(
+            "processing-time timers are not translated to Spark: the keyed operator runs in "
+            "Spark's event-time mode (a Spark stateful operator has one time mode); use "
+            "event-time timers, or run the program embedded")
+
+    def delete_processing_time_timer(self, timestamp: float, namespace: Any = None) -> None:
+        """No processing-time timers exist here: nothing to delete."""
+
+    def fire(self, millis: int) -> list[Any]:
+        """Spark's timer at ``millis`` expired for the current key: fire the timers
+        registered for it, in registration order; returns their outputs."""
+        pending = self._pending(millis)
+        self._timers.removeKey((millis,))
+        out: list[Any] = []
+        for timestamp, namespace in pending:
+            out.extend(self.on_event_time(timestamp, namespace))
+        return out
+
+    def fire_processing_timers(self) -> list[Any]:
+        """None are kept (see :meth:`register_processing_time_timer`)."""
+        return []
+
+    def restore(self) -> None:
+        """Spark restores its timers itself."""
+
+    def close(self) -> None:
+        """Nothing to release."""

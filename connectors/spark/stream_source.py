@@ -1,0 +1,217 @@
+"""The sources of a dataflow as Spark streaming sources: a Python data source (PySpark 4's
+``DataSourceStreamReader``) whose offsets are the positions the embedded runtime
+checkpoints, followed by one end-of-input marker.
+
+- a line-file source is read by byte offset, file by file (the files sorted by name, as
+  the embedded source reads them), giving the same records: the line, ``(byte offset,
+  line)`` with ``with_offsets``, or an ``InvalidLine`` for a line that is not UTF-8 with
+  ``errors="dead_letter"`` (Spark's own text source knows no byte offsets);
+- a collection is read by index.
+
+The offsets live in Spark's offset log, so a query restarted on its checkpoint location
+continues after the last committed micro-batch. ``max_records_per_batch`` caps a
+micro-batch (Spark's ``ReadMaxRows``), also under ``Trigger.AvailableNow``. After the last
+record comes one more micro-batch with the end-of-input marker (see
+:mod:`.record_chain`). The input must not change while a query reads it.
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from .record_chain import END_OF_INPUT_TIME
+
+__all__ = ["SOURCE_FORMAT", "SOURCE_SCHEMA", "ReactiveSource", "source_options"]
+
+SOURCE_FORMAT = "reactive-source"
+SOURCE_SCHEMA = "record binary, ts timestamp, seq bigint"
+
+
+def source_options(kind: str, source: Any, max_records_per_batch: int) -> dict[str, str]:
+    """The options of a :class:`ReactiveSource` reading ``source``.
+
+    Args:
+        kind: ``"lines"`` or ``"collection"``.
+        source: the ``LineFileSource`` or ``CollectionSource``.
+        max_records_per_batch: records per micro-batch at most.
+    """
+    if kind == "lines":
+        spec: dict[str, Any] = {"kind": kind, "files": source.splits(),
+                                "with_offsets": source.with_offsets, "errors": source.errors}
+    else:
+        spec = {"kind": kind, "items": list(source.items)}
+    data = pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
+    return {"spec": base64.b64encode(data).decode("ascii"),
+            "maxRecordsPerBatch": str(max_records_per_batch)}
+
+
+class ReactiveSource(DataSource):
+    """A dataflow's line-file or collection source for Spark (options from
+    :func:`source_options`)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_FORMAT
+
+    def schema(self) -> str:
+        return SOURCE_SCHEMA
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        spec = pickle.loads(base64.b64decode(self.options["spec"]))
+        limit = int(self.options.get("maxRecordsPerBatch", "100000"))
+        if spec["kind"] == "lines":
+            return _LinesReader(spec, limit)
+        return _CollectionReader(spec, limit)
+
+
+class _Span(InputPartition):
+    """The records of one micro-batch: from offset ``start`` to ``end``."""
+
+    def __init__(self, start: dict[str, Any], end: dict[str, Any]) -> None:
+        super().__init__((start, end))
+        self.start = start
+        self.end = end
+
+
+def _max_rows(limit: ReadLimit, default: int) -> int | None:
+    if isinstance(limit, ReadAllAvailable):
+        return None
+    if isinstance(limit, ReadMaxRows):
+        return limit.max_rows
+    return default
+
+
+class _CollectionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets ``{"index": i, "done": bool}``: the next record, and whether the end marker
+    was emitted."""
+
+    def __init__(self, spec: dict[str, Any], limit: int) -> None:
+        self.items: list[Any] = spec["items"]
+        self.limit = limit
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"index": 0, "done": False}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.limit)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """The collection does not grow: its end is the target."""
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        if start["done"]:
+            return start
+        n = len(self.items)
+        rows = _max_rows(limit, self.limit)
+        if start["index"] >= n:
+            return {"index": n, "done": True}
+        end = n if rows is None else min(n, start["index"] + rows)
+        return {"index": end, "done": rows is None}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        return [_Span(start, end)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, _Span)
+        start, end = partition.start, partition.end
+        for i in range(start["index"], end["index"]):
+            yield (pickle.dumps(self.items[i], protocol=pickle.HIGHEST_PROTOCOL), None, i)
+        if end["done"] and not start["done"]:
+            yield (None, END_OF_INPUT_TIME, len(self.items))
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release."""
+
+
+class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets ``{"file": i, "pos": byte, "seq": lines before, "done": bool}``."""
+
+    def __init__(self, spec: dict[str, Any], limit: int) -> None:
+        self.files: list[str] = spec["files"]
+        self.with_offsets: bool = spec["with_offsets"]
+        self.errors: str = spec["errors"]
+        self.limit = limit
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"file": 0, "pos": 0, "seq": 0, "done": False}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.limit)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """The files do not grow: their ends are the target."""
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        if start["done"]:
+            return start
+        rows = _max_rows(limit, self.limit)
+        f, pos, seq = start["file"], start["pos"], start["seq"]
+        taken = 0
+        while f < len(self.files) and (rows is None or taken < rows):
+            with open(self.files[f], "rb") as fh:
+                fh.seek(pos)
+                for line in fh:
+                    pos += len(line)
+                    taken += 1
+                    if rows is not None and taken >= rows:
+                        break
+                at_end = fh.read(1) == b""
+            if at_end:
+                f, pos = f + 1, 0
+        if taken == 0 and f >= len(self.files):
+            return {"file": f, "pos": 0, "seq": seq, "done": True}
+        return {"file": f, "pos": pos, "seq": seq + taken,
+                "done": rows is None and f >= len(self.files)}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        return [_Span(start, end)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        from reactive.connectors.files import InvalidLine
+
+        assert isinstance(partition, _Span)
+        start, end = partition.start, partition.end
+        f, pos, seq = start["file"], start["pos"], start["seq"]
+        dumps = pickle.dumps
+        proto = pickle.HIGHEST_PROTOCOL
+        while seq < end["seq"]:
+            path = self.files[f]
+            with open(path, "rb") as fh:
+                fh.seek(pos)
+                for raw in fh:
+                    if seq >= end["seq"]:
+                        break
+                    offset = pos
+                    pos += len(raw)
+                    line = raw.rstrip(b"\r\n")
+                    try:
+                        text = line.decode("utf-8")
+                        record: Any = (offset, text) if self.with_offsets else text
+                    except UnicodeDecodeError as exc:
+                        reason = (f"invalid UTF-8 at byte offset {offset + exc.start} "
+                                  f"({exc.reason}: {line[exc.start:exc.end]!r})")
+                        if self.errors == "fail":
+                            raise ValueError(
+                                f"{path}: the line at byte offset {offset} is not valid UTF-8: "
+                                f"{reason}; fix the file, or read it with errors='dead_letter' "
+                                "to route such lines to a dead-letter output") from None
+                        record = InvalidLine(path, offset, line, reason)
+                    yield (dumps(record, protocol=proto), None, seq)
+                    seq += 1
+            f, pos = f + 1, 0
+        if end["done"] and not start["done"]:
+            yield (None, END_OF_INPUT_TIME, seq)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release."""

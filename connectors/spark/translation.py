@@ -1,0 +1,311 @@
+"""Translating a dataflow's logical graph into Spark query plans: one plan per sink, a path
+from a source through per-record functions, at most one keyed operator, to the sink.
+
+Each sink of the dataflow becomes one Spark streaming query (Spark's unit of a checkpoint
+location and of exactly-once output); a part of the graph two sinks share (a parse step
+feeding the results and a dead-letter output) runs in both queries, reading the same
+deterministic source. What a path may hold:
+
+- a source: the line-file source (read by byte offset) or a collection (by index);
+- ``map`` / ``filter`` / ``flat_map`` (and the runtime's own pass-through filters, such as
+  the window operator's result and late-data outputs): run per record in Arrow batches;
+- ``assign_timestamps``: gives records event time; its bound becomes the watermark delay
+  (Spark's ``withWatermark``);
+- one keyed operator after ``key_by``: ``process(KeyedProcessFunction)``, ``reduce`` or an
+  event-time or count window, run by ``groupBy(key).transformWithState`` with its state and
+  timers in Spark's state store (:mod:`.keyed_processor`);
+- a committing file sink (Spark's file sink: JSON lines as text, or parquet).
+
+Anything else -- an async operator, a loop, a two-input operator (connect, joins, broadcast
+state), a non-keyed process function with operator state, a custom two-phase-commit or
+callback sink, the Kafka connectors -- is refused by :func:`translate` before anything runs,
+with a :class:`~.errors.TranslationError` naming the operator and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from reactive.graph import LogicalGraph, Transformation
+from reactive.runtime import operators as ops
+from reactive.serialization import Serializer
+
+from .errors import TranslationError
+
+__all__ = ["KeyedStep", "QueryPlan", "RecordStep", "SinkStep", "SourceStep", "translate"]
+
+# operators that call one user function per record, by their runtime class
+_PER_RECORD: dict[type, str] = {ops.MapOperator: "map", ops.FilterOperator: "filter",
+                                ops.FlatMapOperator: "flat_map"}
+
+_TWO_INPUT_KINDS = {"co_map", "co_flat_map", "co_process", "broadcast_process", "join",
+                    "interval_join", "window_join", "union"}
+
+
+@dataclass
+class SourceStep:
+    """Where a query's records come from.
+
+    Attributes:
+        name, uid: the source operator's.
+        kind: ``"lines"`` (a line-file source) or ``"collection"``.
+        source: the dataflow's source object (read again by the Spark data source).
+    """
+
+    name: str
+    uid: str
+    kind: str
+    source: Any
+
+
+@dataclass
+class RecordStep:
+    """One per-record operator (``map``, ``filter``, ``flat_map``) or ``assign_timestamps``.
+
+    Attributes:
+        name, uid: the operator's.
+        kind: ``"map"``, ``"filter"``, ``"flat_map"`` or ``"timestamps"``.
+        fn: the user function (for ``"timestamps"``: record -> event time, seconds).
+    """
+
+    name: str
+    uid: str
+    kind: str
+    fn: Callable[[Any], Any]
+
+
+@dataclass
+class KeyedStep:
+    """The keyed operator of a query and how its records are keyed.
+
+    Attributes:
+        name, uid: the operator's.
+        kind: the transformation's kind (``"process"``, ``"reduce"``, ``"window"``).
+        operator: a fresh runtime operator (the same class the embedded runtime runs), to
+            be opened inside Spark's stateful processor with Spark-backed state and timers.
+        key_selector: record -> key.
+        key_serializer: the ``key_by`` serializer, or None for the canonical key encoding.
+        max_parallelism: the dataflow's number of key groups (``ctx.max_parallelism``).
+    """
+
+    name: str
+    uid: str
+    kind: str
+    operator: ops.StreamOperator
+    key_selector: Callable[[Any], Any]
+    key_serializer: Serializer | None
+    max_parallelism: int
+
+
+@dataclass
+class SinkStep:
+    """A committing file sink, as Spark's file sink.
+
+    Attributes:
+        name, uid: the sink operator's.
+        directory: the output directory (Spark's file sink writes it with its
+            ``_spark_metadata`` log).
+        format: ``"jsonl"`` (JSON lines, Spark's text format) or ``"parquet"``.
+        schema: the parquet ``pyarrow.Schema`` (None for JSON lines).
+    """
+
+    name: str
+    uid: str
+    directory: str
+    format: str
+    schema: Any
+
+
+@dataclass
+class QueryPlan:
+    """One Spark streaming query: a source, per-record steps, at most one keyed step, more
+    per-record steps, a sink.
+
+    Attributes:
+        source: the source.
+        before_key: steps before the keyed operator (all of them when there is none).
+        keyed: the keyed operator, or None.
+        after_key: steps between the keyed operator and the sink.
+        sink: the sink.
+        watermark_delay: the bound of the ``assign_timestamps`` before the keyed operator
+            (seconds), or None when the records have no event time.
+    """
+
+    source: SourceStep
+    before_key: list[RecordStep] = field(default_factory=list)
+    keyed: KeyedStep | None = None
+    after_key: list[RecordStep] = field(default_factory=list)
+    sink: SinkStep | None = None
+    watermark_delay: float | None = None
+
+
+def _refuse(t: Transformation, reason: str) -> TranslationError:
+    return TranslationError(t.name, t.resolved_uid, t.kind, reason)
+
+
+def translate(flow: LogicalGraph) -> list[QueryPlan]:
+    """Translate every sink's path of ``flow`` into a :class:`QueryPlan`.
+
+    Every transformation of the dataflow is checked, also those on no path to a sink, so a
+    program is refused as a whole, before any query starts.
+
+    Args:
+        flow: the dataflow (``reactive.Dataflow``).
+
+    Returns:
+        one plan per sink, in the order the sinks were added.
+
+    Raises:
+        TranslationError: naming the first operator without a Spark translation and why.
+    """
+    consumers: dict[int, list[Transformation]] = {}
+    for t in flow.transformations:
+        for e in t.inputs:
+            consumers.setdefault(e.upstream.id, []).append(t)
+    for t in flow.transformations:
+        _check(t)
+    plans = [_plan(flow, t) for t in flow.transformations if t.kind == "sink"]
+    if not plans:
+        raise TranslationError(flow.name, flow.name, "dataflow",
+                               "it has no sink, so no Spark query would run")
+    return plans
+
+
+def _check(t: Transformation) -> None:
+    """Refuse a transformation without a Spark translation (see the module docstring)."""
+    if t.kind in _TWO_INPUT_KINDS or len(t.inputs) > 1:
+        raise _refuse(t, "operators with two inputs (union, connect, joins, broadcast state) "
+                         "are not translated; run the program embedded")
+    if t.kind == "map_async" or t.kind.startswith("map_async"):
+        raise _refuse(t, "async operators (map_async) keep in-flight calls in the embedded "
+                         "runtime's checkpoints, which Spark's micro-batches have no place for; "
+                         "call the service from a map, or run the program embedded")
+    if "iterat" in t.kind or "loop" in t.kind or "feedback" in t.kind:
+        raise _refuse(t, "loops (iterate) need back-edges, which a Spark query (a directed "
+                         "acyclic plan) cannot have")
+    if any(e.partitioning == "broadcast" for e in t.inputs):
+        raise _refuse(t, "broadcast partitioning has no Spark equivalent in a streaming query")
+    if t.kind in ("source", "sink", "assign_timestamps"):
+        return
+    op = t.factory()
+    if type(op) in _PER_RECORD:
+        return
+    if t.kind in ("process", "reduce", "window"):
+        if not (t.inputs and t.inputs[0].partitioning == "hash"):
+            raise _refuse(t, "a process function without key_by(...) has operator state, "
+                             "which Spark's per-key state store cannot hold; key the stream")
+        return
+    raise _refuse(t, f"no Spark translation for operators of kind {t.kind!r} "
+                     f"({type(op).__name__})")
+
+
+def _path(sink: Transformation) -> list[Transformation]:
+    """The transformations from the source to ``sink``, in order."""
+    path = [sink]
+    while path[-1].inputs:
+        path.append(path[-1].inputs[0].upstream)
+    return path[::-1]
+
+
+def _plan(flow: LogicalGraph, sink: Transformation) -> QueryPlan:
+    path = _path(sink)
+    plan = QueryPlan(_source_step(path[0]))
+    delay: float | None = None
+    keyed_t: Transformation | None = None
+    for t in path[1:-1]:
+        steps = plan.before_key if plan.keyed is None else plan.after_key
+        if t.kind == "assign_timestamps":
+            if plan.keyed is not None:
+                raise _refuse(t, "event time assigned after the keyed operator is not "
+                                 "translated (one keyed operator per query)")
+            op = t.factory()
+            assert t.timestamp_fn is not None
+            steps.append(RecordStep(t.name, t.resolved_uid, "timestamps", t.timestamp_fn))
+            delay = float(op.generator.delay)  # type: ignore[attr-defined]
+            continue
+        op = t.factory()
+        kind = _PER_RECORD.get(type(op))
+        if kind is not None:
+            steps.append(RecordStep(t.name, t.resolved_uid, kind, op.fn))  # type: ignore[attr-defined]
+            continue
+        if plan.keyed is not None:
+            raise _refuse(t, f"a second keyed operator after {plan.keyed.name!r} on the path "
+                             f"to sink {sink.name!r}: one keyed operator per Spark query is "
+                             "translated")
+        plan.keyed = _keyed_step(flow, t, op)
+        keyed_t = t
+    plan.watermark_delay = delay
+    if keyed_t is not None and plan.keyed is not None and _needs_event_time(plan.keyed) \
+            and delay is None:
+        raise _refuse(keyed_t, "event-time windows need assign_timestamps(...) before key_by on Spark "
+                      "(its bound is the query's watermark delay)")
+    plan.sink = _sink_step(sink)
+    return plan
+
+
+def _needs_event_time(step: KeyedStep) -> bool:
+    """True for window operators over event time (they never fire without a watermark)."""
+    return step.kind == "window" and hasattr(step.operator, "timestamp_fn")
+
+
+def _keyed_step(flow: LogicalGraph, t: Transformation, op: ops.StreamOperator) -> KeyedStep:
+    edge = t.inputs[0]
+    assert edge.key_selector is not None
+    late = getattr(op, "late_side_output", None)
+    if late is not None:
+        # the callable reaches the whole fluent API (and every source and sink) through its
+        # closure; what it answers is fixed once the program is built
+        op.late_side_output = _Constant(bool(late()))  # type: ignore[attr-defined]
+    return KeyedStep(t.name, t.resolved_uid, t.kind, op, edge.key_selector,
+                     edge.key_serializer, flow.max_parallelism)
+
+
+class _Constant:
+    """A picklable function of no arguments returning ``value``."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self) -> Any:
+        return self.value
+
+
+def _source_step(t: Transformation) -> SourceStep:
+    from reactive.connectors.collections import CollectionSource
+    from reactive.connectors.files import LineFileSource
+
+    factory_source = t.factory()
+    source = getattr(factory_source, "source", None)
+    if isinstance(source, LineFileSource):
+        return SourceStep(t.name, t.resolved_uid, "lines", source)
+    if isinstance(source, CollectionSource):
+        return SourceStep(t.name, t.resolved_uid, "collection", source)
+    what = type(source).__name__
+    if "Kafka" in what:
+        raise _refuse(t, "the Kafka source is not translated yet (Spark's Kafka source needs "
+                         "the spark-sql-kafka package on Spark's classpath); run it embedded")
+    raise _refuse(t, f"no Spark translation for source {what}: the line-file source and "
+                     "collections are translated")
+
+
+def _sink_step(t: Transformation) -> SinkStep:
+    from reactive.connectors.files import CommittingFileSink
+
+    sink = t.sink
+    if isinstance(sink, CommittingFileSink):
+        if sink.format == "parquet" and sink.schema is None:
+            raise _refuse(t, "a parquet CommittingFileSink needs schema= on Spark (a "
+                             "streaming query's columns are fixed before it runs)")
+        return SinkStep(t.name, t.resolved_uid, str(sink.directory), sink.format, sink.schema)
+    what = type(sink).__name__
+    if "Kafka" in what:
+        raise _refuse(t, "the Kafka sink is not translated yet (Spark's Kafka sink needs the "
+                         "spark-sql-kafka package on Spark's classpath); run it embedded")
+    if hasattr(sink, "pre_commit"):
+        raise _refuse(t, f"{what} is a custom two-phase-commit sink: Spark commits output "
+                         "through its own sink protocol, which cannot drive the sink's "
+                         "transactions; write to a CommittingFileSink")
+    raise _refuse(t, f"{what} has no Spark translation (callbacks and in-memory sinks live "
+                     "in one process); write to a CommittingFileSink")

@@ -1,0 +1,152 @@
+"""The Spark runner after a crash: the driver's process (Python and its JVM) is SIGKILLed
+mid-way, a second process starts the same dataflow on the same checkpoint location, and the
+committed output validates exactly once against a batch computation.
+
+Run as a script, this module is the driver: ``python tests/test_spark_runner_restart.py
+DATA OUT CHECKPOINTS``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LINES = 3000
+BATCH = 500
+
+
+def write_input(path: Path, seed: int) -> list[tuple[str, float, int]]:
+    """``key,ts,value`` lines in event-time order (a little disorder), plus a few malformed
+    lines; returns the well-formed records."""
+    rng = random.Random(seed)
+    rows, text = [], []
+    for i in range(LINES):
+        if i % 997 == 5:
+            text.append(f"malformed {i}")
+            continue
+        row = (f"k{rng.randrange(12)}", round(i * 0.5 - rng.random(), 3), rng.randrange(100))
+        rows.append(row)
+        text.append(f"{row[0]},{row[1]},{row[2]}")
+    path.write_text("\n".join(text) + "\n")
+    return rows
+
+
+def build(data: Path, out: Path) -> Any:
+    from reactive import AggregateFunction, Dataflow, TumblingEventTimeWindows
+    from reactive.connectors.files import CommittingFileSink
+
+    class Total(AggregateFunction):
+        def create_accumulator(self) -> Any:
+            return (0, 0)
+
+        def add(self, value: Any, acc: Any) -> Any:
+            return (acc[0] + 1, acc[1] + value[2])
+
+        def merge(self, a: Any, b: Any) -> Any:
+            return (a[0] + b[0], a[1] + b[1])
+
+        def get_result(self, acc: Any) -> Any:
+            return acc
+
+    def parse(line: str) -> list[Any]:
+        parts = line.split(",")
+        return [(parts[0], float(parts[1]), int(parts[2]))] if len(parts) == 3 else []
+
+    flow = Dataflow("restart")
+    (flow.read_text_file(data).flat_map(parse, name="parse")
+         .assign_timestamps(lambda r: r[1], max_out_of_orderness=2)
+         .key_by(lambda r: r[0]).window(TumblingEventTimeWindows.of(60))
+         .aggregate(Total()).uid("totals")
+         .map(lambda w: {"key": w.key, "start": int(w.start), "n": w.value[0],
+                         "total": w.value[1]})
+         .sink(CommittingFileSink(out)).uid("out"))
+    return flow
+
+
+def driver(data: Path, out: Path, checkpoints: Path) -> None:
+    """The driver process: run the dataflow on Spark to the end of its input."""
+    from reactive.connectors.spark import SparkRunner, local_session
+
+    spark = local_session("local[2]", app_name="reactive-restart", shuffle_partitions=2)
+    SparkRunner(spark, checkpoints, max_records_per_batch=BATCH).run(build(data, out))
+
+
+def start_driver(data: Path, out: Path, checkpoints: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # a process group of its own: the kill takes the driver's JVM down with it
+    return subprocess.Popen([sys.executable, __file__, str(data), str(out), str(checkpoints)],
+                            env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def kill_after_commit(proc: subprocess.Popen[bytes], commits: Path, batch: int) -> None:
+    """SIGKILL the driver's process group once micro-batch ``batch`` has committed."""
+    deadline = time.monotonic() + 300
+    while not (commits / str(batch)).exists():
+        if proc.poll() is not None:
+            pytest.fail(f"the driver ended (exit code {proc.returncode}) before batch {batch}")
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"batch {batch} did not commit within 300 s")
+        time.sleep(0.05)  # polling for a file another process writes, not a race cover
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int) -> None:
+    from reactive.connectors.spark import ResultLog, validate_exactly_once
+
+    data, out, chk = tmp_path / "input.csv", tmp_path / "out", tmp_path / "chk"
+    rows = write_input(data, seed)
+    commits = chk / "restart" / "out" / "commits"
+    kill_after_commit(start_driver(data, out, chk), commits, kill_after)
+    batches_before = len(list(commits.iterdir()))
+    assert batches_before < LINES // BATCH, "the kill came after the input was consumed"
+    second = start_driver(data, out, chk)
+    assert second.wait(timeout=600) == 0
+    # the restarted driver continued after the committed batches, it did not start over
+    assert len(list(commits.iterdir())) > batches_before
+
+    expected: dict[tuple[str, int], list[int]] = {}
+    for key, ts, value in rows:
+        acc = expected.setdefault((key, int(ts - ts % 60)), [0, 0])
+        acc[0] += 1
+        acc[1] += value
+    expected_df = spark.createDataFrame(
+        [(k, s, n, t) for (k, s), (n, t) in expected.items()],
+        "key string, start bigint, n bigint, total bigint")
+    actual = ResultLog(spark, out).read()
+    report = validate_exactly_once(actual, expected_df, key=["key", "start"])
+    assert report.ok, str(report)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Any:
+    from reactive.connectors.spark import local_session
+
+    return local_session("local[2]", app_name="reactive-spark-restart", shuffle_partitions=2)
+
+
+def test_driver_killed_mid_way_resumes_exactly_once(tmp_path: Path, spark: Any) -> None:
+    check_restart(tmp_path, spark, seed=19, kill_after=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_driver_killed_at_seeded_batches_resumes_exactly_once(
+        tmp_path: Path, spark: Any, seed: int) -> None:
+    check_restart(tmp_path, spark, seed=seed,
+                  kill_after=random.Random(seed).randrange(0, LINES // BATCH - 2))
+
+
+if __name__ == "__main__":
+    driver(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
