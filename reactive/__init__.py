@@ -24,7 +24,7 @@ from .errors import (
     UnsupportedKeyError,
     UserFunctionError,
 )
-from .functions import KeyedProcessFunction, ProcessFunction, RuntimeContext
+from .functions import KeyedProcessFunction, ProcessFunction, RuntimeContext, TimeDomain
 from .keygroups import KeyGroupRange, assign_to_key_group, key_group_range_for_operator
 from .runtime.job import Job
 from .serialization import MsgpackSerializer, PickleSerializer, Serializer
@@ -106,6 +106,7 @@ __all__ = [
     "StateQueryError",
     "StateSerializationError",
     "Stream",
+    "TimeDomain",
     "TimeWindow",
     "TimerService",
     "TumblingEventTimeWindows",

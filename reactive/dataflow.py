@@ -420,7 +420,9 @@ class Stream:
 
         Records pass unchanged; event-time operators downstream re-derive each record's
         timestamp with ``timestamp_fn``. Each instance emits ``max timestamp -
-        max_out_of_orderness`` as its watermark, at most once per batch; a record more than
+        max_out_of_orderness`` as its watermark after each batch, and within a batch before
+        any record behind the watermark of the records before it, so records are late as
+        with one watermark per record, whatever the batch size; a record more than
         ``max_out_of_orderness`` seconds older than the largest one seen may be late.
 
         Args:

@@ -8,6 +8,7 @@ state and lifecycle. ``process_element`` returns an iterable of outputs (a gener
 from __future__ import annotations
 
 from collections.abc import Iterable
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from .errors import StateAccessError
@@ -20,7 +21,16 @@ if TYPE_CHECKING:
     from .state.operator_state import OperatorStateStore
     from .time.timers import TimerService
 
-__all__ = ["KeyedProcessFunction", "ProcessFunction", "RuntimeContext"]
+__all__ = ["KeyedProcessFunction", "ProcessFunction", "RuntimeContext", "TimeDomain"]
+
+
+class TimeDomain(Enum):
+    """The time a firing timer belongs to (Flink's ``TimeDomain``)."""
+
+    EVENT_TIME = "event_time"
+    """The timer fired because the watermark reached it."""
+    PROCESSING_TIME = "processing_time"
+    """The timer fired because the processing-time clock reached it."""
 
 
 class RuntimeContext:
@@ -53,6 +63,8 @@ class RuntimeContext:
         self._keyed = keyed_backend
         self._operator_state = operator_state
         self._timer_service: TimerService | None = None
+        # the timer being fired, set by the operator around on_timer
+        self._firing: tuple[float, TimeDomain] | None = None
         # the keyed states the operator's functions use, by name (for state queries)
         self.keyed_states: dict[str, State] = {}
 
@@ -69,6 +81,33 @@ class RuntimeContext:
                 "key_by(...).process(KeyedProcessFunction)"
             )
         return self._timer_service
+
+    def timestamp(self) -> float:
+        """In ``on_timer``: the firing timer's timestamp (seconds, event or processing
+        time; Flink's ``OnTimerContext.timestamp()``).
+
+        Raises:
+            StateAccessError: outside ``on_timer`` (a record's event time is the
+                ``timestamp_fn`` given to ``assign_timestamps``, applied to the record).
+        """
+        return self._timer("timestamp")[0]
+
+    def time_domain(self) -> TimeDomain:
+        """In ``on_timer``: whether an event-time or a processing-time timer is firing
+        (Flink's ``OnTimerContext.timeDomain()``).
+
+        Raises:
+            StateAccessError: outside ``on_timer``.
+        """
+        return self._timer("time_domain")[1]
+
+    def _timer(self, method: str) -> tuple[float, TimeDomain]:
+        if self._firing is None:
+            raise StateAccessError(
+                f"operator {self.operator_name!r}: ctx.{method}() is only defined in on_timer "
+                "(the firing timer's); a record's event time is timestamp_fn(record)"
+            )
+        return self._firing
 
     @property
     def current_key(self) -> Any:
@@ -121,5 +160,6 @@ class KeyedProcessFunction(ProcessFunction):
     def on_timer(self, timestamp: float, ctx: RuntimeContext) -> Iterable[Any] | None:
         """A timer of ``ctx.current_key`` fired at ``timestamp`` (seconds); return (or
         yield) the outputs. Event-time timers fire once the watermark is >= ``timestamp``
-        (Flink's ``KeyedProcessFunction.onTimer``)."""
+        (Flink's ``KeyedProcessFunction.onTimer``); ``ctx.time_domain()`` tells an
+        event-time timer from a processing-time one, ``ctx.timestamp()`` is ``timestamp``."""
         return None

@@ -282,6 +282,9 @@ class StreamTask:
             op = chain[i]
             op.records_in += len(batch)
             batch = op.process_batch(batch)
+            if op.generates_watermarks and op.watermark_split is not None:
+                await self._push_split(batch, i)
+                return
             if not batch:
                 return
             op.records_out += len(batch)
@@ -306,6 +309,18 @@ class StreamTask:
         if full:
             for w in writers:
                 await w.flush_full()
+
+    async def _push_split(self, head: list[Any], i: int) -> None:
+        """Operator ``i`` cut its output with watermarks (``watermark_split``): send each
+        part and each watermark in order, so a record behind a watermark comes after it."""
+        op = self.chain[i]
+        parts, op.watermark_split = op.watermark_split or [], None
+        op.records_out += len(head) + sum(len(p) for _, p in parts)
+        if head:
+            await self._push(head, i + 1)
+        for watermark, part in parts:
+            await self.emit_watermark_from(i + 1, watermark)
+            await self._push(part, i + 1)
 
     async def _push_second(self, batch: list[Any]) -> None:
         """Run ``batch`` of the second input through the chain's two-input head operator

@@ -588,6 +588,11 @@ class OperatorTestHarness:
             out = self.operator.process_batch(batch)
             self.operator.records_out += len(out)
             self.output.extend(out)
+            split, self.operator.watermark_split = self.operator.watermark_split, None
+            for watermark, part in split or ():  # per-record watermarks cut the batch
+                self.watermarks.append(watermark)
+                self.operator.records_out += len(part)
+                self.output.extend(part)
         self._run_mailbox()
         return self.output[start:]
 

@@ -5,6 +5,10 @@ timestamp with the same function (one call per record, no wrapper object on the 
 Per instance it keeps the largest timestamp seen and, at most once per batch, posts a
 mailbox action that emits the bounded-out-of-orderness watermark when it advanced (Flink's
 ``TimestampsAndWatermarksOperator`` with a periodic generator, where the period is a batch).
+Watermarks are per record in effect, so batching never changes which records are late:
+where a record is behind the watermark of the records before it in its batch, the operator
+cuts the batch there and the task emits that watermark before the record
+(``StreamOperator.watermark_split``); in-order batches take a fast path with no cut.
 With ``idleness`` it declares the instance idle after that many seconds of processing time
 without records, so downstream minimums ignore it until records come again.
 """
@@ -71,7 +75,7 @@ class TimestampsAndWatermarksOperator(StreamOperator):
     def process_batch(self, batch: list[Any]) -> list[Any]:
         ts_fn = self.timestamp_fn
         try:
-            high = max(map(ts_fn, batch))
+            stamps = list(map(ts_fn, batch))
         except Exception as exc:
             for r in batch:
                 try:
@@ -86,11 +90,50 @@ class TimestampsAndWatermarksOperator(StreamOperator):
             assert mailbox is not None
             mailbox.post(lambda: mailbox.emit_watermark_status(ACTIVE))
         gen = self.generator
-        if high > gen.max_timestamp:
+        before = gen.max_timestamp
+        delay = gen.delay
+        high = max(stamps)
+        # Fast paths (C loops): no record can be behind the watermark of the records
+        # before it when the batch spans less than the bound, or is in order.
+        if not (min(stamps) >= max(before, high) - delay
+                or (stamps[0] >= before - delay and stamps == sorted(stamps))):
+            return self._split(batch, stamps)
+        if high > before:
             gen.max_timestamp = high
-            if high - gen.delay > self.emitted:
+            if high - delay > self.emitted:
                 self._request_emit()
         return batch
+
+    def _split(self, batch: list[Any], stamps: list[float]) -> list[Any]:
+        """Cut ``batch`` before each record that is behind the watermark of the records
+        before it, so that watermark reaches downstream first (as with one record per
+        batch); return the first part and leave the rest in ``watermark_split`` (None when
+        no record is behind)."""
+        gen = self.generator
+        delay = gen.delay
+        high = gen.max_timestamp
+        sent = self.emitted
+        parts: list[tuple[float, list[Any]]] = []
+        part: list[Any] = []
+        head = part
+        finished = self._finished
+        for record, ts in zip(batch, stamps, strict=True):
+            if ts < high - delay and high - delay > sent and not finished:
+                sent = high - delay
+                part = []
+                parts.append((sent, part))
+            part.append(record)
+            if ts > high:
+                high = ts
+        gen.max_timestamp = high
+        if parts:
+            # the task emits these watermarks in order right after the head; _emit sends
+            # only a watermark beyond them
+            self.emitted = sent
+            self.watermark_split = parts
+        if high - delay > sent:
+            self._request_emit()
+        return head
 
     def _request_emit(self) -> None:
         if not self._posted and self.mailbox is not None:

@@ -105,11 +105,15 @@ class StreamOperator:
         key_selector: record -> key, for keyed operators.
         mailbox: the task's mailbox, set by the task for chained operators (timers,
             periodic watermarks); None in a harness without a task.
+        watermark_split: set by a watermark generator's ``process_batch`` that returned
+            only the first part of its output: the ``(watermark, records)`` pairs the task
+            sends next, in order (per-record watermarks); the task resets it to None.
     """
 
     keyed = False
     generates_watermarks = False
     forwards_watermark_status = False
+    watermark_split: list[tuple[float, list[Any]]] | None = None
 
     def __init__(self, name: str, uid: str, key_selector: Callable[[Any], Any] | None = None):
         self.name = name

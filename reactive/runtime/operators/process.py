@@ -3,9 +3,10 @@
 
 ``fn.on_timer(timestamp, ctx)`` runs with ``ctx.current_key`` set to the timer's key, for
 event-time timers when a watermark reaches them and for processing-time timers from the
-task's mailbox. The operator's event time (its last watermark) is kept as union operator
-state so that, after a recovery, ``current_watermark()`` does not start again from -inf
-(Flink's ``KeyedProcessOperator`` with its ``InternalTimerService``).
+task's mailbox; ``ctx.timestamp()`` and ``ctx.time_domain()`` name the firing timer (Flink's
+``OnTimerContext``). The operator's event time (its last watermark) is kept as union
+operator state so that, after a recovery, ``current_watermark()`` does not start again from
+-inf (Flink's ``KeyedProcessOperator`` with its ``InternalTimerService``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from ...functions import ProcessFunction
+from ...functions import ProcessFunction, TimeDomain
 from ...time.clock import ProcessingClock
 from ...time.timers import InternalTimerService, TimerService
 from .base import GENERATOR, StreamOperator, checked_outputs, instance_copy
@@ -159,21 +160,32 @@ class TimedKeyedProcessOperator(KeyedProcessOperator):
     def open(self) -> None:
         assert self.keyed_backend is not None
         self.timers = InternalTimerService(self.keyed_backend, self.clock, self.mailbox,
-                                           self._fire, self._fire)
+                                           self._fire_event_time, self._fire_processing_time)
         self.timers.watermark = restore_watermark(self)
         self.timers.restore()
         self.ctx._timer_service = TimerService(self.timers)
         super().open()
 
-    def _fire(self, timestamp: float, namespace: Any) -> list[Any]:
+    def _fire_event_time(self, timestamp: float, namespace: Any) -> list[Any]:
+        return self._fire(timestamp, TimeDomain.EVENT_TIME)
+
+    def _fire_processing_time(self, timestamp: float, namespace: Any) -> list[Any]:
+        return self._fire(timestamp, TimeDomain.PROCESSING_TIME)
+
+    def _fire(self, timestamp: float, domain: TimeDomain) -> list[Any]:
         on_timer = getattr(self.fn, "on_timer", None)
         if on_timer is None:
             return []
+        ctx = self.ctx
+        ctx._firing = (timestamp, domain)
         try:
-            res = on_timer(timestamp, self.ctx)
+            res = on_timer(timestamp, ctx)
             return list(checked_outputs(res, "on_timer")) if res is not None else []
         except Exception as exc:
-            raise self.fail(f"timer {timestamp} of key {self.ctx.current_key!r}", exc) from exc
+            raise self.fail(f"{domain.value} timer {timestamp} of key {ctx.current_key!r}",
+                            exc) from exc
+        finally:
+            ctx._firing = None
 
     def process_watermark(self, timestamp: float) -> list[Any]:
         return self.timers.advance_watermark(timestamp)
