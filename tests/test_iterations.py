@@ -97,7 +97,7 @@ async def test_a_countdown_loop_is_exact_through_failures_with_checkpoints_every
         tmp_path):
     """Every record passes the loop n + 1 times: a feedback record lost or replayed twice
     by a recovery would show in the output and in the state."""
-    Countdown.steps = 0
+    Countdown.steps, Countdown.fail_at = 0, [2000, 5000, 8000]
     starts = {k: 20 + k % 40 for k in range(200)}
     flow = Dataflow("countdown", parallelism=2, batch_size=16, channel_capacity=2)
 
