@@ -75,18 +75,38 @@ async def test_components_equal_networkx(parallelism, capacity):
 
 class Countdown(KeyedProcessFunction):
     """``(key, n)``: one step of a countdown per pass through the loop; counts its steps in
-    keyed state, fails at given steps (counted over all instances and attempts)."""
+    keyed state. It fails at the given steps (counted over all instances and attempts),
+    each time only once a checkpoint has completed since the previous failure (so every
+    recovery restores a real checkpoint, whatever the machine's speed)."""
 
-    fail_at = [2000, 5000, 8000]
+    fail_at: list[int] = []
     steps = 0
+    failures = 0
+    checkpoints: Path | None = None
+    completed_at_failure = 0
+
+    @classmethod
+    def reset(cls, fail_at: list[int], checkpoints: Path | None) -> None:
+        cls.fail_at, cls.steps, cls.failures = list(fail_at), 0, 0
+        cls.checkpoints, cls.completed_at_failure = checkpoints, 0
+
+    @classmethod
+    def _completed(cls) -> int:
+        assert cls.checkpoints is not None
+        return len(list(cls.checkpoints.glob("*/chk-*/_metadata")))
 
     def open(self, ctx: Any) -> None:
         self.done = ctx.get_state(ValueStateDescriptor("steps", default=0))
 
     def process_element(self, record: tuple[int, int], ctx: Any) -> Any:
-        Countdown.steps += 1
-        if Countdown.steps in self.fail_at:
-            raise RuntimeError(f"injected failure at step {Countdown.steps}")
+        cls = Countdown
+        cls.steps += 1
+        if (cls.fail_at and cls.steps >= cls.fail_at[0] and cls.steps % 20 == 0
+                and cls._completed() > cls.completed_at_failure):
+            cls.fail_at.pop(0)
+            cls.failures += 1
+            cls.completed_at_failure = cls._completed()
+            raise RuntimeError(f"injected failure at step {cls.steps}")
         self.done.update(self.done.value() + 1)
         yield ("out", *record)
         if record[1] > 0:
@@ -97,8 +117,8 @@ async def test_a_countdown_loop_is_exact_through_failures_with_checkpoints_every
         tmp_path):
     """Every record passes the loop n + 1 times: a feedback record lost or replayed twice
     by a recovery would show in the output and in the state."""
-    Countdown.steps, Countdown.fail_at = 0, [2000, 5000, 8000]
-    starts = {k: 20 + k % 40 for k in range(200)}
+    Countdown.reset([1500, 4000, 7000], tmp_path / "chk")
+    starts = {k: 30 + k % 40 for k in range(200)}
     flow = Dataflow("countdown", parallelism=2, batch_size=16, channel_capacity=2)
 
     def step(records: Any) -> tuple[Any, Any]:
@@ -111,8 +131,8 @@ async def test_a_countdown_loop_is_exact_through_failures_with_checkpoints_every
          .sink(CommittingFileSink(tmp_path / "out")))
     job = await flow.run(checkpoints=CheckpointConfig(interval=0.01, directory=tmp_path / "chk"),
                          restart=RestartStrategy.fixed(5, 0.0))
-    assert job.metrics.restarts == 3
-    assert job.metrics.restored_checkpoints
+    assert job.metrics.restarts == Countdown.failures >= 2
+    assert len(job.metrics.restored_checkpoints) == Countdown.failures
     assert committed_updates(tmp_path / "out") == collections.Counter(
         (k, i) for k, n in starts.items() for i in range(n + 1))
     assert checkpoint_state(tmp_path / "chk", "countdown", "steps", "steps") == {
@@ -306,7 +326,7 @@ async def test_stop_with_savepoint_keeps_the_loop_and_resumes_it_at_another_para
         tmp_path):
     """Stop-with-savepoint while countdowns circulate, restore the savepoint at another
     parallelism: the committed output of both runs is every step exactly once."""
-    Countdown.steps, Countdown.fail_at = 0, []
+    Countdown.reset([], None)
     starts = {k: 200 + k % 50 for k in range(100)}
     items = list(starts.items())
     source = _OpenEndedSource(items)
