@@ -3,7 +3,7 @@ mid-way, a second process starts the same dataflow on the same checkpoint locati
 committed output validates exactly once against a batch computation.
 
 Run as a script, this module is the driver: ``python tests/test_spark_runner_restart.py
-DATA OUT CHECKPOINTS``.
+DATA OUT CHECKPOINTS [KILL_AFTER_BATCH]``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -72,34 +71,47 @@ def build(data: Path, out: Path) -> Any:
     return flow
 
 
-def driver(data: Path, out: Path, checkpoints: Path) -> None:
-    """The driver process: run the dataflow on Spark to the end of its input."""
+def driver(data: Path, out: Path, checkpoints: Path, kill_after: int | None) -> None:
+    """The driver process: run the dataflow on Spark to the end of its input; with
+    ``kill_after``, SIGKILL its own process group (Python and the JVM) as soon as Spark
+    reports that micro-batch ``kill_after`` has committed (a crash at a known point, found
+    by Spark's own progress event rather than by watching files)."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
     from reactive.connectors.spark import SparkRunner, local_session
 
     spark = local_session("local[2]", app_name="reactive-restart", shuffle_partitions=2)
+    if kill_after is not None:
+        commits = checkpoints / "restart" / "out" / "commits"
+
+        class KillAfterCommit(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                batch = event.progress.batchId
+                if batch >= kill_after and (commits / str(batch)).exists():
+                    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                pass
+
+        spark.streams.addListener(KillAfterCommit())
     SparkRunner(spark, checkpoints, max_records_per_batch=BATCH).run(build(data, out))
 
 
-def start_driver(data: Path, out: Path, checkpoints: Path) -> subprocess.Popen[bytes]:
+def start_driver(data: Path, out: Path, checkpoints: Path,
+                 kill_after: int | None = None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, __file__, str(data), str(out), str(checkpoints)]
+    if kill_after is not None:
+        args.append(str(kill_after))
     # a process group of its own: the kill takes the driver's JVM down with it
-    return subprocess.Popen([sys.executable, __file__, str(data), str(out), str(checkpoints)],
-                            env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-
-
-def kill_after_commit(proc: subprocess.Popen[bytes], commits: Path, batch: int) -> None:
-    """SIGKILL the driver's process group once micro-batch ``batch`` has committed."""
-    deadline = time.monotonic() + 300
-    while not (commits / str(batch)).exists():
-        if proc.poll() is not None:
-            pytest.fail(f"the driver ended (exit code {proc.returncode}) before batch {batch}")
-        if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"batch {batch} did not commit within 300 s")
-        time.sleep(0.05)  # polling for a file another process writes, not a race cover
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    return subprocess.Popen(args, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int) -> None:
@@ -108,7 +120,9 @@ def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int) -> Non
     data, out, chk = tmp_path / "input.csv", tmp_path / "out", tmp_path / "chk"
     rows = write_input(data, seed)
     commits = chk / "restart" / "out" / "commits"
-    kill_after_commit(start_driver(data, out, chk), commits, kill_after)
+    first = start_driver(data, out, chk, kill_after)
+    code = first.wait(timeout=600)
+    assert code == -signal.SIGKILL, f"the driver ended (exit code {code}) instead of being killed"
     batches_before = len(list(commits.iterdir()))
     assert batches_before < LINES // BATCH, "the kill came after the input was consumed"
     second = start_driver(data, out, chk)
@@ -149,4 +163,5 @@ def test_driver_killed_at_seeded_batches_resumes_exactly_once(
 
 
 if __name__ == "__main__":
-    driver(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
+    driver(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]),
+           int(sys.argv[4]) if len(sys.argv) > 4 else None)
