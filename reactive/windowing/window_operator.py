@@ -28,11 +28,10 @@ from typing import Any
 from ..errors import ConfigurationError, StateAccessError
 from ..runtime.operators import StreamOperator, checked_outputs
 from ..runtime.operators.base import instance_copy
-from ..runtime.operators.process import restore_watermark, snapshot_watermark
+from ..runtime.operators.event_time import EventTimeOperator
 from ..state.api import MapState, ValueState
 from ..state.descriptors import MapStateDescriptor, StateDescriptor, ValueStateDescriptor
 from ..time.clock import ProcessingClock
-from ..time.timers import InternalTimerService
 from .assigners import GLOBAL_WINDOW, CountWindows, PeriodicWindows, TimeWindow, WindowAssigner
 from .cutty import CuttyAggregator, EventTimeCuttyAggregator, WindowEmission
 from .evictors import Evictor, TimestampedValue
@@ -94,59 +93,17 @@ def unwrap_late(record: Any) -> tuple[Any, ...] | None:
     return (record.record,) if type(record) is LateRecord else None
 
 
-class _EventTimeOperatorBase(StreamOperator):
-    """Shared plumbing: key selector, timers, restored event time, late records."""
-
-    keyed = True
-
-    def __init__(self, name: str, uid: str, key_selector: Callable[[Any], Any],
-                 clock: ProcessingClock, late_side_output: Callable[[], bool]) -> None:
-        super().__init__(name, uid, key_selector)
-        self.clock = clock
-        self.late_side_output = late_side_output
-        self.emit_late = False
-        self.late_records = 0
-        self.timers: InternalTimerService
-
-    def _open_timers(self) -> None:
-        assert self.keyed_backend is not None
-        self.emit_late = self.late_side_output()
-        self.timers = InternalTimerService(self.keyed_backend, self.clock, self.mailbox,
-                                           self.on_event_time, self.on_processing_time)
-        self.timers.watermark = restore_watermark(self)
-        self.timers.restore()
-
-    def on_event_time(self, timestamp: float, namespace: Any) -> list[Any]:
-        raise NotImplementedError
-
-    def on_processing_time(self, timestamp: float, namespace: Any) -> list[Any]:
-        return []
+class _EventTimeOperatorBase(EventTimeOperator):
+    """A window operator's late records: wrapped for the late output, or counted."""
 
     def _late(self, record: Any, out: list[Any]) -> None:
         if self.emit_late:
             out.append(LateRecord(record))
             return
-        if not self.late_records:
-            log.warning("operator %r got a late record (beyond the allowed lateness) and has no "
-                        "side output: add .side_output_late_data(sink) or use late_data() to "
-                        "receive late records; counting them in late_records", self.name)
-        self.late_records += 1
-
-    def process_watermark(self, timestamp: float) -> list[Any]:
-        try:
-            return self.timers.advance_watermark(timestamp)
-        except Exception as exc:
-            if isinstance(exc, AssertionError):
-                raise
-            raise self.fail(f"watermark {timestamp}", exc) from exc
-
-    def snapshot_state(self, checkpoint_id: int) -> None:
-        snapshot_watermark(self, self.timers.watermark)
-
-    def close(self) -> None:
-        if hasattr(self, "timers"):
-            self.timers.close()
-        super().close()
+        self._count_late(
+            "operator %r got a late record (beyond the allowed lateness) and has no side "
+            "output: add .side_output_late_data(sink) or use late_data() to receive late "
+            "records; counting them in late_records", self.name)
 
 
 class _WindowContext:

@@ -26,10 +26,9 @@ from typing import TYPE_CHECKING, Any, cast
 from ...state.api import MapState
 from ...state.descriptors import MapStateDescriptor
 from ...time.clock import ProcessingClock
-from ...time.timers import InternalTimerService
 from ...two_input_functions import JoinContext, ProcessJoinFunction
 from .base import GENERATOR, checked_outputs, instance_copy
-from .process import restore_watermark, snapshot_watermark
+from .event_time import EventTimeOperator
 from .two_input import TwoInputOperator
 
 if TYPE_CHECKING:
@@ -86,33 +85,18 @@ def unwrap_late_join_input(record: Any) -> tuple[Any, ...]:
     return (record,) if type(record) is LateJoinInput else ()
 
 
-class _JoinBase(TwoInputOperator):
-    """Keys, timestamps, timers, restored event time and late records of a join."""
-
-    keyed = True
+class _JoinBase(TwoInputOperator, EventTimeOperator):
+    """Keys, timestamps and late records of a join, per input."""
 
     def __init__(self, name: str, uid: str, key_selectors: tuple[Callable[[Any], Any], ...],
                  timestamp_fns: tuple[Callable[[Any], float], ...], clock: ProcessingClock,
                  late_output: Callable[[], bool]) -> None:
-        super().__init__(name, uid, key_selectors[0])
+        super().__init__(name, uid, key_selectors[0], clock, late_output)
         self.key_selectors = key_selectors
         self.timestamp_fns = timestamp_fns
-        self.clock = clock
-        self.late_output = late_output
-        self.emit_late = False
-        self.late_records = 0
-        self.timers: InternalTimerService
 
     def open(self) -> None:
-        assert self.keyed_backend is not None
-        self.emit_late = self.late_output()
-        self.timers = InternalTimerService(self.keyed_backend, self.clock, self.mailbox,
-                                           self.on_event_time, lambda ts, ns: [])
-        self.timers.watermark = restore_watermark(self)
-        self.timers.restore()
-
-    def on_event_time(self, timestamp: float, namespace: Any) -> list[Any]:
-        raise NotImplementedError
+        self._open_timers()
 
     def add(self, record: Any, timestamp: float, side: int, out: list[Any]) -> None:
         """One record of input ``side`` with its key already current: join it or store
@@ -144,25 +128,9 @@ class _JoinBase(TwoInputOperator):
         if self.emit_late:
             out.append(LateJoinInput(side, record))
             return
-        if not self.late_records:
-            log.warning("join %r got a late %s record (behind the watermark) and has no late "
-                        "output: use late_data() to receive late records; counting them in "
-                        "late_records", self.name, side)
-        self.late_records += 1
-
-    def process_watermark(self, timestamp: float) -> list[Any]:
-        try:
-            return self.timers.advance_watermark(timestamp)
-        except Exception as exc:
-            raise self.fail(f"watermark {timestamp}", exc) from exc
-
-    def snapshot_state(self, checkpoint_id: int) -> None:
-        snapshot_watermark(self, self.timers.watermark)
-
-    def close(self) -> None:
-        if hasattr(self, "timers"):
-            self.timers.close()
-        super().close()
+        self._count_late("join %r got a late %s record (behind the watermark) and has no "
+                         "late output: use late_data() to receive late records; counting "
+                         "them in late_records", self.name, side)
 
 
 def _outputs(res: Any, method: str) -> Any:
