@@ -11,43 +11,55 @@ at any parallelism.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
+from ...functions import RuntimeContext
 from ...state.backend import KeyedStateBackend
 from ...state.broadcast_state import BroadcastStateStore
 from ...state.descriptors import MapStateDescriptor
 from ...time.clock import ProcessingClock
 from ...two_input_functions import BroadcastProcessFunction, BroadcastRuntimeContext
+from .base import StreamOperator
 from .process import ProcessOperator, TimedKeyedProcessOperator
 from .two_input import TwoInputOperator, call_per_record
 
 __all__ = ["BroadcastProcessOperator", "KeyedBroadcastProcessOperator"]
 
 
-class _BroadcastStates:
+class _BroadcastStates(StreamOperator):
     """The broadcast plumbing both operators share: two contexts (read-only for the
-    non-broadcast input and timers, writable for the broadcast input) over one store."""
+    non-broadcast input and timers, writable for the broadcast input) over one store,
+    declared at ``open`` (after a restore) and snapshotted with the operator."""
 
     descriptors: list[MapStateDescriptor]
     broadcast_store: BroadcastStateStore
     broadcast_ctx: BroadcastRuntimeContext
 
-    def _bind_contexts(self, op: Any, subtask: int, parallelism: int, max_parallelism: int,
-                       keyed_backend: KeyedStateBackend | None) -> None:
-        store = BroadcastStateStore(op.operator_state, subtask, parallelism)
+    def setup(self, subtask: int, parallelism: int, max_parallelism: int,
+              keyed_backend: KeyedStateBackend | None) -> None:
+        super().setup(subtask, parallelism, max_parallelism, keyed_backend)
+        store = BroadcastStateStore(self.operator_state, subtask, parallelism)
         self.broadcast_store = store
-        args = (op.name, op.uid, subtask, parallelism, max_parallelism, keyed_backend,
-                op.operator_state)
+        args = (self.name, self.uid, subtask, parallelism, max_parallelism, keyed_backend,
+                self.operator_state)
         read_only = BroadcastRuntimeContext(*args)
         read_only._bind_broadcast(store, writable=False)
         writable = BroadcastRuntimeContext(*args)
         writable._bind_broadcast(store, writable=True)
         writable.keyed_states = read_only.keyed_states
-        op.ctx = read_only
+        self.ctx = cast(RuntimeContext, read_only)  # what every operator's ctx is typed as
         self.broadcast_ctx = writable
 
+    def open(self) -> None:
+        self.broadcast_store.declare(self.descriptors)
+        super().open()
 
-class BroadcastProcessOperator(TwoInputOperator, ProcessOperator, _BroadcastStates):
+    def snapshot_state(self, checkpoint_id: int) -> Any:
+        self.broadcast_store.snapshot()
+        return super().snapshot_state(checkpoint_id)
+
+
+class BroadcastProcessOperator(_BroadcastStates, TwoInputOperator, ProcessOperator):
     """``stream.connect(broadcast_stream).process(BroadcastProcessFunction)``.
 
     Args:
@@ -61,15 +73,6 @@ class BroadcastProcessOperator(TwoInputOperator, ProcessOperator, _BroadcastStat
         ProcessOperator.__init__(self, name, uid, fn)  # type: ignore[arg-type]
         self.descriptors = descriptors
 
-    def setup(self, subtask: int, parallelism: int, max_parallelism: int,
-              keyed_backend: KeyedStateBackend | None) -> None:
-        super().setup(subtask, parallelism, max_parallelism, keyed_backend)
-        self._bind_contexts(self, subtask, parallelism, max_parallelism, keyed_backend)
-
-    def open(self) -> None:
-        self.broadcast_store.declare(self.descriptors)
-        super().open()
-
     def process_batch(self, batch: list[Any]) -> list[Any]:
         return call_per_record(self, self.fn.process_element, batch, self.ctx,
                                "process_element", 0)
@@ -78,12 +81,9 @@ class BroadcastProcessOperator(TwoInputOperator, ProcessOperator, _BroadcastStat
         return call_per_record(self, self.fn.process_broadcast_element, batch,
                                self.broadcast_ctx, "process_broadcast_element", 1)
 
-    def snapshot_state(self, checkpoint_id: int) -> None:
-        self.broadcast_store.snapshot()
 
-
-class KeyedBroadcastProcessOperator(TwoInputOperator, TimedKeyedProcessOperator,
-                                    _BroadcastStates):
+class KeyedBroadcastProcessOperator(_BroadcastStates, TwoInputOperator,
+                                    TimedKeyedProcessOperator):
     """``keyed.connect(broadcast_stream).process(KeyedBroadcastProcessFunction)``: keyed
     state and timers for the keyed input, broadcast state for both.
 
@@ -102,15 +102,6 @@ class KeyedBroadcastProcessOperator(TwoInputOperator, TimedKeyedProcessOperator,
                                            key_selector, clock)
         self.descriptors = descriptors
 
-    def setup(self, subtask: int, parallelism: int, max_parallelism: int,
-              keyed_backend: KeyedStateBackend | None) -> None:
-        super().setup(subtask, parallelism, max_parallelism, keyed_backend)
-        self._bind_contexts(self, subtask, parallelism, max_parallelism, keyed_backend)
-
-    def open(self) -> None:
-        self.broadcast_store.declare(self.descriptors)
-        super().open()
-
     def process_batch(self, batch: list[Any]) -> list[Any]:
         return call_per_record(self, self.fn.process_element, batch, self.ctx,
                                "process_element", 0, self.key_selector)
@@ -118,7 +109,3 @@ class KeyedBroadcastProcessOperator(TwoInputOperator, TimedKeyedProcessOperator,
     def process_batch2(self, batch: list[Any]) -> list[Any]:
         return call_per_record(self, self.fn.process_broadcast_element, batch,
                                self.broadcast_ctx, "process_broadcast_element", 1)
-
-    def snapshot_state(self, checkpoint_id: int) -> None:
-        self.broadcast_store.snapshot()
-        super().snapshot_state(checkpoint_id)
