@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import collections
+import importlib.util
 import random
+import sys
 from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -95,3 +99,21 @@ def truth(words: list[str]) -> dict[str, int]:
 
 
 from tests.kafka_cluster import kafka_cluster  # noqa: E402, F401 - the Kafka tests' fixture
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def load_example(name: str) -> ModuleType:
+    """Import ``examples/<name>.py`` (once per process; registered under ``name`` so that
+    pickled objects of its classes can be loaded again, and with ``examples/`` on the path
+    for the examples' imports of each other)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

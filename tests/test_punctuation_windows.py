@@ -5,9 +5,7 @@ equal a plain Python loop over the file, also exactly once across crashes."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import random
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +14,10 @@ import pytest
 from reactive import CheckpointConfig, RestartStrategy
 from reactive.connectors.collections import ListSink
 
+from .conftest import load_example
 from .test_windows import GatedInjector, TxnListSink
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def load(name: str) -> Any:
-    sys.path.insert(0, str(EXAMPLES))
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-example = load("punctuation_windows")
+example = load_example("punctuation_windows")
 
 
 @pytest.fixture(scope="module")
