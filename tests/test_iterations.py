@@ -7,7 +7,6 @@ deadlock at channel capacity 1."""
 from __future__ import annotations
 
 import collections
-import json
 import pickle
 import random
 import signal
@@ -34,6 +33,7 @@ from reactive.testing import TestingSource
 from .conftest import checkpoint_state
 from .pipelines import components_job
 from .pipelines.components_job import build, random_graph
+from .test_committing_file_sink import committed_records
 
 nx = pytest.importorskip("networkx")
 
@@ -52,13 +52,6 @@ def final_labels(updates: Any) -> dict[int, int]:
     for v, label in updates:
         out[v] = min(label, out.get(v, label))
     return out
-
-
-def committed_updates(directory: Path) -> collections.Counter[tuple[int, int]]:
-    rows: collections.Counter[tuple[int, int]] = collections.Counter()
-    for part in sorted(directory.glob("part-*.jsonl")):
-        rows.update(tuple(json.loads(line)) for line in part.read_text().splitlines())
-    return rows
 
 
 @pytest.mark.parametrize(("parallelism", "capacity"), [(1, 8), (2, 8), (3, 1)])
@@ -133,7 +126,7 @@ async def test_a_countdown_loop_is_exact_through_failures_with_checkpoints_every
                          restart=RestartStrategy.fixed(5, 0.0))
     assert job.metrics.restarts == Countdown.failures >= 2
     assert len(job.metrics.restored_checkpoints) == Countdown.failures
-    assert committed_updates(tmp_path / "out") == collections.Counter(
+    assert committed_records(tmp_path / "out") == collections.Counter(
         (k, i) for k, n in starts.items() for i in range(n + 1))
     assert checkpoint_state(tmp_path / "chk", "countdown", "steps", "steps") == {
         k: n + 1 for k, n in starts.items()}
@@ -173,35 +166,37 @@ async def test_a_checkpoint_holds_the_records_in_the_loop_and_restores_at_anothe
 
 
 def _run_until_done(out: Path, chk: Path, seed: int, interval: float) -> int:
-    """Run the job's process, kill -9 it at seeded random moments, resume until it ends;
-    returns the number of kills."""
+    """Run the job's process, let it SIGKILL itself at seeded loop steps (three times),
+    resume until it ends; returns the number of kills."""
     rnd = random.Random(seed)
+    edges = components_job.kill_test_graph(seed, KILL_TEST_VERTICES)
+    inputs = len(components_job.loop_input(edges))
+    # the first crash while labels circulate (after the input, whose labels come last, has
+    # been read); the next ones early in the resumed runs
+    kill_points = [rnd.randrange(inputs, inputs + 40_000),
+                   rnd.randrange(1_000, 40_000), rnd.randrange(1_000, 40_000)]
     kills = 0
-    cmd = [sys.executable, str(JOB), str(out), str(chk), "2", str(interval), str(seed),
-           str(KILL_TEST_VERTICES)]
     while True:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            # the kill point: a random moment of the run (the loop is busy most of it)
-            proc.wait(timeout=rnd.uniform(2.0, 4.0) if kills < 3 else 300)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+        kill_at = kill_points[kills] if kills < len(kill_points) else 0
+        proc = subprocess.run(
+            [sys.executable, str(JOB), str(out), str(chk), "2", str(interval), str(seed),
+             str(KILL_TEST_VERTICES), str(kill_at)],
+            cwd=ROOT, capture_output=True, timeout=300)
+        if proc.returncode == -signal.SIGKILL:
             kills += 1
             continue
-        _, err = proc.communicate()
-        assert proc.returncode == 0, err.decode()[-3000:]
+        assert proc.returncode == 0, proc.stderr.decode()[-3000:]
         return kills
 
 
 @pytest.mark.parametrize("seed", [0])
 def test_components_are_exact_through_kill_9(tmp_path, seed):
     kills = _run_until_done(tmp_path / "out", tmp_path / "chk", seed, 0.01)
-    updates = committed_updates(tmp_path / "out")
+    updates = committed_records(tmp_path / "out")
     assert final_labels(updates) == networkx_labels(
         components_job.kill_test_graph(seed, KILL_TEST_VERTICES))
     assert max(updates.values()) == 1
-    assert kills >= 1
+    assert kills >= 1  # the first run reached its kill point: it crashed mid-loop
 
 
 @pytest.mark.slow
@@ -340,5 +335,5 @@ async def test_stop_with_savepoint_keeps_the_loop_and_resumes_it_at_another_para
     second = _countdown_flow(TestingSource(items), CommittingFileSink(tmp_path / "out"), 3)
     await second.run(checkpoints=CheckpointConfig(interval=None, directory=tmp_path / "chk2"),
                      restore_from=savepoint.path)
-    assert committed_updates(tmp_path / "out") == collections.Counter(
+    assert committed_records(tmp_path / "out") == collections.Counter(
         (k, i) for k, n in starts.items() for i in range(n + 1))

@@ -1,12 +1,15 @@
 """Connected components by label propagation in a loop (``Stream.iterate``), for the
 iteration tests: run in-process with :func:`build`, or as a process that the tests kill
-(``python components_job.py OUT CHECKPOINTS PARALLELISM INTERVAL SEED VERTICES``), resuming from its
+(``python components_job.py OUT CHECKPOINTS PARALLELISM INTERVAL SEED VERTICES KILL_AT``:
+the process kills itself with SIGKILL at its KILL_AT-th loop step, 0 for never), resuming from its
 latest checkpoint, with its label updates in a committing file sink (exactly once)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -75,14 +78,31 @@ class SmallestLabel(KeyedProcessFunction):
                 yield ("feedback", n, value)
 
 
+class KillAtStep(SmallestLabel):
+    """:class:`SmallestLabel` that SIGKILLs its own process at the process's ``kill_at``-th
+    loop step (counted over all instances): a crash at a seeded point of the computation,
+    whatever the machine's speed."""
+
+    kill_at = 0
+    steps = 0
+
+    def process_element(self, record: tuple[str, int, int], ctx: Any) -> Iterable[Any]:
+        KillAtStep.steps += 1
+        if KillAtStep.steps == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().process_element(record, ctx)
+
+
 def build(edges: list[tuple[int, int]], sink: Sink, parallelism: int = 2,
-          channel_capacity: int = 8, batch_size: int = 64) -> Dataflow:
+          channel_capacity: int = 8, batch_size: int = 64,
+          labels: KeyedProcessFunction | None = None) -> Dataflow:
     """The dataflow: input -> loop(key by vertex -> SmallestLabel) -> label updates."""
     flow = Dataflow("components", parallelism=parallelism, batch_size=batch_size,
                     channel_capacity=channel_capacity)
 
     def step(records: Any) -> tuple[Any, Any]:
-        labelled = records.key_by(lambda r: r[1]).process(SmallestLabel()).uid("labels")
+        labelled = (records.key_by(lambda r: r[1])
+                    .process(labels or SmallestLabel()).uid("labels"))
         feedback = labelled.filter(lambda r: r[0] == "feedback").map(
             lambda r: ("label", r[1], r[2]))
         updates = labelled.filter(lambda r: r[0] == "update").map(lambda r: [r[1], r[2]])
@@ -100,14 +120,17 @@ def kill_test_graph(seed: int, vertices: int) -> list[tuple[int, int]]:
 
 
 async def _main(out: Path, checkpoints: Path, parallelism: int, interval: float,
-                seed: int, vertices: int) -> None:
+                seed: int, vertices: int, kill_at: int) -> None:
     from reactive.connectors.files import CommittingFileSink
 
-    flow = build(kill_test_graph(seed, vertices), CommittingFileSink(out), parallelism)
+    KillAtStep.kill_at = kill_at
+    flow = build(kill_test_graph(seed, vertices), CommittingFileSink(out), parallelism,
+                 labels=KillAtStep())
     await flow.run(checkpoints=CheckpointConfig(interval=interval, directory=checkpoints),
                    resume=True, restart=RestartStrategy.fixed(0, 0.0))
 
 
 if __name__ == "__main__":
     asyncio.run(_main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]),
-                      float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])))
+                      float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]),
+                      int(sys.argv[7])))
