@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from reactive import CheckpointConfig, ConfigurationError, Dataflow, RestartStrategy
@@ -22,8 +23,6 @@ from reactive.windowing import EventTimeSessionWindows, TumblingEventTimeWindows
 
 from .conftest import EXAMPLES, checkpoint_state, load_example
 from .test_committing_file_sink import committed_records
-
-pd = pytest.importorskip("pandas")
 
 HOUR = 3600.0
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
 import pytest
 
 from reactive import (
@@ -34,8 +35,6 @@ from .conftest import checkpoint_state
 from .pipelines import components_job
 from .pipelines.components_job import build, random_graph
 from .test_committing_file_sink import committed_records
-
-nx = pytest.importorskip("networkx")
 
 JOB = Path(components_job.__file__)
 KILL_TEST_VERTICES = 20_000

@@ -37,8 +37,6 @@ from reactive.connectors.spark import (
 
 from .conftest import Count
 
-pytest.importorskip("pyspark")
-
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
