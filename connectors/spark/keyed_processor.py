@@ -28,6 +28,7 @@ from pyspark.sql.streaming.stateful_processor import (
 
 from reactive.key_encoding import decode_key
 from reactive.runtime.operators import StreamOperator, TimedKeyedProcessOperator
+from reactive.runtime.operators.event_time import EventTimeOperator
 from reactive.runtime.operators.process import ProcessOperator
 from reactive.time.timers import TimerService
 
@@ -72,15 +73,15 @@ class KeyedOperatorProcessor(StatefulProcessor):
                 handle, op.clock, op._fire)
             op.ctx._timer_service = TimerService(op.timers)
             ProcessOperator.open(op)  # its own open() would start the embedded timers
-        elif hasattr(op, "_open_timers"):
-            def open_timers() -> None:
-                op.emit_late = op.late_side_output()  # type: ignore[attr-defined]
-                window_op: Any = op
-                self.timers = SparkTimerService(handle, window_op.clock,
-                                                window_op.on_event_time)
-                op.timers = self.timers  # type: ignore[attr-defined]
+        elif isinstance(op, EventTimeOperator):
+            event_op = op
 
-            op._open_timers = open_timers
+            def open_timers() -> None:
+                event_op.emit_late = event_op.late_output()
+                self.timers = SparkTimerService(handle, event_op.clock, event_op.on_event_time)
+                event_op.timers = self.timers  # type: ignore[assignment]
+
+            op._open_timers = open_timers  # type: ignore[method-assign]
             op.open()
         else:
             self.timers = None  # type: ignore[assignment]

@@ -30,6 +30,7 @@ from typing import Any
 
 from reactive.graph import LogicalGraph, Transformation
 from reactive.runtime import operators as ops
+from reactive.runtime.operators.event_time import EventTimeOperator
 from reactive.serialization import Serializer
 
 from .errors import TranslationError
@@ -253,11 +254,10 @@ def _needs_event_time(step: KeyedStep) -> bool:
 def _keyed_step(flow: LogicalGraph, t: Transformation, op: ops.StreamOperator) -> KeyedStep:
     edge = t.inputs[0]
     assert edge.key_selector is not None
-    late = getattr(op, "late_side_output", None)
-    if late is not None:
+    if isinstance(op, EventTimeOperator):
         # the callable reaches the whole fluent API (and every source and sink) through its
         # closure; what it answers is fixed once the program is built
-        op.late_side_output = _Constant(bool(late()))  # type: ignore[attr-defined]
+        op.late_output = _Constant(bool(op.late_output()))
     return KeyedStep(t.name, t.resolved_uid, t.kind, op, edge.key_selector,
                      edge.key_serializer, flow.max_parallelism)
 
