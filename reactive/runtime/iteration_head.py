@@ -55,7 +55,7 @@ from .events import (
 )
 from .operators import maybe_await
 from .operators.iteration import IterationHeadOperator
-from .task import StreamTask
+from .task import TIME_SLICE, StreamTask
 
 __all__ = ["IterationHeadTask", "LoopQuiescence"]
 
@@ -151,7 +151,7 @@ class IterationHeadTask(StreamTask):
         while live or feedback_open:
             if gate.is_idle():
                 await self._flush()
-                last_flush = time.monotonic()
+                last_flush = self._last_yield = time.monotonic()
             idx, item = await gate.get()
             if idx < 0:
                 await maybe_await(item())
@@ -171,6 +171,8 @@ class IterationHeadTask(StreamTask):
                 if now - last_flush >= timeout:
                     await self._flush()
                     last_flush = now
+                if now - self._last_yield >= TIME_SLICE:
+                    await self.share_loop()
             elif idx == feedback:
                 if isinstance(item, CheckpointBarrier):
                     await self._barrier_returned(item)

@@ -1,0 +1,75 @@
+"""A job with a steady backlog shares the event loop with the application around it.
+
+A task whose input channels never run dry used to process everything queued (up to the
+channel capacity times the batch size) before the loop could run anything else; it now
+yields after each time slice (``reactive.runtime.task.TIME_SLICE``). The test needs no clock
+assertion: each record burns more CPU than a slice divided by the batch size, so every batch
+uses up a slice, and the application must get a turn between any two batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from reactive import Dataflow, KeyedProcessFunction
+from reactive.connectors.collections import ListSink
+from reactive.runtime.task import TIME_SLICE
+
+BATCH = 4
+
+
+class Ticks:
+    """Records the keyed operator processed since the application last ran."""
+
+    def __init__(self) -> None:
+        self.since_tick = 0
+        self.most_between_ticks = 0
+        self.ticks = 0
+
+
+#: module level: the job runs a copy of each user function, so it cannot hold the counter
+TICKS = Ticks()
+
+
+class Busy(KeyedProcessFunction):
+    """CPU work of more than a time slice per batch (a user function that computes)."""
+
+    def process_element(self, value: int, ctx: Any) -> list[int]:
+        end = time.perf_counter() + 1.5 * TIME_SLICE / BATCH
+        while time.perf_counter() < end:
+            pass
+        t = TICKS
+        t.since_tick += 1
+        t.most_between_ticks = max(t.most_between_ticks, t.since_tick)
+        return [value]
+
+
+async def test_the_application_runs_between_any_two_batches_of_a_backlogged_task() -> None:
+    ticks = TICKS
+    flow = Dataflow("busy", parallelism=1, batch_size=BATCH)
+    sink = ListSink()
+    # four source tasks each queue a batch for the keyed task per round of the loop: a
+    # backlog the keyed task never fully drains while the sources run
+    sources = [flow.from_collection(list(range(i, 200, 4))) for i in range(4)]
+    (sources[0].union(*sources[1:])
+         .key_by(lambda v: v % 7).process(Busy()).uid("busy").sink(sink))
+    done = False
+
+    async def application() -> None:
+        while not done:
+            await asyncio.sleep(0)
+            ticks.ticks += 1
+            ticks.since_tick = 0
+
+    app = asyncio.create_task(application())
+    try:
+        await flow.run()
+    finally:
+        done = True
+        await app
+    assert sorted(sink.records) == list(range(200))
+    # before the time slice, the keyed task drained its whole queue (one batch per source)
+    # in one go
+    assert ticks.most_between_ticks <= BATCH, ticks.most_between_ticks
