@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from reactive import KeyedProcessFunction, ValueStateDescriptor
+from reactive.testing import TestingSource
 
 
 class Count(KeyedProcessFunction):
@@ -43,6 +44,24 @@ class FailureInjector:
             self.fail_at.pop(0)
             self.failures += 1
             raise RuntimeError(f"injected failure #{self.failures} at record {self.seen}")
+
+
+def paced(items: Iterable[Any], every: int) -> TestingSource:
+    """A :class:`TestingSource` over ``items`` that waits for a completed checkpoint every
+    ``every`` records (:data:`TestingSource.CHECKPOINT` markers).
+
+    Failure-injection tests need checkpoints to complete *between* their injected failures.
+    With a plain collection source that depended on how long checkpoints took compared with
+    how fast the records flowed (a job could fail at record 150,000 before its first
+    checkpoint completed, then find nothing to restore); pacing the source by completed
+    checkpoints makes it hold on any machine.
+    """
+    out: list[Any] = []
+    for i, item in enumerate(items):
+        if i and i % every == 0:
+            out.append(TestingSource.CHECKPOINT)
+        out.append(item)
+    return TestingSource(out)
 
 
 def failing_count(injector: FailureInjector) -> KeyedProcessFunction:

@@ -18,7 +18,7 @@ from reactive.checkpoint.history_plot import (
 from reactive.checkpoint.metadata import read_metadata
 from reactive.cli import main
 from reactive.connectors.collections import DiscardingSink
-from tests.conftest import Count
+from tests.conftest import Count, paced
 
 pytest.importorskip("matplotlib")
 
@@ -52,7 +52,8 @@ def checkpoint_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A checkpoint root with one job that completed several checkpoints (keeps 5)."""
     root = tmp_path_factory.mktemp("plot") / "chk"
     flow = Dataflow("plot-job", parallelism=2)
-    (flow.from_collection([f"k{i % 37}" for i in range(100_000)]).uid("src")
+    # paced: a checkpoint completes every 10,000 records, on any machine
+    (flow.source(paced([f"k{i % 37}" for i in range(100_000)], every=10_000)).uid("src")
          .key_by(lambda k: k).process(Count()).uid("count").sink(DiscardingSink()))
     job = flow.execute(checkpoints=CheckpointConfig(interval=0.01, directory=root,
                                                     retained=5))

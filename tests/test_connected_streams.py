@@ -175,7 +175,12 @@ async def test_alignment_keeps_each_input_exactly_before_its_barrier(tmp_path):
     batch): every checkpoint's per-input counts equal the two sources' positions."""
     flow = Dataflow("aligned", batch_size=256, channel_capacity=2)
     fast = flow.source(TestingSource(range(200_000)), uid="fast")
-    slow = flow.source(TestingSource(range(3_000), batch_size=1), uid="slow")
+    # the slow input waits for a completed checkpoint every 400 records: several complete
+    # whatever the machine's speed
+    trickle: list[object] = []
+    for i in range(3_000):
+        trickle += [TestingSource.CHECKPOINT, i] if i and i % 400 == 0 else [i]
+    slow = flow.source(TestingSource(trickle, batch_size=1), uid="slow")
     fast.connect(slow).process(SideCounter()).uid("sides").sink(ListSink())
     await flow.run(checkpoints=CheckpointConfig(interval=0.002, directory=tmp_path,
                                                 retained=1000))
@@ -185,7 +190,9 @@ async def test_alignment_keeps_each_input_exactly_before_its_barrier(tmp_path):
     for chk in completed:
         counts = _operator_state(chk, "sides", "per-side", [0, 0])
         fast_pos = _operator_state(chk, "fast", "source-position", [0])[0]
-        slow_pos = _operator_state(chk, "slow", "source-position", [0])[0]
+        slow_index = _operator_state(chk, "slow", "source-position", [0])[0]
+        # the position is an index into the items, markers included
+        slow_pos = sum(1 for x in trickle[:slow_index] if x is not TestingSource.CHECKPOINT)
         assert counts == [fast_pos, slow_pos], f"checkpoint {chk.checkpoint_id}"
         ahead += fast_pos > 10 * slow_pos
     assert ahead  # some checkpoint was taken with the fast input far ahead

@@ -10,7 +10,13 @@ import pytest
 from reactive import CheckpointConfig, Dataflow, RestartStrategy
 from reactive.connectors.collections import ListSink
 
-from .conftest import FailureInjector, checkpoint_state, failing_count, final_counts
+from .conftest import (
+    FailureInjector,
+    checkpoint_state,
+    failing_count,
+    final_counts,
+    paced,
+)
 
 
 def _run_counting(words: list[str], tmp_path: Path, mode: str, seed: int):
@@ -20,12 +26,12 @@ def _run_counting(words: list[str], tmp_path: Path, mode: str, seed: int):
                                for k in rnd.sample(range(1, len(words) // 20_000), 4))
     sink = ListSink()
     flow = Dataflow("count", parallelism=2, max_parallelism=128, batch_size=256)
-    (flow.from_collection(words).uid("words")
+    (flow.source(paced(words, every=10_000)).uid("words")
          .key_by(lambda w: w)
          .process(failing_count(injector)).uid("count")
          .sink(sink))
-    # checkpoints every 10 ms: several complete between two injected failures, so recovery
-    # restores real checkpoints (an attempt now fails within ~100 ms)
+    # the source waits for a completed checkpoint every 10,000 records: checkpoints complete
+    # between two injected failures whatever the machine, so recovery restores real ones
     return flow, sink, injector, CheckpointConfig(interval=0.01, directory=tmp_path, mode=mode)
 
 

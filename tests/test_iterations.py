@@ -146,9 +146,14 @@ def _back_edge_log(chk: Any, uid: str | None = None) -> list[Any]:
 async def test_a_checkpoint_holds_the_records_in_the_loop_and_restores_at_another_parallelism(
         tmp_path):
     edges = random_graph(seed=3)
-    flow = build(edges, ListSink(), parallelism=2, batch_size=8, channel_capacity=1)
+    # the source waits for a completed checkpoint every 40 labels: checkpoints are taken
+    # while the labels read so far circulate, whatever the machine's speed
+    flow = build(edges, ListSink(), parallelism=2, batch_size=8, channel_capacity=8,
+                 checkpoint_every_labels=40)
+    # several checkpoints in flight: a barrier enters the loop every 2 ms even while earlier
+    # checkpoints still write their files
     await flow.run(checkpoints=CheckpointConfig(interval=0.002, directory=tmp_path,
-                                                retained=1000))
+                                                retained=1000, max_concurrent=8))
     completed = CheckpointStorage(tmp_path, "components").completed()
     logged = [c for c in completed if _back_edge_log(c)]
     # barriers went around the loop while labels circulated: those checkpoints logged them

@@ -24,7 +24,7 @@ from reactive.checkpoint.savepoints import export_savepoint
 from reactive.connectors.files import CommittingFileSink
 from reactive.errors import JobFailedError, RestoreError
 from reactive.sources import Source, SourceReader
-from tests.conftest import Count, FailureInjector, failing_count
+from tests.conftest import Count, FailureInjector, failing_count, paced
 
 JOB = "lineage"
 
@@ -40,7 +40,8 @@ def committed(out: Path) -> list[Any]:
 def counts_flow(words: list[str], out: Path, parallelism: int = 2,
                 fn: Any = None) -> Dataflow:
     flow = Dataflow(JOB, parallelism=parallelism, batch_size=64)
-    (flow.from_collection(words).uid("words")
+    # paced by completed checkpoints: several complete before any injected failure
+    (flow.source(paced(words, every=3_000)).uid("words")
          .key_by(lambda w: w)
          .process(fn or Count()).uid("count")
          .sink(CommittingFileSink(out, format="jsonl")).uid("files"))

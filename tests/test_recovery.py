@@ -18,12 +18,21 @@ from reactive import (
 )
 from reactive.connectors.collections import ListSink
 
-from .conftest import Count, FailureInjector, checkpoint_state, failing_count, final_counts
+from .conftest import (
+    Count,
+    FailureInjector,
+    checkpoint_state,
+    failing_count,
+    final_counts,
+    paced,
+)
 
 
 def _flow(words, fn, sink, name="resume"):
     flow = Dataflow(name, parallelism=2, batch_size=128)
-    flow.from_collection(words).uid("src").key_by(lambda w: w).process(fn).uid("count").sink(sink)
+    # paced by completed checkpoints: several complete before any injected failure
+    (flow.source(paced(words, every=10_000)).uid("src")
+         .key_by(lambda w: w).process(fn).uid("count").sink(sink))
     return flow
 
 

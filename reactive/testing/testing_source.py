@@ -13,6 +13,12 @@ may stand among them:
   reads the same items again and skips the marker, so a test sees one injected failure and
   can check that the results are exactly once.
 
+- :data:`TestingSource.CHECKPOINT` holds the stream there until a checkpoint completes
+  after the reader reached the marker (the task keeps serving barriers meanwhile), then
+  goes on. A test that injects failures places it before them, so that checkpoints complete
+  between the failures on any machine instead of depending on how long checkpoints take
+  compared with how fast records flow.
+
 The position (the index of the next item) is operator state, so a restore, a resume or a
 restore at another parallelism replays exactly from the checkpoint. The source is not
 parallel (``max_source_parallelism = 1``).
@@ -25,7 +31,7 @@ from typing import Any, Final
 
 from ..sources import Source, SourceReader
 
-__all__ = ["ABORT", "EOF", "AbortExecution", "TestingSource"]
+__all__ = ["ABORT", "CHECKPOINT", "EOF", "AbortExecution", "TestingSource"]
 
 
 class _Marker:
@@ -49,6 +55,8 @@ EOF: Final = _Marker("EOF")
 
 ABORT: Final = _Marker("ABORT")
 """Fails the job at this point once per process (see :class:`TestingSource`)."""
+CHECKPOINT: Final = _Marker("CHECKPOINT")
+"""Waits at this point for a checkpoint to complete (see :class:`TestingSource`)."""
 
 
 class AbortExecution(RuntimeError):
@@ -64,14 +72,16 @@ class TestingSource(Source):
     """A non-parallel source over a list of records, ``EOF`` and ``ABORT`` markers.
 
     Args:
-        items (Iterable[Any]): the records, with :data:`TestingSource.EOF` and
-            :data:`TestingSource.ABORT` markers among them (materialized once).
+        items (Iterable[Any]): the records, with :data:`TestingSource.EOF`,
+            :data:`TestingSource.ABORT` and :data:`TestingSource.CHECKPOINT` markers among
+            them (materialized once).
         batch_size (int | None): the most records per batch (None: as many as the task asks
             for). Small batches give checkpoints more places to fall between records.
 
     Attributes:
         EOF: the end-of-stream marker.
         ABORT: the failure marker.
+        CHECKPOINT: the wait-for-a-completed-checkpoint marker.
         items (list[Any]): the records and markers.
         aborts_raised (int): how many ``ABORT`` markers raised so far (each raises once).
 
@@ -83,6 +93,7 @@ class TestingSource(Source):
 
     EOF: Final = EOF
     ABORT: Final = ABORT
+    CHECKPOINT: Final = CHECKPOINT
     max_source_parallelism = 1
 
     def __init__(self, items: Iterable[Any], batch_size: int | None = None) -> None:
@@ -112,6 +123,8 @@ class _TestingSourceReader(SourceReader):
     def __init__(self, source: TestingSource) -> None:
         self.source = source
         self.position = 0
+        self.completed = 0  # checkpoints completed since the reader started
+        self._waiting_from: int | None = None  # ``completed`` when a CHECKPOINT wait began
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
         source = self.source
@@ -135,6 +148,16 @@ class _TestingSourceReader(SourceReader):
                 source._raised.add(self.position)
                 source.aborts_raised += 1
                 raise AbortExecution(f"TestingSource.ABORT at index {self.position}")
+            if item is CHECKPOINT:
+                if batch:
+                    return batch
+                if self._waiting_from is None:
+                    self._waiting_from = self.completed
+                if self.completed == self._waiting_from:
+                    return []  # the task serves barriers and notifications meanwhile
+                self._waiting_from = None
+                self.position += 1
+                continue
             batch.append(item)
             self.position += 1
         if not batch and self.position >= len(items):
@@ -146,6 +169,9 @@ class _TestingSourceReader(SourceReader):
 
     def restore_state(self, entries: list[Any]) -> None:
         self.position = int(entries[0])
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.completed += 1
 
     def describe_position(self) -> Any:
         return f"index {self.position}"
