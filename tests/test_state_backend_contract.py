@@ -16,6 +16,13 @@ class TestHeapStateBackend(StateBackendContract):
         return HeapStateBackend()
 
 
+class TestHeapIncrementalStateBackend(StateBackendContract):
+    """Snapshots chain deltas onto the last completed checkpoint's files (heap-v2)."""
+
+    def create_state_backend(self, tmp_path: Path) -> StateBackend:
+        return HeapStateBackend(incremental=True)
+
+
 class TestRocksDBFullSnapshots(StateBackendContract):
     def create_state_backend(self, tmp_path: Path) -> StateBackend:
         return RocksDBStateBackend(path=tmp_path / "state", incremental=False)

@@ -1,12 +1,20 @@
 """The heap keyed state backend of one operator instance, and its factory.
 
 :class:`HeapKeyedStateBackend` keeps keyed state in Python dicts, one per (state, key group)
-(:mod:`.state`); it finds the current key's key group, takes copy-on-write snapshots
-(:mod:`.snapshot`) and restores the key groups of its range from any snapshot handle that a
-key-group reader is registered for: its own ``heap-v1`` files (:mod:`.format`), and those of
-other backends (RocksDB) through :func:`reactive.state.key_group_stream.read_key_groups`, so a
-job moves between backends through any completed checkpoint or savepoint, at any parallelism
-(rescaling, thesis section 4.2).
+(:mod:`.state`); it finds the current key's key group, takes snapshots with copy-on-write per
+key (:mod:`.snapshot`), full or incremental (:mod:`.changelog`), and restores the key groups
+of its range from any snapshot handle that a key-group reader is registered for: its own
+``heap-v1``/``heap-v2`` files (:mod:`.format`), and those of other backends (RocksDB) through
+:func:`reactive.state.key_group_stream.read_key_groups`, so a job moves between backends
+through any completed checkpoint or savepoint, at any parallelism (rescaling, thesis
+section 4.2).
+
+``set_current_key`` is the hottest function of the system: one dict hit in the key ->
+key-group-index memo. While a snapshot's asynchronous part runs, the backend's
+``set_current_key`` is an instance attribute bound to a watching variant that also reports
+the key to the snapshot (copy-on-write); the operators fetch ``backend.set_current_key`` per
+batch, and asynchronous parts only run between batches, so the normal path pays nothing. In
+incremental mode the memo doubles as the dirty set: each snapshot swaps in a fresh one.
 
 Keys are stored as the Python objects themselves; only their key group comes from their
 bytes (:mod:`reactive.key_encoding`, or the ``key_by`` key serializer), which handles record
@@ -21,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from reactive.errors import (
+    ConfigurationError,
     RestoreError,
     StateAccessError,
-    StateSerializationError,
     UnsupportedKeyError,
 )
 from reactive.key_encoding import (
@@ -49,13 +57,14 @@ from reactive.state.key_group_stream import (
     read_key_groups,
 )
 
-from .format import BACKEND, FORMAT, iter_heap_key_groups
-from .snapshot import HeapSnapshot, serialize_key_group
+from .changelog import ChangeLog, SnapshotPlan
+from .format import BACKEND, is_heap_handle, iter_heap_key_groups
+from .snapshot import HeapSnapshot
 from .state import Table, create_state, descriptor_serializer
 
 __all__ = ["HeapKeyedStateBackend", "HeapStateBackend"]
 
-_KEY_CACHE_SIZE = 200_000  # keys whose key group is memoized per instance
+_KEY_CACHE_SIZE = 200_000  # keys whose key group is memoized per memo generation
 
 
 class HeapKeyedStateBackend(KeyedStateBackend):
@@ -65,24 +74,38 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         key_group_range: the key groups this instance owns.
         max_parallelism: the job's number of key groups.
         operator_uid: the operator's uid, named in errors (None: unnamed).
+        incremental: checkpoints write only the keys changed since the last completed
+            checkpoint, under the job's ``shared/`` folder (else each checkpoint is one
+            self-contained file); savepoints are always self-contained.
+        max_deltas: incremental: deltas after which a key group is written in full again
+            (see :class:`~.changelog.ChangeLog`).
+        delta_ratio: incremental: delta bytes relative to a key group's full blob after which
+            it is written in full again.
     """
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, *,
-                 operator_uid: str | None = None) -> None:
+                 operator_uid: str | None = None, incremental: bool = False,
+                 max_deltas: int = 32, delta_ratio: float = 1.0) -> None:
         self.key_group_range = key_group_range
         self.max_parallelism = max_parallelism
         self.operator_uid = operator_uid
+        self.incremental = incremental
         self._key_serializer: Serializer | None = None
         self._encode_key: Callable[[Any], bytes] = encode_key
         self._start = key_group_range.start
         self._n = len(key_group_range)
-        # key -> index of its key group in this instance's range (bounded memo)
+        # key -> index of its key group in this instance's range (bounded memo); incremental:
+        # exactly the keys set current since the last snapshot (or roll of the memo)
         self._idx_cache: dict[Any, int] = {}
+        # the memo generation before (looked up on a miss before hashing the key)
+        self._prev_cache: dict[Any, int] = {}
         self._tables: dict[str, Table] = {}
         self.current_key: Any = None
         self._idx = self._n  # the _NoKey sentinel until a key is set
-        self._snapshots: list[HeapSnapshot] = []
-        self._pending: set[int] = set()
+        self._log = ChangeLog(self._n, self._start, max_deltas=max_deltas,
+                              delta_ratio=delta_ratio, dirty_limit=5 * _KEY_CACHE_SIZE)
+        # snapshots whose asynchronous part still needs to see the keys set current
+        self._watching: list[HeapSnapshot] = []
 
     # ------------------------------------------------------------------ keys
     def set_key_serializer(self, serializer: Serializer | None) -> None:
@@ -91,7 +114,10 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         state restored. None restores the canonical encoding."""
         self._key_serializer = serializer
         self._encode_key = encode_key if serializer is None else serializer.serialize
-        self._idx_cache.clear()
+        # new dicts, not cleared ones: snapshots may still read the old generations
+        self._idx_cache = {}
+        self._prev_cache = {}
+        self._log.reset()
 
     def set_current_key(self, key: Any) -> None:
         """Scope state calls to ``key``.
@@ -108,26 +134,49 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             raise unhashable_key_error(key, self.operator_uid) from None
         if idx is None:
             idx = self._index_of(key)
-        if self._pending and idx in self._pending:
-            self._capture(idx)
+        self.current_key = key
+        self._idx = idx
+
+    def _set_current_key_watching(self, key: Any) -> None:
+        """:meth:`set_current_key` while snapshots are being written: each snapshot that has
+        not written ``key``'s key group yet sees the key first (copy-on-write)."""
+        try:
+            idx = self._idx_cache.get(key)
+        except TypeError:
+            raise unhashable_key_error(key, self.operator_uid) from None
+        if idx is None:
+            idx = self._index_of(key)
+        for snap in self._watching:
+            if idx >= snap.next_idx:
+                snap.touch(key, idx)
         self.current_key = key
         self._idx = idx
 
     def _index_of(self, key: Any) -> int:
-        try:
-            data = self._encode_key(key)
-        except UnsupportedKeyError as exc:
-            raise exc.for_operator(self.operator_uid) from None
-        idx = key_group_of_bytes(data, self.max_parallelism) - self._start
-        if not 0 <= idx < self._n:
-            raise StateAccessError(
-                f"key {key!r} belongs to key group {idx + self._start}, outside this "
-                f"instance's range {self.key_group_range.to_list()}: is the key selector "
-                "deterministic?"
-            )
-        if len(self._idx_cache) >= _KEY_CACHE_SIZE:
-            self._idx_cache.clear()
-        self._idx_cache[key] = idx
+        """The memo miss: the key group index from the previous generation or the key's
+        bytes, then memoized (rolling a full memo into the changelog when incremental)."""
+        idx = self._prev_cache.get(key)
+        if idx is None:
+            try:
+                data = self._encode_key(key)
+            except UnsupportedKeyError as exc:
+                raise exc.for_operator(self.operator_uid) from None
+            idx = key_group_of_bytes(data, self.max_parallelism) - self._start
+            if not 0 <= idx < self._n:
+                raise StateAccessError(
+                    f"key {key!r} belongs to key group {idx + self._start}, outside this "
+                    f"instance's range {self.key_group_range.to_list()}: is the key selector "
+                    "deterministic?"
+                )
+        cache = self._idx_cache
+        if len(cache) >= _KEY_CACHE_SIZE:
+            if self.incremental:
+                self._log.roll(cache)  # its keys stay dirty
+                self._prev_cache = cache
+                cache = self._idx_cache = {}
+            else:
+                cache.clear()
+        cache[key] = idx
         return idx
 
     # ------------------------------------------------------------------ states
@@ -161,48 +210,47 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         return iter([k for d in table.maps[: self._n] for k in d])
 
     # ------------------------------------------------------------------ snapshots
-    def _capture(self, idx: int) -> None:
-        """Copy-on-write: serialize key group index ``idx`` for every snapshot that still
-        needs it, before the task changes it."""
-        blob: bytes | None = None
-        failure: StateSerializationError | None = None
-        done = False
-        for snap in self._snapshots:
-            if idx in snap.pending:
-                if not done:
-                    try:
-                        blob = serialize_key_group(self._tables, idx, snap.ctx.operator_uid)
-                    except StateSerializationError as exc:
-                        # copy-on-write runs on the data path: the snapshot fails, not the
-                        # record that touched the key group
-                        failure = exc
-                    done = True
-                snap.pending.discard(idx)
-                snap.blobs[idx] = blob
-                if failure is not None and snap.failure is None:
-                    snap.failure = failure
-        self._recompute_pending()
-
-    def _recompute_pending(self) -> None:
-        if len(self._snapshots) == 1:
-            self._pending = self._snapshots[0].pending
-        else:
-            self._pending = set().union(*(s.pending for s in self._snapshots))
-
     def snapshot(self, ctx: SnapshotContext) -> KeyedStateSnapshot:
-        tables = list(self._tables.values())
-        pending = {i for i in range(self._n) if any(t.maps[i] for t in tables)}
-        snap = HeapSnapshot(ctx, pending, tables=self._tables, start=self._start, n=self._n,
+        """Synchronous part: plan the snapshot in O(number of key groups) and start watching
+        the keys set current (see :mod:`.snapshot`).
+
+        Incremental checkpoints (not savepoints) close the dirty-key interval (a fresh memo)
+        and create the checkpoint's directory, which tells checkpoint storage a checkpoint is
+        in flight before any shared file of it exists (as RocksDB's snapshots do).
+        """
+        incremental = self.incremental and not ctx.savepoint
+        if incremental:
+            memo = self._idx_cache
+            self._prev_cache = memo
+            self._idx_cache = {}
+            if self._idx < self._n:
+                # the current key may still be changed without a set_current_key
+                self._idx_cache[self.current_key] = self._idx
+            plan = self._log.close(ctx.checkpoint_id, memo)
+            ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            plan = SnapshotPlan(None)
+        snap = HeapSnapshot(ctx, plan, tables=self._tables, start=self._start, n=self._n,
                             key_encoding=key_encoding_name(self._key_serializer),
-                            release=self._release)
-        self._snapshots.append(snap)
-        self._recompute_pending()
+                            incremental=incremental, release=self._release,
+                            on_written=self._log.written if incremental else None)
+        if self._idx < self._n:
+            snap.touch(self.current_key, self._idx)
+        self._watching.append(snap)
+        # shadows the class's method until the last watching snapshot is released
+        self.set_current_key = self._set_current_key_watching  # type: ignore[method-assign]
         return snap
 
     def _release(self, snap: HeapSnapshot) -> None:
-        if snap in self._snapshots:
-            self._snapshots.remove(snap)
-            self._recompute_pending()
+        if snap in self._watching:
+            self._watching.remove(snap)
+            if not self._watching:
+                del self.set_current_key
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: incremental snapshots build on it from now
+        on (never on one that was not confirmed)."""
+        self._log.complete(checkpoint_id)
 
     # ------------------------------------------------------------------ restore
     def restore(self, handles: list[dict[str, Any]], job_dir: Path) -> None:
@@ -216,10 +264,12 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         """
         ser = self._key_serializer
         decoder = decode_key if ser is None else ser.deserialize
+        # the next snapshot is written in full (the restored chains may live elsewhere)
+        self._log.reset()
         for handle in handles:
             check_key_encoding(handle, ser, self.operator_uid)
             backend = handle.get("backend")
-            if backend == BACKEND and handle.get("format") == FORMAT:
+            if is_heap_handle(handle):
                 stream = iter_heap_key_groups(handle, job_dir, self.key_group_range)
             elif backend != BACKEND and find_key_group_reader(str(backend)) is not None:
                 stream = read_key_groups(handle, job_dir, key_group_range=self.key_group_range,
@@ -246,21 +296,45 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                     table.maps[idx].update(d)
 
     def dispose(self) -> None:
-        for snap in list(self._snapshots):
+        for snap in list(self._watching):
             snap.discard()
         self._tables.clear()
 
 
 class HeapStateBackend(StateBackend):
-    """Keyed state in Python dicts; full asynchronous snapshots with copy-on-write (see
-    :mod:`reactive.backends.heap`).
+    """Keyed state in Python dicts; asynchronous snapshots with copy-on-write per key, full
+    or incremental (see :mod:`reactive.backends.heap`).
 
     State must fit in memory. Values returned by ``value()``/``get()`` are the stored
     objects: mutate them only through the state API (or after reading them in the same
     ``process_element`` call), never between records.
+
+    Args:
+        incremental: each checkpoint writes only the keys changed since the last completed
+            one (and tombstones for deleted keys), in files under the job's ``shared/``
+            folder that later checkpoints reference (like RocksDB's incremental
+            checkpoints: a checkpoint directory alone is then not self-contained; savepoints
+            always are). ``False`` (the default) writes every key group in each
+            checkpoint's own file.
+        max_deltas: incremental: a key group is written in full again after between
+            ``max_deltas / 2`` and ``max_deltas`` deltas (staggered per key group), which
+            bounds the chain a restore replays.
+        delta_ratio: incremental: ... or when its deltas' bytes exceed between half and all
+            of ``delta_ratio`` times its full blob's.
+
+    Raises:
+        ConfigurationError: if ``max_deltas < 1`` or ``delta_ratio <= 0``.
     """
 
     name = BACKEND
+
+    def __init__(self, incremental: bool = False, max_deltas: int = 32,
+                 delta_ratio: float = 1.0) -> None:
+        if max_deltas < 1 or not delta_ratio > 0:
+            raise ConfigurationError("max_deltas must be >= 1 and delta_ratio > 0")
+        self.incremental = incremental
+        self.max_deltas = max_deltas
+        self.delta_ratio = delta_ratio
 
     def create_keyed_backend(
         self,
@@ -271,4 +345,6 @@ class HeapStateBackend(StateBackend):
         key_group_range: KeyGroupRange,
         max_parallelism: int,
     ) -> KeyedStateBackend:
-        return HeapKeyedStateBackend(key_group_range, max_parallelism, operator_uid=operator_uid)
+        return HeapKeyedStateBackend(key_group_range, max_parallelism, operator_uid=operator_uid,
+                                     incremental=self.incremental, max_deltas=self.max_deltas,
+                                     delta_ratio=self.delta_ratio)

@@ -1,89 +1,178 @@
-"""The heap backend's full asynchronous snapshots with copy-on-write per key group.
+"""The heap backend's asynchronous snapshots with copy-on-write per key, full or incremental.
 
-- *synchronous part* (the backend's ``snapshot``): mark every non-empty key group of the
-  instance as pending for the snapshot -- O(number of key groups), independent of the state's
-  size;
-- *asynchronous part* (:meth:`HeapSnapshot.write`): serialize the pending key groups one at a
-  time (:func:`serialize_key_group`: pickle, C speed), yielding to the event loop between
-  them, and write them to one checksummed ``heap-v1`` file (:mod:`.format`);
-- *copy-on-write*: when the task touches a key group that is still pending, the backend
-  serializes it first (with :func:`serialize_key_group`) and hands the blob to the snapshot,
-  so the snapshot holds exactly the state as of the barrier, even if values are mutated in
-  place later.
+- *synchronous part* (the backend's ``snapshot``): O(number of key groups): plan which key
+  groups are written in full and which as deltas (:mod:`.changelog`), note the states that
+  exist, capture the current key;
+- *asynchronous part* (:meth:`HeapSnapshot.write`): serialize the key groups in ascending
+  order on the event loop thread, in pieces of about :data:`PIECE` seconds between which the
+  tasks run, and hand the bytes to a worker thread that writes, hashes and syncs them
+  (:mod:`.file_writer`). A full key group is copied (``dict(d)``, at C speed) and pickled in
+  chunks; a delta holds the current values of the keys changed since the base, and a
+  tombstone for those that have none (:mod:`.format`, ``heap-v2``);
+- *copy-on-write per key*: while the asynchronous part runs, the backend reports every key
+  set current (:meth:`HeapSnapshot.touch`); the first time a key whose key group is not
+  written yet is touched, the snapshot captures that key's values in every state (immutable
+  scalars by reference, anything else pickled, custom serializers' bytes), O(1) per touch.
+  The writer uses a captured value instead of the live one, so the snapshot holds exactly
+  the state as of the barrier, even though values are mutated in place later.
 
-Each key group is serialized once per snapshot, by whichever side reaches it first: the heap
-backend's analogue of Flink's copy-on-write state table (``CopyOnWriteStateTable``, thesis
-section 4.5.1).
+This is the per-entry analogue of Flink's ``CopyOnWriteStateTable`` (thesis section 4.5.1):
+the task never serializes a whole key group inline. A state mutation always follows a
+``set_current_key`` of its key, except for the key that is current at the barrier, which the
+synchronous part captures.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import os
 import pickle
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from reactive.errors import StateSerializationError
+from reactive.serialization import Serializer
 from reactive.state.backend import KeyedStateSnapshot, SnapshotContext
 
-from .format import encode_key_group, heap_handle
+from .changelog import Entry, GroupChain, SnapshotPlan
+from .file_writer import SnapshotFileWriter
+from .format import DELTA, FULL, encode_frame, heap_v2_handle
 from .state import Table, descriptor_serializer
 
-__all__ = ["HeapSnapshot", "serialize_key_group"]
+__all__ = ["PIECE", "Frozen", "HeapSnapshot", "capture_entries", "safe_name"]
 
-_YIELD_EVERY = 0.002  # seconds of serialization between two yields to the event loop
+#: seconds of serialization on the event loop between two yields to the tasks
+PIECE = 0.001
+_FLUSH = 1 << 20  # bytes buffered on the loop before they go to the writer thread
+_MIN_CHUNK, _MAX_CHUNK = 64, 1 << 16  # entries pickled in one piece (adapted to PIECE)
+# values that nothing can change in place: a capture keeps a reference
+_IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None), complex})
+_MISSING = object()
 
 
-def serialize_key_group(tables: Mapping[str, Table], idx: int, operator: str) -> bytes | None:
-    """Return the snapshot blob of key group index ``idx`` (None when it holds no state).
+class Frozen:
+    """A captured value that may be mutated in place later: its pickle."""
 
-    Args:
-        tables: the backend's states by name.
-        idx: the key group's index in the instance's range.
-        operator: the operator's uid, named in errors.
+    __slots__ = ("blob",)
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+
+
+def safe_name(uid: str) -> str:
+    """``uid`` as one path component (what is not alphanumeric or ``-_.`` becomes ``_``)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in uid)
+
+
+def _serializer(table: Table) -> Serializer | None:
+    """The serializer to apply to ``table``'s values (None: stored as they are)."""
+    return None if table.serialized else descriptor_serializer(table.descriptor)
+
+
+def _serialize(ser: Serializer, value: Any, operator: str, name: str, key: Any) -> bytes:
+    try:
+        return ser.serialize(value)
+    except Exception as exc:
+        raise StateSerializationError(operator, name, key, exc) from exc
+
+
+def capture_entries(tables: Iterable[tuple[str, Table]], idx: int, key: Any,
+                    operator: str) -> dict[str, Any]:
+    """Return ``key``'s values in key group index ``idx`` as they are now, safe from later
+    in-place changes: ``{state name: value}`` (custom serializer bytes for states with a
+    serializer, a :class:`Frozen` pickle for mutable values); states without the key are
+    left out.
 
     Raises:
-        StateSerializationError: if a value (or key) cannot be serialized, naming
-            ``operator``, the state and the key.
+        StateSerializationError: if a value cannot be serialized (naming ``operator``, the
+            state and the key).
     """
-    try:
-        data: dict[str, dict[Any, Any]] = {}
-        for name, table in tables.items():
-            d = table.maps[idx]
-            if not d:
-                continue
-            ser = None if table.serialized else descriptor_serializer(table.descriptor)
-            data[name] = {k: ser.serialize(v) for k, v in d.items()} if ser else d
-        if not data:
-            return None
-        serialized = [name for name, t in tables.items() if name in data and
-                      (t.serialized or descriptor_serializer(t.descriptor) is not None)]
-        return encode_key_group(serialized, data)
-    except Exception as exc:
-        # the fast path pickles whole key groups at C speed; only now look entry by entry
-        # for the one to name
-        error = _unserializable(tables, idx, operator)
-        if error is None:  # no entry fails on its own: not a value's fault
-            raise
-        raise error from exc
-
-
-def _unserializable(tables: Mapping[str, Table], idx: int,
-                    operator: str) -> StateSerializationError | None:
-    """Return the error naming the first entry of key group index ``idx`` that cannot be
-    serialized (None when every entry can on its own)."""
-    for name, table in tables.items():
-        ser = None if table.serialized else descriptor_serializer(table.descriptor)
-        for k, v in table.maps[idx].items():
+    out: dict[str, Any] = {}
+    for name, table in tables:
+        value = table.maps[idx].get(key, _MISSING)
+        if value is _MISSING:
+            continue
+        ser = _serializer(table)
+        if ser is not None:
+            value = _serialize(ser, value, operator, name, key)
+        elif type(value) not in _IMMUTABLE:
             try:
-                pickle.dumps((k, ser.serialize(v) if ser else v),
-                             protocol=pickle.HIGHEST_PROTOCOL)
+                value = Frozen(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
             except Exception as exc:
-                return StateSerializationError(operator, name, k, exc)
-    return None
+                raise StateSerializationError(operator, name, key, exc) from exc
+        out[name] = value
+    return out
+
+
+def _thaw(value: Any) -> Any:
+    return pickle.loads(value.blob) if type(value) is Frozen else value
+
+
+def _dict_entries(name: str, d: dict[Any, Any]) -> Iterator[tuple[str, Any, Any]]:
+    return ((name, k, v) for k, v in d.items())
+
+
+def _pair_entries(name: str, keys: list[Any], values: list[Any]
+                  ) -> Iterator[tuple[str, Any, Any]]:
+    return ((name, k, v) for k, v in zip(keys, values, strict=True))
+
+
+def _states_entries(states: dict[str, dict[Any, Any]]) -> Iterator[tuple[str, Any, Any]]:
+    return ((name, k, v) for name, d in states.items() for k, v in d.items())
+
+
+def _frame(frame: tuple[Any, ...], entries: Callable[[], Iterable[tuple[str, Any, Any]]],
+           operator: str) -> bytes:
+    """Encode ``frame``; when pickle refuses it, name the first entry
+    ``(state, key, value)`` of ``entries()`` that fails on its own."""
+    try:
+        return encode_frame(frame)
+    except Exception as exc:
+        # the fast path pickles whole chunks at C speed; only now look entry by entry
+        for name, key, value in entries():
+            try:
+                pickle.dumps((key, value), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as inner:
+                raise StateSerializationError(operator, name, key, inner) from exc
+        raise
+
+
+class _Out:
+    """The snapshot file as blobs: frames are buffered on the loop and handed to the writer
+    thread in pieces of about ``_FLUSH`` bytes."""
+
+    def __init__(self, writer: SnapshotFileWriter, ref: dict[str, Any]) -> None:
+        self.writer = writer
+        self.ref = ref
+        self._buf: list[bytes] = []
+        self._buffered = 0
+        self._start = 0
+
+    @property
+    def offset(self) -> int:
+        return self.writer.size + self._buffered
+
+    def begin(self, header: tuple[Any, ...]) -> None:
+        self._start = self.offset
+        self.add(encode_frame(header))
+
+    def add(self, data: bytes) -> None:
+        self._buf.append(data)
+        self._buffered += len(data)
+        if self._buffered >= _FLUSH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._buf:
+            self.writer.write(b"".join(self._buf))
+            self._buf = []
+            self._buffered = 0
+
+    def end(self, kind: str) -> Entry:
+        return (self.ref, self._start, self.offset - self._start, kind)
 
 
 class HeapSnapshot(KeyedStateSnapshot):
@@ -91,86 +180,275 @@ class HeapSnapshot(KeyedStateSnapshot):
 
     Args:
         ctx: where to write.
-        pending: indexes of the key groups still to serialize (shared with the backend,
-            which removes those it captures by copy-on-write).
-        tables: the backend's live states by name.
+        plan: full key groups, dirty keys and the base's chains (:mod:`.changelog`); a
+            plan without base writes every key group in full.
+        tables: the backend's live states by name (those present now are the snapshot's).
         start: the first key group of the instance's range.
         n: the number of key groups of the range.
         key_encoding: the handle's ``key_encoding``.
-        release: called (possibly more than once) when the snapshot no longer needs
-            copy-on-write.
+        incremental: write under ``shared/`` and chain onto the plan's base (else one
+            self-contained file in the checkpoint's directory: full snapshots, savepoints).
+        release: called (possibly more than once) when the snapshot needs no more touches.
+        on_written: called with (checkpoint id, chains per key-group index) when an
+            incremental snapshot is written.
 
     Attributes:
-        blobs: key group index -> blob captured by copy-on-write (None: empty).
-        failure: set when copy-on-write met a value that cannot be serialized.
+        next_idx: key groups below this index are written: touches of them are ignored.
+        failure: set when a capture met a value that cannot be serialized.
     """
 
-    def __init__(self, ctx: SnapshotContext, pending: set[int], *,
+    def __init__(self, ctx: SnapshotContext, plan: SnapshotPlan, *,
                  tables: Mapping[str, Table], start: int, n: int, key_encoding: str,
-                 release: Callable[[HeapSnapshot], None]) -> None:
+                 incremental: bool, release: Callable[[HeapSnapshot], None],
+                 on_written: Callable[[int, list[GroupChain]], None] | None = None) -> None:
         self.ctx = ctx
-        self.pending = pending
-        self.tables = tables
+        self.plan = plan
+        self.tables = list(tables.items())
         self.start = start
         self.n = n
         self.key_encoding = key_encoding
+        self.incremental = incremental
         self._release = release
-        self.blobs: dict[int, bytes | None] = {}
+        self._on_written = on_written
+        self.next_idx = 0
         self.failure: StateSerializationError | None = None
+        self._discarded = False
+        self._captured: dict[int, dict[Any, dict[str, Any] | None]] = {}
+        self._chunk = 4096
+        self._last_yield = 0.0
+
+    # ------------------------------------------------------------------ copy-on-write
+    def touch(self, key: Any, idx: int) -> None:
+        """The task sets ``key`` (of key group index ``idx``, not yet written) current and
+        may change its state: capture its values first if the snapshot needs them."""
+        cap = self._captured.get(idx)
+        if cap is None:
+            cap = self._captured[idx] = {}
+        elif key in cap:
+            return
+        full = self.plan.full
+        if full is None or idx in full or any(key in gen for gen in self.plan.dirty):
+            try:
+                cap[key] = capture_entries(self.tables, idx, key, self.ctx.operator_uid)
+            except StateSerializationError as exc:
+                # copy-on-write runs on the data path: the snapshot fails, not the record
+                if self.failure is None:
+                    self.failure = exc
+                cap[key] = {}
+        else:
+            cap[key] = None  # unchanged since the base: not in this snapshot
+
+    # ------------------------------------------------------------------ writing
+    def _check(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+        if self._discarded:
+            raise OSError(f"snapshot {self.ctx.checkpoint_id} was discarded (the backend was "
+                          "disposed while its asynchronous part ran)")
+
+    async def _tick(self, out: _Out) -> None:
+        """Yield to the tasks once a piece of :data:`PIECE` seconds is used up."""
+        if time.perf_counter() - self._last_yield > PIECE:
+            await asyncio.sleep(0)
+            await out.writer.drain()
+            self._check()
+            self._last_yield = time.perf_counter()
+
+    def _adapt(self, seconds: float) -> None:
+        if seconds > PIECE:
+            self._chunk = max(_MIN_CHUNK, self._chunk // 2)
+        elif seconds < PIECE / 4:
+            self._chunk = min(_MAX_CHUNK, self._chunk * 2)
+
+    def _serialized_names(self) -> list[str]:
+        return [name for name, t in self.tables
+                if t.serialized or descriptor_serializer(t.descriptor) is not None]
+
+    def _overrides(self, idx: int, keys: Iterable[Any]) -> tuple[list[Any], dict[str, Any]]:
+        """The ``"k"`` frame's keys and states for ``keys`` of key group index ``idx``:
+        captured values where a capture exists, else the live ones."""
+        cap = self._captured.get(idx) or {}
+        op = self.ctx.operator_uid
+        cols = [(name, t.maps[idx], _serializer(t)) for name, t in self.tables]
+        out_keys: list[Any] = []
+        states: dict[str, dict[Any, Any]] = {}
+        for key in keys:
+            entries = cap.get(key)
+            out_keys.append(key)
+            if entries is not None:
+                for name, value in entries.items():
+                    states.setdefault(name, {})[key] = _thaw(value)
+                continue
+            for name, d, ser in cols:
+                value = d.get(key, _MISSING)
+                if value is not _MISSING:
+                    if ser is not None:
+                        value = _serialize(ser, value, op, name, key)
+                    states.setdefault(name, {})[key] = value
+        return out_keys, states
+
+    def _keys_frame(self, keys: list[Any], states: dict[str, dict[Any, Any]]) -> bytes:
+        return _frame(("k", keys, states), partial(_states_entries, states),
+                      self.ctx.operator_uid)
+
+    async def _write_full(self, idx: int, out: _Out) -> Entry | None:
+        """Write key group index ``idx`` in full; None when it is empty."""
+        op = self.ctx.operator_uid
+        header = (FULL, self._serialized_names())
+        begun = False
+        for name, table in self.tables:
+            d = table.maps[idx]
+            if not d:
+                continue
+            copy = dict(d)  # at C speed; the values it shares are protected by the captures
+            if not begun:
+                out.begin(header)
+                begun = True
+            if _serializer(table) is None and len(copy) <= self._chunk:
+                out.add(_frame(("p", name, copy), partial(_dict_entries, name, copy), op))
+                await self._tick(out)
+                continue
+            keys = list(copy)
+            i = 0
+            while i < len(keys):
+                t0 = time.perf_counter()
+                ks = keys[i:i + self._chunk]
+                i += len(ks)
+                ser = _serializer(table)
+                vs = [copy[k] for k in ks] if ser is None else \
+                    [_serialize(ser, copy[k], op, name, k) for k in ks]
+                out.add(_frame(("pk", name, ks, vs),
+                               partial(_pair_entries, name, ks, vs), op))
+                self._adapt(time.perf_counter() - t0)
+                await self._tick(out)
+        cap = self._captured.get(idx)
+        if cap:
+            keys, states = self._overrides(idx, [k for k, e in cap.items() if e is not None])
+            if keys:
+                if not begun:
+                    out.begin(header)
+                    begun = True
+                out.add(self._keys_frame(keys, states))
+        return out.end(FULL) if begun else None
+
+    async def _write_delta(self, idx: int, keys: list[Any], out: _Out) -> Entry:
+        """Write the changes of ``keys`` (key group index ``idx``) since the base."""
+        out.begin((DELTA, self._serialized_names()))
+        i = 0
+        while i < len(keys):
+            t0 = time.perf_counter()
+            chunk = keys[i:i + self._chunk]
+            i += len(chunk)
+            out.add(self._keys_frame(*self._overrides(idx, chunk)))
+            self._adapt(time.perf_counter() - t0)
+            await self._tick(out)
+        return out.end(DELTA)
+
+    async def _dirty_by_group(self, out: _Out) -> dict[int, list[Any]]:
+        """The dirty keys of the key groups written as deltas, per key-group index."""
+        full = self.plan.full
+        if full is None:
+            return {}
+        by: dict[int, dict[Any, None]] = {}
+        for gen in self.plan.dirty:  # closed generations: nobody changes them
+            for n, (key, idx) in enumerate(gen.items(), 1):
+                if idx not in full:
+                    keys = by.get(idx)
+                    if keys is None:
+                        keys = by[idx] = {}
+                    keys[key] = None
+                if n & 4095 == 0:
+                    await self._tick(out)
+        return {idx: list(keys) for idx, keys in by.items()}
+
+    def _path(self) -> Path:
+        ctx = self.ctx
+        if not self.incremental:
+            return ctx.exclusive_path(".heap")
+        uid = safe_name(ctx.operator_uid)
+        return ctx.shared_dir / uid / \
+            f"{uid}-{ctx.subtask}-{ctx.checkpoint_id}-{uuid.uuid4().hex[:8]}.heap"
 
     async def write(self) -> dict[str, Any]:
-        """Write the snapshot file and return its handle.
+        """Asynchronous part: write the snapshot file and return the ``heap-v2`` handle.
 
         Raises:
             StateSerializationError: if a value or key cannot be serialized (naming the
                 operator, the state and the key).
-            OSError: if the file cannot be written.
+            OSError: if the file cannot be written, or the snapshot was discarded.
         """
         ctx = self.ctx
-        if self.failure is not None:
-            self._release(self)
-            raise self.failure
-        path = ctx.exclusive_path(".heap")
-        tmp = path.with_name("." + path.name + ".tmp")
-        index: dict[str, list[int]] = {}
-        h = hashlib.sha256()
-        offset = 0
-        start = self.start
+        path = self._path()
+        ref: dict[str, Any] = {"path": ctx.relative(path)}
+        writer = SnapshotFileWriter(path)
+        out = _Out(writer, ref)
+        base = self.plan.base
+        full = self.plan.full
+        chains: list[GroupChain] = []
         try:
-            with open(tmp, "wb") as f:
-                last_yield = time.perf_counter()
-                for idx in range(self.n):
-                    if idx in self.blobs:
-                        blob = self.blobs.pop(idx)
-                    elif idx in self.pending:
-                        blob = serialize_key_group(self.tables, idx, ctx.operator_uid)
-                        self.pending.discard(idx)
-                    else:
-                        continue
-                    if self.failure is not None:
-                        raise self.failure
-                    if blob:
-                        f.write(blob)
-                        h.update(blob)
-                        index[str(idx + start)] = [offset, len(blob)]
-                        offset += len(blob)
-                    if time.perf_counter() - last_yield > _YIELD_EVERY:
-                        await asyncio.sleep(0)
-                        last_yield = time.perf_counter()
-                self._release(self)
-                if self.failure is not None:
-                    raise self.failure
-                f.flush()
-                # inline: fsync takes < 1 ms here, a worker thread would first wait for the GIL
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            self._check()
+            self._last_yield = time.perf_counter()
+            dirty = await self._dirty_by_group(out)
+            for idx in range(self.n):
+                self.next_idx = idx
+                if full is None or idx in full:
+                    chains.append(GroupChain.full(await self._write_full(idx, out)))
+                else:
+                    assert base is not None
+                    keys = dirty.pop(idx, None)
+                    chains.append(base[idx] if keys is None else
+                                  base[idx].with_delta(await self._write_delta(idx, keys, out)))
+                self._check()
+                # written: later touches of this key group need no capture
+                self.next_idx = idx + 1
+                self._captured.pop(idx, None)
+                await self._tick(out)
+            self._release(self)
+            self._check()
+            out.flush()
+            if writer.size:
+                ref["size"], ref["sha256"] = await writer.close()
+            else:
+                writer.abort()  # nothing changed: no file
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            writer.abort()
             raise
         finally:
             self._release(self)
-        return heap_handle(ctx.relative(path), offset, h.hexdigest(), index, self.key_encoding)
+            self._captured.clear()
+        if self._on_written is not None:
+            self._on_written(ctx.checkpoint_id, chains)
+        return self._handle(chains, ref if writer.size else None)
+
+    def _handle(self, chains: list[GroupChain], written: dict[str, Any] | None
+                ) -> dict[str, Any]:
+        files: list[dict[str, Any]] = []
+        index_of: dict[str, int] = {}
+        key_groups: dict[str, list[list[Any]]] = {}
+        for idx, chain in enumerate(chains):
+            if not chain.entries:
+                continue
+            entries = []
+            for ref, offset, length, kind in chain.entries:
+                i = index_of.get(ref["path"])
+                if i is None:
+                    i = index_of[ref["path"]] = len(files)
+                    files.append({"path": ref["path"], "size": ref["size"],
+                                  "sha256": ref["sha256"]})
+                entries.append([i, offset, length, kind])
+            key_groups[str(self.start + idx)] = entries
+        if not self.incremental:
+            return heap_v2_handle(mode="full", files=files, shared=[], reused=[],
+                                  key_groups=key_groups, key_encoding=self.key_encoding)
+        mine = None if written is None else written["path"]
+        return heap_v2_handle(
+            mode="incremental", files=files, shared=[dict(r) for r in files],
+            reused=[dict(r) for r in files if r["path"] != mine],
+            key_groups=key_groups, key_encoding=self.key_encoding)
 
     def discard(self) -> None:
+        """Release the captures (the checkpoint was aborted); a running :meth:`write`
+        fails at its next piece."""
+        self._discarded = True
         self._release(self)
-        self.blobs.clear()
+        self._captured.clear()

@@ -1,0 +1,206 @@
+"""The heap backend's changelog bookkeeping: which keys changed since the last completed
+checkpoint, each key group's chain of blobs, and when a key group is materialized again.
+
+Flink's changelog state backend (FLIP-158) and the SDG paper's dirty state (section 5): an
+incremental snapshot writes, per key group, only the keys changed since the *base*, the last
+checkpoint this instance was told completed, and refers to the base's blobs for the rest.
+
+- *Dirty keys*: the backend's key -> key-group-index memo doubles as the dirty set. At each
+  snapshot the backend swaps in a fresh memo (O(1)), so a memo holds exactly the keys set
+  current since the snapshot before; a memo that fills up is *rolled* into the open interval
+  and a fresh one started. An interval that holds more than ``dirty_limit`` keys collapses
+  into the indexes of its key groups (those key groups are then written in full), so memory
+  stays bounded whatever the input.
+- *Intervals*: the keys of every snapshot since the base are kept until a checkpoint
+  completes (:meth:`ChangeLog.complete`): a delta never builds on a checkpoint that was
+  aborted or failed, and the changes of an aborted one reach the next delta.
+- *Chains*: per key group, the blobs a restore replays (a full blob, then deltas). A snapshot
+  is *pending* from the end of its asynchronous part until its checkpoint completes; it then
+  becomes the base.
+- *Materialization*: a key group is written in full again when its chain has too many deltas
+  (``max_deltas``) or their bytes outgrow its full blob (``delta_ratio``), each threshold
+  scaled by a per-key-group factor in [0.5, 1) so that key groups filled at the same time do
+  not all materialize in the same checkpoint. A restore then reads at most ``max_deltas``
+  deltas per key group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ChangeLog", "Entry", "GroupChain", "SnapshotPlan", "jitter"]
+
+#: one blob of a chain: (file ref ``{"path", "size", "sha256"}``, offset, length (bytes), kind)
+Entry = tuple[dict[str, Any], int, int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupChain:
+    """The blobs of one key group, in replay order (immutable: snapshots share them).
+
+    Attributes:
+        entries: the blobs; empty for an empty key group.
+        full_bytes: the size of the leading full blob (0: the chain starts from empty).
+        delta_bytes: the total size of the deltas after it.
+        deltas: how many deltas follow the full blob.
+    """
+
+    entries: tuple[Entry, ...] = ()
+    full_bytes: int = 0
+    delta_bytes: int = 0
+    deltas: int = 0
+
+    def with_delta(self, entry: Entry) -> GroupChain:
+        """This chain followed by the delta ``entry``."""
+        return GroupChain((*self.entries, entry), self.full_bytes,
+                          self.delta_bytes + entry[2], self.deltas + 1)
+
+    @staticmethod
+    def full(entry: Entry | None) -> GroupChain:
+        """The chain of a key group just written in full (None: it is empty)."""
+        return EMPTY if entry is None else GroupChain((entry,), entry[2], 0, 0)
+
+
+EMPTY = GroupChain()
+
+
+def jitter(key_group: int) -> float:
+    """The factor in [0.5, 1) that scales ``key_group``'s materialization thresholds
+    (the golden-ratio sequence: evenly spread over consecutive key groups)."""
+    return 0.5 + 0.5 * ((key_group * 0.6180339887498949) % 1.0)
+
+
+@dataclass
+class SnapshotPlan:
+    """What one snapshot writes, decided in its synchronous part.
+
+    Attributes:
+        full: indexes of the key groups written in full; None: every key group (no base).
+        dirty: key -> key-group index maps whose keys are the keys changed since the base
+            (read only: they are closed memo generations).
+        base: the base's chains per key-group index (None: no base, every group is full).
+    """
+
+    full: set[int] | None
+    dirty: list[dict[Any, int]] = field(default_factory=list)
+    base: list[GroupChain] | None = None
+
+
+@dataclass
+class _Interval:
+    """The keys set current between two snapshots (memo generations), or the key groups
+    they collapsed into."""
+
+    checkpoint_id: int = -1
+    gens: list[dict[Any, int]] = field(default_factory=list)
+    groups: set[int] = field(default_factory=set)
+    size: int = 0
+
+
+class ChangeLog:
+    """Dirty keys, chains and materialization of one heap backend instance.
+
+    Args:
+        n: the number of key groups of the instance's range.
+        start: its first key group.
+        max_deltas: deltas after which a key group is materialized (scaled by
+            :func:`jitter`, so between ``max_deltas / 2`` and ``max_deltas``).
+        delta_ratio: delta bytes, relative to the full blob's, after which a key group is
+            materialized (scaled by :func:`jitter`).
+        dirty_limit: dirty keys an interval keeps before collapsing into key groups.
+
+    Raises:
+        ValueError: if ``max_deltas < 1``, ``delta_ratio <= 0`` or ``dirty_limit < 1``.
+    """
+
+    def __init__(self, n: int, start: int, *, max_deltas: int = 32, delta_ratio: float = 1.0,
+                 dirty_limit: int = 1_000_000) -> None:
+        if max_deltas < 1 or not delta_ratio > 0 or dirty_limit < 1:
+            raise ValueError("max_deltas and dirty_limit must be >= 1, delta_ratio > 0")
+        self.n = n
+        self.start = start
+        self.max_deltas = max_deltas
+        self.delta_ratio = delta_ratio
+        self.dirty_limit = dirty_limit
+        self._open = _Interval()
+        self._closed: list[_Interval] = []
+        self._base: list[GroupChain] | None = None
+        self._pending: dict[int, list[GroupChain]] = {}
+
+    @property
+    def base(self) -> list[GroupChain] | None:
+        """The chains of the last completed checkpoint (None: the next snapshot is full)."""
+        return self._base
+
+    def roll(self, memo: dict[Any, int]) -> None:
+        """Keep a full memo generation as dirty keys of the open interval (the backend
+        starts a fresh memo)."""
+        iv = self._open
+        iv.gens.append(memo)
+        iv.size += len(memo)
+        if iv.size > self.dirty_limit:
+            for gen in iv.gens:
+                iv.groups.update(gen.values())
+            iv.gens = []
+            iv.size = 0
+
+    def close(self, checkpoint_id: int, memo: dict[Any, int]) -> SnapshotPlan:
+        """Synchronous part of snapshot ``checkpoint_id``: end the open interval with the
+        current memo generation and plan the snapshot; O(number of key groups).
+
+        Returns:
+            the plan: full key groups (materialization and collapsed intervals), dirty keys
+            since the base, the base's chains.
+        """
+        iv = self._open
+        self.roll(memo)
+        iv.checkpoint_id = checkpoint_id
+        self._closed.append(iv)
+        self._open = _Interval()
+        base = self._base
+        if base is None:
+            return SnapshotPlan(None)
+        full: set[int] = set()
+        dirty: list[dict[Any, int]] = []
+        for closed in self._closed:
+            full |= closed.groups
+            dirty += closed.gens
+        max_deltas, ratio, start = self.max_deltas, self.delta_ratio, self.start
+        for idx, chain in enumerate(base):
+            if chain.deltas:
+                j = jitter(start + idx)
+                if chain.deltas >= max_deltas * j or \
+                        chain.delta_bytes > ratio * j * chain.full_bytes:
+                    full.add(idx)
+        return SnapshotPlan(full, dirty, base)
+
+    def written(self, checkpoint_id: int, chains: list[GroupChain]) -> None:
+        """The asynchronous part of incremental snapshot ``checkpoint_id`` wrote ``chains``
+        (they become the base if the checkpoint completes)."""
+        self._pending[checkpoint_id] = chains
+
+    def complete(self, checkpoint_id: int) -> bool:
+        """Checkpoint ``checkpoint_id`` completed: its chains become the base, and the
+        dirty keys and pending chains up to it are dropped.
+
+        Returns:
+            whether this instance wrote an incremental snapshot for it (else, e.g. for a
+            savepoint, nothing changes).
+        """
+        chains = self._pending.pop(checkpoint_id, None)
+        if chains is None:
+            return False
+        self._base = chains
+        for cid in [c for c in self._pending if c < checkpoint_id]:
+            del self._pending[cid]
+        self._closed = [iv for iv in self._closed if iv.checkpoint_id > checkpoint_id]
+        return True
+
+    def reset(self) -> None:
+        """Forget the base and every dirty key (after a restore, or when keys map to key
+        groups differently): the next snapshot is written in full."""
+        self._open = _Interval()
+        self._closed = []
+        self._base = None
+        self._pending.clear()

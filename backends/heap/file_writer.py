@@ -1,0 +1,157 @@
+"""Writing a snapshot file off the event loop: the loop hands bytes over, a worker thread
+writes, hashes and syncs them.
+
+The heap backend serializes live state on the event loop thread (in pieces, between which
+the tasks run); the system calls (write, fsync, rename) and the SHA-256 of the bytes, which
+all release the GIL, run in a worker thread so the loop never blocks on the disk. One worker
+thread per process serves every file, in the order the jobs were handed over, so the chunks
+of a file are written in order; :meth:`SnapshotFileWriter.drain` bounds the bytes waiting in
+memory. The file appears under its final name only when :meth:`SnapshotFileWriter.close` has
+written and synced it (temporary file, fsync, atomic rename, directory fsync), like
+:func:`reactive.checkpoint.durable_files.write_atomic`.
+
+Each hand-over to the worker costs a GIL round trip (up to the interpreter's switch interval
+while the tasks keep the loop thread busy), so the loop awaits only the final job of a file,
+and intermediate ones only when too many bytes are waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import threading
+import uuid
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from reactive.checkpoint.durable_files import fsync_dir
+
+__all__ = ["SnapshotFileWriter"]
+
+_pool: ThreadPoolExecutor | None = None
+_pool_pid = 0
+_pool_lock = threading.Lock()
+
+
+def _worker() -> ThreadPoolExecutor:
+    """The process's writer thread (a new one in a forked child, whose copy has none)."""
+    global _pool, _pool_pid
+    with _pool_lock:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="heap-snapshot-writer")
+            _pool_pid = os.getpid()
+        return _pool
+
+
+class SnapshotFileWriter:
+    """One file written through the worker thread.
+
+    Args:
+        path: the file's final path (its directory is created).
+        max_pending: bytes handed over but not yet written after which :meth:`drain` waits.
+
+    Attributes:
+        size: bytes handed over so far (the offset of the next chunk).
+    """
+
+    def __init__(self, path: Path, max_pending: int = 8 << 20) -> None:
+        self.path = path
+        self.max_pending = max_pending
+        self.size = 0
+        self._tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        self._sha = hashlib.sha256()
+        self._fd: int | None = None
+        self._error: BaseException | None = None
+        self._pending: deque[tuple[Future[None], int]] = deque()
+        self._pending_bytes = 0
+        self._used = False
+
+    # ------------------------------------------------------------------ worker side
+    def _write(self, data: bytes) -> None:
+        if self._error is not None:
+            return
+        try:
+            if self._fd is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+            self._sha.update(data)
+        except BaseException as exc:
+            self._error = exc
+            raise
+
+    def _finish(self) -> str:
+        if self._error is not None:
+            raise self._error
+        assert self._fd is not None
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = None
+        os.replace(self._tmp, self.path)
+        fsync_dir(self.path.parent)
+        return self._sha.hexdigest()
+
+    def _abort(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._tmp.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ loop side
+    def write(self, data: bytes) -> None:
+        """Hand ``data`` over for writing (returns at once; errors surface in :meth:`drain`
+        or :meth:`close`)."""
+        if not data:
+            return
+        self.size += len(data)
+        self._used = True
+        self._pending.append((_worker().submit(self._write, data), len(data)))
+        self._pending_bytes += len(data)
+
+    async def drain(self) -> None:
+        """Forget the writes done; wait while more than ``max_pending`` bytes wait.
+
+        Raises:
+            OSError: if a write failed.
+        """
+        pending = self._pending
+        while pending and (self._pending_bytes > self.max_pending or pending[0][0].done()):
+            fut, n = pending.popleft()
+            self._pending_bytes -= n
+            if fut.done():
+                fut.result()
+            else:
+                await asyncio.wrap_future(fut)
+
+    async def close(self) -> tuple[int, str]:
+        """Sync the file and move it to its final name (after the writes handed over).
+
+        Returns:
+            (size in bytes, SHA-256 hex digest) of the file.
+
+        Raises:
+            OSError: if writing failed (the temporary file is removed).
+        """
+        if not self._used:  # an empty file still exists
+            self._used = True
+            _worker().submit(self._write, b"")
+        try:
+            sha = await asyncio.wrap_future(_worker().submit(self._finish))
+        except BaseException:
+            self.abort()
+            raise
+        self._pending.clear()
+        return self.size, sha
+
+    def abort(self) -> None:
+        """Drop the file: the worker removes the temporary file after the jobs handed over
+        before (returns at once; safe to call more than once, and after :meth:`close`)."""
+        self._pending.clear()
+        if self._used:
+            with contextlib.suppress(RuntimeError):  # the interpreter is shutting down
+                _worker().submit(self._abort)

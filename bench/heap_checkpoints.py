@@ -1,0 +1,216 @@
+"""Heap checkpoints under load: full vs incremental snapshots, against the previous heap
+backend (key-group copy-on-write) as the baseline, in one invocation.
+
+    python -m bench.heap_checkpoints [--keys 1000000 5000000] [--updates 8]
+                                     [--changed 0.01] [--interval 1.0] [--repeats 1]
+                                     [--baseline-ref HEAD | --no-baseline]
+
+A keyed count (``from_collection -> key_by -> count``, parallelism 1) first loads ``--keys``
+distinct keys, then receives ``--updates`` rounds of updates, each touching ``--changed`` of
+the keys (5 records per touched key), with checkpoints every ``--interval`` seconds. Per
+backend variant it prints, over the checkpoints taken once every key is loaded (min / median /
+max over them and over ``--repeats`` runs): the records/s while a checkpoint's asynchronous
+part runs relative to the records/s between checkpoints (target >= 0.8), the synchronous
+pause (ms, target < 5), the bytes a checkpoint writes and the ratio of a full snapshot's
+bytes to them (target >= 10 at 1 % changed keys), and the time to restore the last
+checkpoint into a fresh backend. The baseline is the heap backend of git revision
+``--baseline-ref`` (its files extracted into a temporary package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import itertools
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import peak_rss_mb, print_table
+from reactive import (
+    CheckpointConfig,
+    CheckpointStorage,
+    Dataflow,
+    KeyedProcessFunction,
+    StateBackend,
+    ValueStateDescriptor,
+)
+from reactive.backends.heap import HeapKeyedStateBackend, HeapStateBackend
+from reactive.connectors.collections import DiscardingSink
+from reactive.keygroups import KeyGroupRange
+
+__all__ = ["main"]
+
+_REPO = Path(__file__).resolve().parents[1]
+_FILES = ("__init__", "backend", "format", "snapshot", "state")
+
+
+class Count(KeyedProcessFunction):
+    """Keyed count; notes (wall-clock time, records so far) every 1024 records."""
+
+    marks: list[tuple[float, int]] = []  # class attribute: shared by the job's copies
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+        self.n = 0
+
+    def process_element(self, value: Any, ctx: Any) -> None:
+        self.count.update(self.count.value() + 1)
+        self.n += 1
+        if not self.n & 1023:
+            self.marks.append((time.time(), self.n))
+
+
+def workload(keys: int, updates: int, changed: float, seed: int = 42) -> tuple[list[str], int]:
+    """The load of every key, then the update rounds; returns (records, load length)."""
+    rng = np.random.default_rng(seed)
+    load = [f"k{i}" for i in rng.permutation(keys).tolist()]
+    out = list(load)
+    per_round = max(1, int(keys * changed))
+    for _ in range(updates):
+        hot = rng.choice(keys, size=per_round, replace=False)
+        out += [f"k{i}" for i in np.repeat(hot, 5)[rng.permutation(per_round * 5)].tolist()]
+    return out, len(load)
+
+
+def baseline_backend(ref: str, into: Path) -> StateBackend:
+    """The heap backend of git revision ``ref`` as package ``heap_baseline`` under ``into``."""
+    pkg = into / "heap_baseline"
+    pkg.mkdir(parents=True, exist_ok=True)
+    for name in _FILES:
+        src = subprocess.run(["git", "show", f"{ref}:backends/heap/{name}.py"], cwd=_REPO,
+                             check=True, capture_output=True, text=True).stdout
+        (pkg / f"{name}.py").write_text(src)
+    sys.path.insert(0, str(into))
+    module = importlib.import_module("heap_baseline")
+    backend: StateBackend = module.HeapStateBackend()
+    return backend
+
+
+def run_once(records: list[str], loaded_at: int, interval: float, backend: StateBackend,
+             directory: Path) -> dict[str, list[float]]:
+    """Run the pipeline once; return per-checkpoint figures of the update phase."""
+    from reactive.runtime.loop import run_coroutine
+
+    Count.marks = []
+    flow = Dataflow("heap-bench", parallelism=1, max_parallelism=128)
+    (flow.from_collection(records).key_by(lambda w: w).process(Count()).uid("count")
+         .sink(DiscardingSink()))
+    job = run_coroutine(flow.run(checkpoints=CheckpointConfig(
+        interval=interval, directory=directory, retained=2), state_backend=backend))
+    marks = Count.marks
+    t_loaded = next(t for t, n in marks if n >= loaded_at)
+    done = [c for c in job.metrics.completed_checkpoints[:-1] if c.trigger_time > t_loaded]
+    # async windows: from the end of the synchronous part to the completion
+    windows = [(c.trigger_time + c.alignment + c.sync, c.trigger_time + c.duration)
+               for c in done]
+
+    def rate(inside: bool) -> float:
+        n = dt = 0.0
+        for (t0, n0), (t1, n1) in itertools.pairwise(marks):
+            if t0 < t_loaded:
+                continue
+            mid = (t0 + t1) / 2
+            if any(a <= mid <= b for a, b in windows) == inside:
+                n += n1 - n0
+                dt += t1 - t0
+        return n / dt if dt else float("nan")
+
+    storage = CheckpointStorage(directory, "heap-bench")
+    last = storage.completed()[-1]
+    handles = [sub["keyed_state"] for sub in last.metadata["operators"]["count"]
+               ["subtasks"].values()]
+    t = time.perf_counter()
+    kb = HeapKeyedStateBackend(KeyGroupRange(0, 127), 128)
+    kb.restore(handles, last.job_dir)
+    restore = time.perf_counter() - t
+    full = sum(_state_bytes(h) for h in handles)
+    return {
+        "ratio": [rate(True) / rate(False)],
+        "sync_ms": [c.sync * 1e3 for c in done],
+        "bytes": [float(c.size) for c in done],
+        "full_bytes": [float(full)],
+        "restore_s": [restore],
+        "rate": [len(records) / max(1e-9, marks[-1][0] - marks[0][0])],
+    }
+
+
+def _state_bytes(handle: dict[str, Any]) -> int:
+    """What a full snapshot of the handle's state takes: its files (heap-v1, full heap-v2),
+    or the full blobs its chains start with (incremental heap-v2)."""
+    if handle.get("mode") != "incremental":
+        return sum(int(r["size"]) for r in handle["files"])
+    return sum(chain[0][2] for chain in handle["key_groups"].values() if chain[0][3] == "f")
+
+
+def _mmm(values: list[float], scale: float = 1.0) -> str:
+    if not values:
+        return "-"
+    v = [x * scale for x in values]
+    big = max(abs(x) for x in v) >= 100
+
+    def fmt(x: float) -> str:
+        return f"{x:,.0f}" if big else f"{x:.2f}"
+
+    return f"{fmt(min(v))} / {fmt(statistics.median(v))} / {fmt(max(v))}"
+
+
+def main(argv: list[str] | None = None) -> str:
+    """Parse the command line, run every variant at every key count, print the tables."""
+    p = argparse.ArgumentParser(description="heap checkpoints: full vs incremental vs baseline")
+    p.add_argument("--keys", type=int, nargs="+", default=[1_000_000, 5_000_000])
+    p.add_argument("--updates", type=int, default=8, help="update rounds after the load")
+    p.add_argument("--changed", type=float, default=0.01, help="keys touched per round")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--baseline-ref", default="HEAD",
+                   help="git revision whose heap backend is the baseline (default HEAD)")
+    p.add_argument("--no-baseline", dest="baseline_ref", action="store_const", const=None)
+    args = p.parse_args(argv)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="bench-heap-") as tmp:
+        variants: list[tuple[str, Any]] = []
+        if args.baseline_ref:
+            base = baseline_backend(args.baseline_ref, Path(tmp) / "pkg")
+            variants.append((f"heap at {args.baseline_ref} (baseline)", lambda: base))
+        variants += [("heap full (per-key copy-on-write)", HeapStateBackend),
+                     ("heap incremental", lambda: HeapStateBackend(incremental=True))]
+        for keys in args.keys:
+            records, loaded_at = workload(keys, args.updates, args.changed)
+            rows: list[list[Any]] = []
+            for name, make in variants:
+                figures: dict[str, list[float]] = {}
+                for r in range(args.repeats):
+                    d = Path(tmp) / f"{keys}-{len(rows)}-{r}"
+                    for k, v in run_once(records, loaded_at, args.interval, make(), d).items():
+                        figures.setdefault(k, []).extend(v)
+                full = statistics.median(figures["full_bytes"])
+                rows.append([
+                    name, _mmm(figures["rate"]), _mmm(figures["ratio"]),
+                    _mmm(figures["sync_ms"]), _mmm(figures["bytes"]),
+                    _mmm([full / b for b in figures["bytes"] if b]),
+                    _mmm(figures["restore_s"]), len(figures["bytes"]),
+                ])
+            title = (f"\n{keys:,} keys, then {args.updates} rounds touching "
+                     f"{args.changed:.0%} of them; checkpoints every {args.interval:g} s "
+                     "(min / median / max)")
+            print(title)
+            out.append(title + "\n" + print_table(
+                ["variant", "records/s", "rate in async part / between", "sync ms",
+                 "bytes per checkpoint", "full bytes / bytes", "restore s",
+                 "checkpoints"], rows))
+    print(f"\npeak RSS {peak_rss_mb():,.0f} MiB")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(_REPO))
+    asyncio.set_event_loop_policy(None)
+    main()

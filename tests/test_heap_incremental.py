@@ -1,0 +1,416 @@
+"""Incremental heap snapshots (heap-v2): a model-based test of random state changes
+interleaved with snapshots that complete, abort or fail, restored at the barrier state (also
+rescaled, and into RocksDB); then the copy-on-write, changelog and materialization details."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import pickle
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reactive.backends.heap import HeapKeyedStateBackend, iter_heap_key_groups, read_heap_snapshot
+from reactive.backends.heap import snapshot as heap_snapshot
+from reactive.errors import StateSerializationError
+from reactive.keygroups import KeyGroupRange
+from reactive.state.api import ListState, MapState, ReducingState, ValueState
+from reactive.state.backend import KeyedStateBackend, SnapshotContext
+from reactive.state.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
+
+MAX_PARALLELISM = 16
+FULL_RANGE = KeyGroupRange(0, MAX_PARALLELISM - 1)
+KEYS = [*range(40), *(f"k{i}" for i in range(20))]
+
+VALUE = ValueStateDescriptor("value")
+LIST = ListStateDescriptor("list")
+MAP = MapStateDescriptor("map")
+TOTAL = ReducingStateDescriptor("total", reduce_fn=lambda a, b: a + b)
+NAMES = ("value", "list", "map", "total")
+
+Model = dict[str, dict[Any, Any]]
+
+
+class Instance:
+    """A heap backend under test with its states, and the model of what it holds."""
+
+    def __init__(self, job_dir: Path, **options: Any) -> None:
+        self.job_dir = job_dir
+        self.kb = HeapKeyedStateBackend(FULL_RANGE, MAX_PARALLELISM, operator_uid="op",
+                                        incremental=True, **options)
+        self.value: ValueState = self.kb.get_state(VALUE)  # type: ignore[assignment]
+        self.list: ListState = self.kb.get_state(LIST)  # type: ignore[assignment]
+        self.map: MapState = self.kb.get_state(MAP)  # type: ignore[assignment]
+        self.total: ReducingState = self.kb.get_state(TOTAL)  # type: ignore[assignment]
+        self.model: Model = {name: {} for name in NAMES}
+
+    def apply(self, op: str, key: Any, x: int) -> None:
+        """One state change through the state API, mirrored in the model."""
+        self.kb.set_current_key(key)
+        m = self.model
+        if op == "update":
+            self.value.update([x])  # a mutable value: copy-on-write must protect it
+            m["value"][key] = [x]
+        elif op == "mutate":
+            v = self.value.value()
+            if v is not None:  # in place, then written back (the documented pattern)
+                v.append(x)
+                self.value.update(v)
+                m["value"][key] = [*m["value"][key], x]
+        elif op == "clear":
+            self.value.clear()
+            m["value"].pop(key, None)
+        elif op == "add":
+            self.list.add(x)
+            m["list"].setdefault(key, []).append(x)
+        elif op == "put":
+            self.map.put(x % 3, x)
+            m["map"].setdefault(key, {})[x % 3] = x
+        elif op == "remove":
+            self.map.remove(x % 3)
+            entry = m["map"].get(key)
+            if entry is not None:
+                entry.pop(x % 3, None)
+                if not entry:
+                    del m["map"][key]
+        elif op == "reduce":
+            self.total.add(x)
+            m["total"][key] = m["total"].get(key, 0) + x
+        elif op == "clear_all":
+            for s in (self.value, self.list, self.map, self.total):
+                s.clear()
+            for d in m.values():
+                d.pop(key, None)
+        else:
+            raise AssertionError(op)
+
+    def context(self, checkpoint_id: int) -> SnapshotContext:
+        return SnapshotContext(checkpoint_id, self.job_dir, self.job_dir / f"chk-{checkpoint_id}",
+                               self.job_dir / "shared", "op", 0)
+
+
+def read_backend(kb: KeyedStateBackend) -> Model:
+    """Everything a restored backend holds, through the state API."""
+    states = {name: kb.get_state(d) for name, d in zip(NAMES, (VALUE, LIST, MAP, TOTAL),
+                                                        strict=True)}
+    out: Model = {name: {} for name in NAMES}
+    for name, state in states.items():
+        for key in list(kb.keys(name)):
+            kb.set_current_key(key)
+            if name == "value":
+                out[name][key] = state.value()  # type: ignore[attr-defined]
+            elif name == "map":
+                out[name][key] = dict(state.items())  # type: ignore[attr-defined]
+            else:
+                out[name][key] = state.get()  # type: ignore[attr-defined]
+    return out
+
+
+def nonempty(model: Model) -> Model:
+    return {name: d for name, d in model.items() if d}
+
+
+def restore_heap(handles: list[dict[str, Any]], job_dir: Path,
+                 kgr: KeyGroupRange = FULL_RANGE) -> HeapKeyedStateBackend:
+    kb = HeapKeyedStateBackend(kgr, MAX_PARALLELISM, operator_uid="op")
+    kb.restore(handles, job_dir)
+    return kb
+
+
+def check_restores(handle: dict[str, Any], job_dir: Path, expected: Model,
+                   tmp: Path) -> None:
+    """The handle gives back ``expected`` through the reader, a heap restore, a heap
+    restore split in two ranges (rescaling), and a RocksDB restore where installed."""
+    assert read_heap_snapshot(handle, job_dir) == nonempty(expected)
+    assert nonempty(read_backend(restore_heap([handle], job_dir))) == nonempty(expected)
+    merged: Model = {name: {} for name in NAMES}
+    for kgr in (KeyGroupRange(0, 6), KeyGroupRange(7, MAX_PARALLELISM - 1)):
+        part = read_backend(restore_heap([handle], job_dir, kgr))
+        for name, d in part.items():
+            merged[name].update(d)
+    assert nonempty(merged) == nonempty(expected)
+    try:
+        from reactive.backends.rocksdb import RocksDBKeyedStateBackend
+    except ImportError:
+        return
+    rocks = RocksDBKeyedStateBackend(tmp / f"rocks-{random.getrandbits(32):x}", FULL_RANGE,
+                                     MAX_PARALLELISM, operator_uid="op")
+    try:
+        rocks.restore([handle], job_dir)
+        assert nonempty(read_backend(rocks)) == nonempty(expected)
+    finally:
+        rocks.dispose()
+
+
+OPS = ("update", "mutate", "clear", "add", "put", "remove", "reduce", "clear_all")
+step = st.one_of(
+    st.tuples(st.sampled_from(OPS), st.sampled_from(KEYS), st.integers(0, 9)),
+    st.tuples(st.just("snapshot")),
+    st.tuples(st.just("progress"), st.integers(1, 6)),
+    st.tuples(st.just("finish"), st.sampled_from(["complete", "complete", "abort", "discard"])),
+)
+
+
+async def run_model(steps: list[tuple[Any, ...]], job_dir: Path) -> None:
+    """Apply ``steps``; every completed checkpoint must restore the model at its barrier."""
+    inst = Instance(job_dir, max_deltas=3)
+    cid = 0
+    # (checkpoint id, model at the barrier, snapshot, its write task (None: not started))
+    pending: list[tuple[int, Model, Any, asyncio.Task[dict[str, Any]] | None]] = []
+    completed: list[tuple[int, Model, dict[str, Any]]] = []
+
+    async def finish(outcome: str) -> None:
+        c, model, snap, task = pending.pop(0)
+        if outcome == "discard" and task is None:
+            snap.discard()
+            return
+        handle = await (task if task is not None else snap.write())
+        if outcome == "complete":
+            inst.kb.notify_checkpoint_complete(c)
+            completed.append((c, model, handle))
+
+    for s in steps:
+        if s[0] == "snapshot":
+            cid += 1
+            snap = inst.kb.snapshot(inst.context(cid))
+            # half the snapshots start writing at once: later steps interleave with them
+            task = asyncio.ensure_future(snap.write()) if cid % 2 else None
+            pending.append((cid, copy.deepcopy(inst.model), snap, task))
+        elif s[0] == "progress":
+            for _ in range(s[1]):
+                await asyncio.sleep(0)
+        elif s[0] == "finish":
+            if pending:
+                await finish(s[1])
+        else:
+            inst.apply(*s)
+    while pending:
+        await finish("complete")
+    # and one more after everything, on top of the chains
+    cid += 1
+    handle = await inst.kb.snapshot(inst.context(cid)).write()
+    completed.append((cid, copy.deepcopy(inst.model), handle))
+    for _c, model, handle in completed:
+        check_restores(handle, job_dir, model, job_dir.parent)
+
+
+@pytest.fixture
+def tiny_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer yields after every chunk, so the steps interleave with its pieces."""
+    monkeypatch.setattr(heap_snapshot, "PIECE", 0.0)
+    monkeypatch.setattr(heap_snapshot, "_MIN_CHUNK", 2)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.lists(step, min_size=20, max_size=150))
+def test_model_restores_every_completed_checkpoint_at_its_barrier(
+        tiny_pieces: None, tmp_path_factory: pytest.TempPathFactory,
+        steps: list[tuple[Any, ...]]) -> None:
+    asyncio.run(run_model(steps, tmp_path_factory.mktemp("job")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(40))
+def test_model_long_random_runs(tiny_pieces: None, tmp_path: Path, seed: int) -> None:
+    rnd = random.Random(seed)
+    steps: list[tuple[Any, ...]] = []
+    for _ in range(1500):
+        r = rnd.random()
+        if r < 0.04:
+            steps.append(("snapshot",))
+        elif r < 0.10:
+            steps.append(("progress", rnd.randint(1, 6)))
+        elif r < 0.14:
+            steps.append(("finish", rnd.choice(["complete", "complete", "abort", "discard"])))
+        else:
+            steps.append((rnd.choice(OPS), rnd.choice(KEYS), rnd.randint(0, 9)))
+    asyncio.run(run_model(steps, tmp_path / "job"))
+
+
+# ---------------------------------------------------------------------- unit tests
+def fill(inst: Instance, keys: list[Any]) -> None:
+    for k in keys:
+        inst.apply("update", k, 1)
+        inst.apply("add", k, 2)
+
+
+def chain_kinds(handle: dict[str, Any]) -> dict[str, list[str]]:
+    return {kg: [e[3] for e in chain] for kg, chain in handle["key_groups"].items()}
+
+
+def written_bytes(handle: dict[str, Any]) -> int:
+    reused = {r["path"] for r in handle["shared_reused"]}
+    return sum(r["size"] for r in handle["files"] if r["path"] not in reused)
+
+
+async def test_deltas_hold_only_changed_keys_and_tombstones(tmp_path: Path) -> None:
+    inst = Instance(tmp_path / "job")
+    keys = list(range(2000))
+    fill(inst, keys)
+    h1 = await inst.kb.snapshot(inst.context(1)).write()
+    inst.kb.notify_checkpoint_complete(1)
+    assert all(kinds == ["f"] for kinds in chain_kinds(h1).values())
+    inst.apply("update", 5, 9)
+    inst.apply("clear_all", 6, 0)
+    h2 = await inst.kb.snapshot(inst.context(2)).write()
+    # two keys changed (and the key current at the first barrier counts as changed): at
+    # most three deltas, every other key group reuses checkpoint 1's blob
+    deltas = [kg for kg, kinds in chain_kinds(h2).items() if kinds == ["f", "d"]]
+    assert 1 <= len(deltas) <= 3
+    assert written_bytes(h2) * 50 < written_bytes(h1)
+    assert {r["path"] for r in h2["shared"]} == {r["path"] for r in h2["files"]}
+    assert all(r["path"].startswith("shared/") for r in h2["files"])
+    assert read_heap_snapshot(h2, inst.job_dir) == nonempty(inst.model)
+    assert 6 not in read_heap_snapshot(h2, inst.job_dir)["value"]
+    inst.kb.notify_checkpoint_complete(2)
+    # nothing changed since: only the key current at the barrier (it might have been
+    # changed without a set_current_key) is written again
+    h3 = await inst.kb.snapshot(inst.context(3)).write()
+    changed = [kg for kg in h3["key_groups"] if h3["key_groups"][kg] != h2["key_groups"][kg]]
+    assert len(changed) <= 1
+    assert written_bytes(h3) * 500 < written_bytes(h1)
+
+
+async def test_an_aborted_checkpoint_changes_reach_the_next_delta(tmp_path: Path) -> None:
+    inst = Instance(tmp_path / "job")
+    fill(inst, list(range(300)))
+    await inst.kb.snapshot(inst.context(1)).write()
+    inst.kb.notify_checkpoint_complete(1)
+    inst.apply("update", 1, 100)
+    await inst.kb.snapshot(inst.context(2)).write()  # written, but never completes
+    inst.apply("update", 2, 200)
+    discarded = inst.kb.snapshot(inst.context(3))
+    discarded.discard()
+    inst.apply("update", 3, 300)
+    h4 = await inst.kb.snapshot(inst.context(4)).write()
+    # built on checkpoint 1, with the keys of 2, 3 and 4
+    assert read_heap_snapshot(h4, inst.job_dir) == nonempty(inst.model)
+    assert not any(r["path"].startswith("shared/op/op-0-2-") for r in h4["files"])
+
+
+async def test_materialization_bounds_and_staggers_the_chains(tmp_path: Path) -> None:
+    inst = Instance(tmp_path / "job", max_deltas=4)
+    keys = list(range(400))
+    fill(inst, keys)
+    lengths: list[int] = []
+    materialized: list[int] = []
+    previous: dict[str, list[Any]] = {}
+    for cid in range(1, 16):
+        for k in keys[::7]:  # every key group changes each time
+            inst.apply("reduce", k, cid)
+        handle = await inst.kb.snapshot(inst.context(cid)).write()
+        inst.kb.notify_checkpoint_complete(cid)
+        assert read_heap_snapshot(handle, inst.job_dir) == nonempty(inst.model)
+        lengths.append(max(len(c) for c in handle["key_groups"].values()))
+        materialized.append(sum(1 for kg, c in handle["key_groups"].items()
+                                if len(c) == 1 and previous.get(kg) != c))
+        previous = handle["key_groups"]
+    assert max(lengths) <= 1 + 4  # a full blob and at most max_deltas deltas
+    # after the first (all full), never every key group in the same checkpoint
+    assert max(materialized[1:]) < MAX_PARALLELISM
+    assert sum(1 for m in materialized[1:] if m) >= 3
+
+
+class CountingSerializer:
+    """A custom serializer that counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def serialize(self, value: Any) -> bytes:
+        self.calls += 1
+        return pickle.dumps(value)
+
+    def deserialize(self, data: bytes) -> Any:
+        return pickle.loads(data)
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_touching_a_key_copies_that_key_only(tmp_path: Path, incremental: bool) -> None:
+    """Copy-on-write is per key: the task pays O(1) per touched key, never a whole key group
+    (the old snapshots serialized the touched key's whole key group inline)."""
+    ser = CountingSerializer()
+    kb = HeapKeyedStateBackend(KeyGroupRange(0, 0), 1, operator_uid="op",
+                               incremental=incremental)
+    state = kb.get_state(ValueStateDescriptor("v", serializer=ser))
+    for k in range(5000):  # one key group
+        kb.set_current_key(k)
+        state.update(k)  # type: ignore[attr-defined]
+    job_dir = tmp_path / "job"
+    snap = kb.snapshot(SnapshotContext(1, job_dir, job_dir / "chk-1", job_dir / "shared", "op", 0))
+    after_sync = ser.calls
+    for k in (1, 2, 3):
+        kb.set_current_key(k)
+        state.update(-k)  # type: ignore[attr-defined]
+    assert ser.calls - after_sync <= 3
+    handle = await snap.write()
+    got = read_heap_snapshot(handle, job_dir)["v"]
+    assert {k: pickle.loads(v) for k, v in got.items()} == {k: k for k in range(5000)}
+
+
+async def test_the_current_key_at_the_barrier_is_captured(tmp_path: Path) -> None:
+    """A change without a new set_current_key (the key current at the barrier) does not
+    leak into the snapshot, and reaches the next one."""
+    inst = Instance(tmp_path / "job")
+    inst.apply("update", "k1", 1)
+    snap = inst.kb.snapshot(inst.context(1))
+    inst.value.update(["later"])  # no set_current_key in between
+    h1 = await snap.write()
+    inst.kb.notify_checkpoint_complete(1)
+    assert read_heap_snapshot(h1, inst.job_dir)["value"] == {"k1": [1]}
+    h2 = await inst.kb.snapshot(inst.context(2)).write()
+    assert read_heap_snapshot(h2, inst.job_dir)["value"] == {"k1": ["later"]}
+
+
+async def test_unserializable_value_fails_the_snapshot_and_the_next_delta_recovers(
+        tmp_path: Path) -> None:
+    inst = Instance(tmp_path / "job")
+    fill(inst, list(range(50)))
+    await inst.kb.snapshot(inst.context(1)).write()
+    inst.kb.notify_checkpoint_complete(1)
+    inst.kb.set_current_key("bad")
+    inst.value.update(lambda: None)
+    with pytest.raises(StateSerializationError) as info:
+        await inst.kb.snapshot(inst.context(2)).write()
+    assert (info.value.operator, info.value.state_name, info.value.key) == ("op", "value", "bad")
+    assert not [p for p in (inst.job_dir / "shared").rglob("*") if p.name.endswith(".tmp")]
+    inst.apply("update", "bad", 7)
+    inst.apply("update", 3, 8)
+    h3 = await inst.kb.snapshot(inst.context(3)).write()
+    assert read_heap_snapshot(h3, inst.job_dir) == nonempty(inst.model)
+
+
+async def test_savepoints_and_restored_instances_are_self_contained_then_full(
+        tmp_path: Path) -> None:
+    inst = Instance(tmp_path / "job")
+    fill(inst, list(range(100)))
+    await inst.kb.snapshot(inst.context(1)).write()
+    inst.kb.notify_checkpoint_complete(1)
+    inst.apply("update", 1, 5)
+    ctx = SnapshotContext(2, inst.job_dir, inst.job_dir / "chk-2", inst.job_dir / "shared",
+                          "op", 0, savepoint=True)
+    sp = await inst.kb.snapshot(ctx).write()
+    assert sp["shared"] == [] and all(r["path"].startswith("chk-2/") for r in sp["files"])
+    inst.kb.notify_checkpoint_complete(2)
+    # the savepoint is no base: the next delta still holds key 1
+    inst.apply("update", 2, 6)
+    h3 = await inst.kb.snapshot(inst.context(3)).write()
+    assert read_heap_snapshot(h3, inst.job_dir) == nonempty(inst.model)
+    restored = HeapKeyedStateBackend(FULL_RANGE, MAX_PARALLELISM, operator_uid="op",
+                                     incremental=True)
+    restored.restore([sp], inst.job_dir)
+    h4 = await restored.snapshot(inst.context(4)).write()
+    assert all(kinds == ["f"] for kinds in chain_kinds(h4).values())
+    stream = iter_heap_key_groups(h4, inst.job_dir, KeyGroupRange(0, 3))
+    assert all(kg <= 3 for kg, _, _ in stream)
