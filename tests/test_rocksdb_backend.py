@@ -337,9 +337,13 @@ PIPELINE_SCRIPT = textwrap.dedent('''
 
     class Reader(SourceReader):
         position = 0
+        snapshots = 0
 
         async def read_batch(self, max_records):
-            if self.position >= len(words):
+            # the second half waits until checkpoint PAUSE_AT - 1 is taken: that checkpoint
+            # then lies inside the input however fast the job runs
+            held = self.position >= len(words) // 2 and self.snapshots < PAUSE_AT - 1
+            if held or self.position >= len(words):
                 await asyncio.sleep(0.01)  # idle: keep injecting barriers
                 return []
             batch = words[self.position:self.position + 500]
@@ -348,6 +352,7 @@ PIPELINE_SCRIPT = textwrap.dedent('''
             return batch
 
         def snapshot_state(self):
+            self.snapshots += 1
             return [self.position]
 
         def restore_state(self, entries):

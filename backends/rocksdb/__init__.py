@@ -9,8 +9,10 @@ modules, one job each:
 - :mod:`.db`: RocksDB options and opening databases (working ones, and snapshot files laid
   out as one); the identity of this backend's handles;
 - :mod:`.state`: the write-back cache in front of RocksDB and the state objects;
-- :mod:`.snapshot`: full and incremental snapshots (local RocksDB checkpoint, upload of SST
-  files, shared files reused across checkpoints);
+- :mod:`.generations`: the cache generations a snapshot freezes, and the local phase that
+  writes them to RocksDB and takes the local RocksDB checkpoint off the task;
+- :mod:`.snapshot`: full and incremental snapshots (frozen generation, local RocksDB
+  checkpoint, upload of SST files in worker threads, shared files reused across checkpoints);
 - :mod:`.restore`: restore and rescaling from any number of handles, RocksDB ones by
   installing and clipping or range-copying their files, other backends' through their
   key-group readers;

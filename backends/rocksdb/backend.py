@@ -34,7 +34,7 @@ from reactive.state.descriptors import StateDescriptor
 from .db import BACKEND, open_db, options, safe_name
 from .keys import MAX_KEY_GROUPS, key_group_prefix
 from .restore import RocksDBRestoreOperation
-from .snapshot import RocksDBSnapshot, checkpoint_locally
+from .snapshot import RocksDBSnapshot
 from .state import WriteBackCache, create_state
 
 __all__ = ["RocksDBKeyedStateBackend", "RocksDBStateBackend"]
@@ -94,6 +94,7 @@ class RocksDBKeyedStateBackend(WriteBackCache, KeyedStateBackend):
         self._uploaded: dict[int, dict[str, dict[str, Any]]] = {}
         self._snapshots: set[RocksDBSnapshot] = set()
         self._disposed = False
+        self._db_closed = False
 
     # ------------------------------------------------------------------ keys
     def set_key_serializer(self, serializer: Serializer | None) -> None:
@@ -158,11 +159,23 @@ class RocksDBKeyedStateBackend(WriteBackCache, KeyedStateBackend):
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self, ctx: SnapshotContext) -> KeyedStateSnapshot:
-        self._flush_dirty()
-        local = checkpoint_locally(self._db, self.directory, ctx)
+        """Synchronous part: freeze the write-back cache (O(number of states), see
+        :mod:`.generations`) and mark the checkpoint in flight in checkpoint storage; the
+        returned snapshot's ``write`` writes the frozen generation to RocksDB, creates the
+        local RocksDB checkpoint and uploads it (:mod:`.snapshot`).
+
+        Raises:
+            OSError: if the checkpoint's directory cannot be created.
+        """
+        local = self.directory / f"chk-{ctx.checkpoint_id}-{uuid.uuid4().hex[:8]}"
+        # marks the checkpoint as in flight for checkpoint storage before any shared file of
+        # it exists (CheckpointStorage never collects shared files while one is in flight)
+        ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        gen = self._freeze(ctx.checkpoint_id, local)
         incremental = self.incremental and not ctx.savepoint
         snap = RocksDBSnapshot(
-            ctx, local, incremental=incremental,
+            ctx, gen, make_local=self._gens.make_local, discard_gen=self._gens.discard,
+            incremental=incremental,
             base=dict(self._base) if incremental else {},
             states={n: t.kind for n, t in self._tables.items()},
             custom=sorted(n for n, t in self._tables.items() if t.custom),
@@ -184,7 +197,7 @@ class RocksDBKeyedStateBackend(WriteBackCache, KeyedStateBackend):
 
     def _snapshot_done(self, snap: RocksDBSnapshot) -> None:
         self._snapshots.discard(snap)
-        if self._disposed and not self._snapshots:
+        if self._db_closed and not self._snapshots:
             shutil.rmtree(self.directory, ignore_errors=True)
 
     # ------------------------------------------------------------------ restore
@@ -206,16 +219,29 @@ class RocksDBKeyedStateBackend(WriteBackCache, KeyedStateBackend):
             self._base = op.base
 
     def dispose(self) -> None:
+        """Close the database and remove the working directory (once no asynchronous part
+        and no flush-and-checkpoint job in a worker thread uses them any more)."""
         if self._disposed:
             return
         self._disposed = True
+        job = self._gens.running_job()
+        self._gens.close()
         self._clear_cache()
-        self._db.close()
-        shutil.rmtree(self._db_dir, ignore_errors=True)
         # an asynchronous part that never started (its task was cancelled with the failed
         # attempt) would never remove its local checkpoint; one that runs cleans up itself
         for snap in [s for s in self._snapshots if not s.started]:
             snap.discard()
+        if job is None:
+            self._close_db()
+        else:
+            # a thread is flushing or checkpointing this database: closing it now would
+            # pull it from under that call
+            job.add_done_callback(lambda _: self._close_db())
+
+    def _close_db(self) -> None:
+        self._db.close()
+        self._db_closed = True
+        shutil.rmtree(self._db_dir, ignore_errors=True)
         if not self._snapshots:
             shutil.rmtree(self.directory, ignore_errors=True)
 

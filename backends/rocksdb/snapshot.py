@@ -1,22 +1,27 @@
-"""The RocksDB backend's snapshots, full and incremental: a local RocksDB checkpoint taken in
-the synchronous part, uploaded to checkpoint storage in the asynchronous part.
+"""The RocksDB backend's snapshots, full and incremental: the write-back cache frozen in the
+synchronous part; written to RocksDB, checkpointed locally and uploaded to checkpoint storage
+in the asynchronous part.
 
 Thesis 4.5.1 (asynchronous snapshot invocation) and 4.5.2 (incremental snapshots); Flink's
 ``RocksFullSnapshotStrategy`` / ``RocksIncrementalSnapshotStrategy``:
 
-- *synchronous part* (:func:`checkpoint_locally`, after the backend wrote its dirty cache
-  entries): flush the memtable, create a RocksDB checkpoint (hard links of the immutable SST
-  files, a copy of the small MANIFEST, OPTIONS and CURRENT files) in a private directory, and
-  create the checkpoint's ``chk-<n>`` directory (which tells checkpoint storage that a
-  checkpoint is in flight);
-- *asynchronous part* (:meth:`RocksDBSnapshot.write`, on the event loop, in 1 MiB chunks that
-  yield to the tasks): copy the files into checkpoint storage. Full mode copies everything
-  into ``chk-<n>``. Incremental mode stores SST files under ``<job_dir>/shared/<operator>/``
-  named by their SHA-256, and an SST file that the last *completed* checkpoint already stored
-  is referenced, not copied (listed in the handle's ``shared_reused``). Only completed
-  checkpoints serve as the base, and every file a retained checkpoint references is live or
-  newer, so checkpoint storage can delete a shared file exactly when no retained checkpoint
-  lists it (reference counting derived from the metadata, hence correct across restarts).
+- *synchronous part* (the backend's ``snapshot``): freeze the write-back cache as a
+  generation (:mod:`.generations`, O(number of states)) and create the checkpoint's
+  ``chk-<n>`` directory (which tells checkpoint storage that a checkpoint is in flight);
+- *asynchronous part* (:meth:`RocksDBSnapshot.write`): the *local phase* writes the frozen
+  generation (and any older pending one) to RocksDB in chunks on the event loop, then
+  flushes the memtable and creates a RocksDB checkpoint (hard links of the immutable SST
+  files, a copy of the small MANIFEST, OPTIONS and CURRENT files) in a private directory, in
+  a worker thread; then the *upload* copies the files into checkpoint storage: SST files in
+  a worker thread (reads, SHA-256 and writes of 16 MiB chunks and ``fsync`` release the
+  GIL), the few KiB of small files on the loop with their fsync in a thread. Full mode copies
+  everything into ``chk-<n>``. Incremental mode stores SST files under
+  ``<job_dir>/shared/<operator>/`` named by their SHA-256, and an SST file that the last
+  *completed* checkpoint already stored is referenced, not copied (listed in the handle's
+  ``shared_reused``). Only completed checkpoints serve as the base, and every file a retained
+  checkpoint references is live or newer, so checkpoint storage can delete a shared file
+  exactly when no retained checkpoint lists it (reference counting derived from the
+  metadata, hence correct across restarts).
 
 The handle (``format`` ``rocksdb-v1``) records the key-group range, the states with their
 kinds, which states use a custom serializer (``custom_serializers``; the others' values are
@@ -26,55 +31,31 @@ pickles), the key encoding, and ``db_files``: RocksDB file name -> path in check
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from rocksdict import Checkpoint, Rdict
+from typing import Any, TypeVar
 
 from reactive.state.backend import KeyedStateSnapshot, SnapshotContext
 
 from .db import BACKEND, FORMAT, safe_name
+from .generations import Generation, run_in_worker
 
-__all__ = ["RocksDBSnapshot", "checkpoint_locally"]
+__all__ = ["RocksDBSnapshot"]
 
-_CHUNK = 1 << 20  # bytes per read when copying files
-
-
-def checkpoint_locally(db: Rdict, directory: Path, ctx: SnapshotContext) -> Path:
-    """Synchronous part: flush ``db`` and hard-link its files into a new private directory
-    under ``directory``; create the checkpoint's directory in checkpoint storage.
-
-    Args:
-        db: the instance's database (its dirty cache entries already written).
-        directory: the instance's working directory.
-        ctx: the snapshot's context.
-
-    Returns:
-        the local checkpoint directory (the asynchronous part removes it).
-    """
-    db.flush()
-    local = directory / f"chk-{ctx.checkpoint_id}-{uuid.uuid4().hex[:8]}"
-    Checkpoint(db).create_checkpoint(str(local))
-    # marks the checkpoint as in flight for checkpoint storage before any shared file of it
-    # exists (CheckpointStorage never collects shared files while one is in flight)
-    ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    return local
+_T = TypeVar("_T")
+_CHUNK = 16 << 20  # bytes per read when copying (read, hash, write each take the GIL back once)
+_SMALL = 256 << 10  # bytes: a file up to this size is copied and hashed on the loop
 
 
-async def _copy_hashed(src: Path, dest: Path) -> tuple[int, str]:
-    """Copy ``src`` to ``dest`` (via a temporary file and an atomic rename), returning
-    (size in bytes, sha256 hex digest).
-
-    Runs on the event loop in chunks of ``_CHUNK`` bytes, yielding between them: in a worker
-    thread every read, write and hash call would wait for the GIL held by the busy tasks
-    (measured: 300 ms instead of 10 ms for a few small files under load).
-    """
+def _copy_hashed(src: Path, dest: Path) -> tuple[int, str]:
+    """Blocking (worker thread): copy ``src`` to ``dest`` via a temporary file, fsync and an
+    atomic rename; return (size in bytes, sha256 hex digest)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
     h = hashlib.sha256()
@@ -85,8 +66,6 @@ async def _copy_hashed(src: Path, dest: Path) -> tuple[int, str]:
                 h.update(chunk)
                 fout.write(chunk)
                 size += len(chunk)
-                if len(chunk) == _CHUNK:
-                    await asyncio.sleep(0)
             fout.flush()
             os.fsync(fout.fileno())
         os.replace(tmp, dest)
@@ -96,11 +75,11 @@ async def _copy_hashed(src: Path, dest: Path) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
-async def _hash_to_shared(src: Path, shared: Path) -> tuple[int, str, Path]:
-    """Copy ``src`` into folder ``shared`` named by its content (``<sha256>.sst``)."""
+def _hash_to_shared(src: Path, shared: Path) -> tuple[int, str, Path]:
+    """Blocking: copy ``src`` into folder ``shared`` named by its content (``<sha256>.sst``)."""
     shared.mkdir(parents=True, exist_ok=True)
     tmp = shared / f".upload-{uuid.uuid4().hex}.tmp"
-    size, sha = await _copy_hashed(src, tmp)
+    size, sha = _copy_hashed(src, tmp)
     dest = shared / f"{sha}.sst"
     # same name = same content: replacing an existing copy is harmless
     os.replace(tmp, dest)
@@ -118,12 +97,109 @@ class _Upload:
     sst: dict[str, dict[str, Any]] = field(default_factory=dict)  # SST name -> shared ref
 
 
+async def _in_thread(fn: Callable[..., _T], *args: Any) -> _T:
+    """Run ``fn(*args)`` in a worker thread (the loop's default executor) and return its
+    result. When the caller is cancelled, the call already running is waited for before the
+    cancellation goes on: a thread cannot be stopped, and a failed attempt's files must not
+    still be written while the next attempt restores and cleans up."""
+    fut = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        while not fut.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({fut})
+        raise
+
+
+def _copy_small(src: Path, dest: Path) -> tuple[int, str, Path, int]:
+    """Copy a small file (at most :data:`_SMALL` bytes) to a temporary file next to
+    ``dest`` on the event loop, without fsync; return (size, sha256, temporary path, its
+    still open descriptor)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
+    data = src.read_bytes()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        raise
+    return len(data), hashlib.sha256(data).hexdigest(), tmp, fd
+
+
+def _fsync_all(fds: list[int]) -> None:
+    """Blocking (worker thread): fsync each descriptor (one GIL hand-back per file)."""
+    for fd in fds:
+        os.fsync(fd)
+
+
+async def _upload(ctx: SnapshotContext, local: Path, incremental: bool,
+                  base: dict[str, dict[str, Any]]) -> _Upload:
+    """Copy the local checkpoint ``local`` into checkpoint storage, reusing ``base``'s
+    shared SST files in incremental mode.
+
+    Under load a worker thread waits about one GIL switch interval (5 ms) each time it
+    returns from a system call, so the thread calls are few: one per SST file to copy
+    (read, hash, write and fsync in 16 MiB chunks), and one that fsyncs every small file
+    (MANIFEST, OPTIONS, CURRENT ...), which the loop copies and hashes itself (a few KiB:
+    microseconds). Reused SST files cost two ``stat`` calls on the loop.
+
+    Raises:
+        OSError: if a file cannot be read or written.
+    """
+    up = _Upload()
+    exclusive = ctx.checkpoint_dir / f"{safe_name(ctx.operator_uid)}-{ctx.subtask}"
+    shared_dir = ctx.shared_dir / safe_name(ctx.operator_uid)
+    small: list[tuple[Path, Path, int]] = []  # temporary file, final name, open descriptor
+    try:
+        for name in sorted(os.listdir(local)):
+            src = local / name
+            size = src.stat().st_size
+            if incremental and name.endswith(".sst"):
+                ref = base.get(name)
+                # the base may come from a checkpoint of another job directory
+                # (restore_from): reuse a file only if this storage holds it (names are
+                # content hashes)
+                if ref is not None and ref["size"] == size and \
+                        (ctx.job_dir / ref["path"]).is_file():
+                    up.reused.append(ref)
+                else:
+                    size, sha, dest = await _in_thread(_hash_to_shared, src, shared_dir)
+                    ref = {"path": ctx.relative(dest), "size": size, "sha256": sha}
+                up.shared.append(ref)
+                up.sst[name] = ref
+            else:
+                dest = exclusive / name
+                if size <= _SMALL:
+                    size, sha, tmp, fd = _copy_small(src, dest)
+                    small.append((tmp, dest, fd))
+                else:
+                    size, sha = await _in_thread(_copy_hashed, src, dest)
+                ref = {"path": ctx.relative(dest), "size": size, "sha256": sha}
+            up.files.append(ref)
+            up.db_files[name] = ref["path"]
+        await _in_thread(_fsync_all, [fd for _, _, fd in small])
+        for tmp, dest, _ in small:
+            os.replace(tmp, dest)
+    finally:
+        for tmp, _, fd in small:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)  # renamed: gone already
+    return up
+
+
 class RocksDBSnapshot(KeyedStateSnapshot):
     """One snapshot between its synchronous part and the end of its asynchronous part.
 
     Args:
         ctx: where to write.
-        local: the local checkpoint directory (:func:`checkpoint_locally`).
+        gen: the write-back cache generation frozen at the barrier (:mod:`.generations`).
+        make_local: writes the generations up to ``gen`` to RocksDB and creates ``gen``'s
+            local checkpoint, returning its directory.
+        discard_gen: gives up ``gen``'s local checkpoint (its entries still go to RocksDB).
         incremental: upload SST files to ``shared/`` and reuse ``base``'s (else copy all).
         base: local SST file name -> its ref in the last completed checkpoint.
         states: state name -> kind (None: unknown until a descriptor binds it).
@@ -133,21 +209,25 @@ class RocksDBSnapshot(KeyedStateSnapshot):
         key_encoding: the handle's ``key_encoding``.
         on_uploaded: called with (checkpoint id, SST name -> shared ref) after an
             incremental upload (the candidate base of the next incremental snapshot).
-        on_done: called once when the local checkpoint is removed (written or discarded).
+        on_done: called once when the snapshot is written or discarded.
 
     Attributes:
         started: the asynchronous part started.
-        done: the local checkpoint was removed.
+        done: the snapshot was written or discarded (its local checkpoint is being removed).
     """
 
-    def __init__(self, ctx: SnapshotContext, local: Path, *, incremental: bool,
+    def __init__(self, ctx: SnapshotContext, gen: Generation, *,
+                 make_local: Callable[[Generation], Awaitable[Path]],
+                 discard_gen: Callable[[Generation], None], incremental: bool,
                  base: dict[str, dict[str, Any]], states: dict[str, str | None],
                  custom: list[str], key_group_range: list[int], max_parallelism: int,
                  key_encoding: str,
                  on_uploaded: Callable[[int, dict[str, dict[str, Any]]], None],
                  on_done: Callable[[RocksDBSnapshot], None]) -> None:
         self.ctx = ctx
-        self.local = local
+        self.gen = gen
+        self._make_local = make_local
+        self._discard_gen = discard_gen
         self.incremental = incremental
         self.base = base
         self.states = states
@@ -160,47 +240,21 @@ class RocksDBSnapshot(KeyedStateSnapshot):
         self.started = False
         self.done = False
 
-    async def _upload(self) -> _Upload:
-        """Copy the local checkpoint into checkpoint storage."""
-        ctx = self.ctx
-        owner = f"{safe_name(ctx.operator_uid)}-{ctx.subtask}"
-        exclusive = ctx.checkpoint_dir / owner
-        shared_dir = ctx.shared_dir / safe_name(ctx.operator_uid)
-        up = _Upload()
-        for name in sorted(os.listdir(self.local)):
-            src = self.local / name
-            if self.incremental and name.endswith(".sst"):
-                ref = self.base.get(name)
-                # the base may come from a checkpoint of another job directory (restore_from):
-                # reuse a file only if this storage holds it (names are content hashes)
-                if ref is not None and ref["size"] == src.stat().st_size and \
-                        (ctx.job_dir / ref["path"]).is_file():
-                    up.reused.append(ref)
-                else:
-                    size, sha, dest = await _hash_to_shared(src, shared_dir)
-                    ref = {"path": ctx.relative(dest), "size": size, "sha256": sha}
-                up.shared.append(ref)
-                up.sst[name] = ref
-            else:
-                dest = exclusive / name
-                size, sha = await _copy_hashed(src, dest)
-                ref = {"path": ctx.relative(dest), "size": size, "sha256": sha}
-            up.files.append(ref)
-            up.db_files[name] = ref["path"]
-        return up
-
     async def write(self) -> dict[str, Any]:
-        """Asynchronous part: upload the local checkpoint and return the handle.
+        """Asynchronous part: the local phase, then the upload; return the handle.
 
         Raises:
-            OSError: if the snapshot was discarded, or a file cannot be copied.
+            OSError: if the snapshot was discarded, the local checkpoint could not be
+                created, or a file cannot be copied.
+            StateSerializationError: if a frozen value cannot be serialized.
         """
         if self.done:
             raise OSError(f"snapshot {self.ctx.checkpoint_id} was discarded (the backend "
                           "was disposed before its asynchronous part ran)")
         self.started = True
         try:
-            up = await self._upload()
+            local = await self._make_local(self.gen)
+            up = await _upload(self.ctx, local, self.incremental, self.base)
         finally:
             self._release()
         if self.incremental:
@@ -223,7 +277,11 @@ class RocksDBSnapshot(KeyedStateSnapshot):
     def _release(self) -> None:
         if not self.done:
             self.done = True
-            shutil.rmtree(self.local, ignore_errors=True)
+            gen = self.gen
+            if gen.checkpointed and gen.local is not None:
+                run_in_worker(shutil.rmtree, gen.local, True)
+            else:
+                self._discard_gen(gen)
             self._on_done(self)
 
     def discard(self) -> None:

@@ -3,12 +3,16 @@ it.
 
 A RocksDB get + put per record costs microseconds from Python, so each instance keeps a
 bounded *write-back cache* of deserialized values per state (:class:`StateTable`). Reads hit
-the cache first (:meth:`WriteBackCache._load` on a miss); writes only mark the entry dirty
-(:meth:`WriteBackCache._store`). Dirty entries go to RocksDB in one ``WriteBatch``
-(:meth:`WriteBackCache._flush_dirty`) when there are ``write_batch_entries`` of them, when the
-cache overflows ``cache_entries`` (it is then emptied), and when the backend asks (before
-``keys()`` and every snapshot). A value its serializer refuses fails that write with
-:class:`~reactive.errors.StateSerializationError` naming the operator, the state and the key.
+the cache first (:meth:`WriteBackCache._load` on a miss: the frozen generations of pending
+snapshots, then RocksDB); writes only mark the entry dirty (:meth:`WriteBackCache._store`).
+Dirty entries go to RocksDB in one ``WriteBatch`` (:meth:`WriteBackCache._flush_dirty`) when
+there are ``write_batch_entries`` of them, when the cache overflows ``cache_entries`` (it is
+then emptied), and before ``keys()``. A snapshot freezes the cache instead
+(:meth:`WriteBackCache._freeze`, :mod:`.generations`): while a frozen generation is not yet in
+RocksDB nothing newer is written there, and the cache grows up to ``2 * cache_entries``
+entries per state before the task writes the pending generations itself. A value its
+serializer refuses fails that write with :class:`~reactive.errors.StateSerializationError`
+naming the operator, the state and the key.
 
 Every state kind stores one value per key (:mod:`.keys`): list and map state are serialized
 as a whole by their descriptor's serializer (pickle by default).
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from rocksdict import Rdict, WriteBatch
@@ -32,12 +37,12 @@ from reactive.state.descriptors import (
     ValueStateDescriptor,
 )
 
+from .generations import ABSENT as _ABSENT
+from .generations import MISS as _MISS
+from .generations import FrozenTable, Generation, GenerationQueue
 from .keys import state_id
 
 __all__ = ["StateTable", "WriteBackCache", "create_state", "pickle_dumps"]
-
-_MISS = object()  # not in the cache
-_ABSENT = object()  # known to have no value (cached miss, or cleared)
 
 
 def pickle_dumps(value: Any) -> bytes:
@@ -95,6 +100,7 @@ class WriteBackCache:
     Attributes:
         current_key: the key state calls are scoped to.
         _kgb: its key group's 2-byte prefix (None before any key is set).
+        _gens: the frozen generations of pending snapshots (:mod:`.generations`).
     """
 
     def __init__(self, db: Rdict, cache_entries: int, write_batch_entries: int,
@@ -102,11 +108,16 @@ class WriteBackCache:
         self._db = db
         self.cache_entries = max(1, cache_entries)
         self.write_batch_entries = max(1, write_batch_entries)
+        # entries per state the cache may hold while a generation is pending (nothing may
+        # be written to RocksDB then); past it the task drains the pending generations
+        self._pending_limit = 2 * max(self.cache_entries, self.write_batch_entries)
         self._encode_key = encode_key
         self.operator_uid = operator_uid
         self.current_key: Any = None
         self._kgb: bytes | None = None
         self._tables: dict[str, StateTable] = {}
+        self._gens = GenerationQueue(lambda: self._db, lambda: self._encode_key,
+                                     self._retired)
 
     def _require_key(self) -> bytes:
         kgb = self._kgb
@@ -134,39 +145,92 @@ class WriteBackCache:
         return table
 
     def _load(self, table: StateTable, key: Any) -> Any:
-        """Cache miss: read ``key`` of ``table`` from RocksDB into the cache."""
+        """Cache miss: read ``key`` of ``table`` from the newest frozen generation holding
+        it, else from RocksDB, into the cache.
+
+        Raises:
+            StateSerializationError: if a frozen dirty value taken over cannot be
+                serialized (:meth:`.generations.FrozenTable.promote`).
+        """
         kgb = self._require_key()
-        raw = self._db.get(kgb + table.sid + self._encode_key(key))
-        value = _ABSENT if raw is None else table.loads(raw)
-        cache = table.cache
-        if len(cache) >= self.cache_entries:
+        value = _MISS
+        for gen in reversed(self._gens.pending):
+            value = gen.lookup(table.name, key)
+            if value is not _MISS:
+                break
+        if value is _MISS:
+            raw = self._db.get(kgb + table.sid + self._encode_key(key))
+            value = _ABSENT if raw is None else table.loads(raw)
+        if len(table.cache) >= self.cache_entries:
             self._evict(table)
-        cache[key] = value
+        table.cache[key] = value
         return value
 
     def _store(self, table: StateTable, key: Any, value: Any) -> None:
         """Write-back: cache ``value`` (``_ABSENT`` deletes) and mark it dirty."""
         kgb = self._require_key()
-        cache = table.cache
-        if key not in cache and len(cache) >= self.cache_entries:
+        if key not in table.cache and len(table.cache) >= self.cache_entries:
             self._evict(table)
-        cache[key] = value
+        table.cache[key] = value
         dirty = table.dirty
         dirty[key] = kgb
         if len(dirty) >= self.write_batch_entries:
             self._flush_dirty(table)
 
+    def _may_write(self, table: StateTable) -> bool:
+        """Whether ``table``'s dirty entries may go to RocksDB now: no generation is
+        pending, or the cache outgrew the pending bound (then drain the generations)."""
+        if not self._gens.pending:
+            return True
+        if len(table.cache) < self._pending_limit:
+            return False
+        self._gens.drain()
+        return True
+
     def _evict(self, table: StateTable) -> None:
-        self._flush_dirty(table)
-        table.cache.clear()
+        if self._may_write(table):
+            self._flush_dirty(table)
+            table.cache.clear()
+
+    def _freeze(self, checkpoint_id: int, local: Path | None) -> Generation:
+        """Synchronous part of a snapshot: the current cache of every state becomes a
+        frozen generation (O(number of states)); the states continue in empty dicts."""
+        tables = []
+        for t in self._tables.values():
+            if t.cache:
+                tables.append(FrozenTable(t, self.operator_uid))
+                t.cache = {}
+                t.dirty = {}
+        gen = Generation(checkpoint_id, tables, local)
+        self._gens.add(gen)
+        return gen
+
+    def _retired(self, gen: Generation, last: bool) -> None:
+        """``gen`` is in RocksDB: keep its values cached where the current generation has
+        no newer ones, if it was the last frozen generation and the cache has room."""
+        if not last:
+            return
+        for ft in gen.tables.values():
+            t = self._tables.get(ft.name)
+            if t is None or len(t.cache) + len(ft.values) > self.cache_entries:
+                continue
+            merged = ft.values | t.cache  # the current generation's values win
+            t.cache.clear()
+            t.cache.update(merged)
 
     def _flush_dirty(self, only: StateTable | None = None) -> None:
-        """Write dirty cache entries to RocksDB in one WriteBatch (entries stay cached).
+        """Write dirty cache entries to RocksDB in one WriteBatch (entries stay cached);
+        nothing while a frozen generation is pending and the cache is within its bound.
 
         Raises:
             StateSerializationError: if a value's serializer refuses it (nothing of the
                 batch is written; the entries stay dirty).
         """
+        if only is not None:
+            if not self._may_write(only):
+                return
+        elif self._gens.pending:
+            self._gens.drain()
         tables = [only] if only is not None else list(self._tables.values())
         if not any(t.dirty for t in tables):
             return
@@ -224,16 +288,16 @@ class _CachedState:
     """Every state kind stores one value per key: reads go through the write-back cache,
     then RocksDB; writes go to the cache (``_store``); clearing stores ``_ABSENT``."""
 
-    __slots__ = ("_b", "_cache", "_t")
+    __slots__ = ("_b", "_t")
 
     def __init__(self, backend: WriteBackCache, table: StateTable) -> None:
         self._b = backend
         self._t = table
-        self._cache = table.cache
 
     def _get(self) -> Any:
         key = self._b.current_key
-        v = self._cache.get(key, _MISS)
+        # table.cache, not a reference kept here: a snapshot swaps in a new dict
+        v = self._t.cache.get(key, _MISS)
         return self._b._load(self._t, key) if v is _MISS else v
 
     def clear(self) -> None:
@@ -264,7 +328,8 @@ class _ListState(_CachedState, ListState):
 
     def add(self, value: Any) -> None:
         v = self._get()
-        # appending in place is safe: a snapshot serialized the list in its synchronous part
+        # appending in place is safe: a list taken over from a frozen generation was
+        # serialized there first (FrozenTable.promote)
         if v is _ABSENT:
             v = [value]
         else:

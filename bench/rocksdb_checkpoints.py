@@ -1,0 +1,197 @@
+"""RocksDB checkpoints: synchronous pause and asynchronous part with updates flowing, bytes per
+incremental checkpoint, and a restarted job's records/s against a fresh one's; the working
+tree's backend against a baseline revision's (default HEAD) in the same invocation.
+
+    python -m bench.rocksdb_checkpoints [--keys 1000000 5000000] [--updates 2000000]
+        [--interval 1.0] [--repeats 3] [--restart-records 2000000] [--vocabulary 100000]
+        [--baseline HEAD | --no-baseline] [--skip-pauses] [--skip-restart]
+
+Pauses: W1 keyed count (``from_collection -> key_by -> count -> discarding sink``, parallelism
+1, incremental checkpoints every ``--interval`` s) over every key of ``range(K)`` once (in a
+seeded random order), then ``--updates`` updates of uniformly random keys, for each K of
+``--keys``. Prints records/s, the synchronous pause (max, median ms), the asynchronous part
+(median, max ms) and bytes per periodic checkpoint (median, mean, max) next to the full
+state's size. Restart: W1 on ``--restart-records`` Zipf(1.1) keys over ``--vocabulary`` words
+(numpy seed 42) run fresh, then a new job restored from its last checkpoint (the source under
+another uid, so it reads the same input again) ``--repeats`` times; prints min/median/max of
+both records/s and of the ratio restored/fresh. The baseline backend is the baseline
+revision's ``backends/rocksdb`` (``git show``) loaded as a separate package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import peak_rss_mb, print_table, zipf_keys
+from reactive import (
+    CheckpointConfig,
+    CheckpointStats,
+    Dataflow,
+    KeyedProcessFunction,
+    StateBackend,
+    ValueStateDescriptor,
+)
+from reactive.checkpoint.metadata import read_metadata
+from reactive.connectors.collections import DiscardingSink
+
+__all__ = ["main"]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Count(KeyedProcessFunction):
+    """Keyed count (emits nothing: the benchmark measures state, not output)."""
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+    def process_element(self, value: Any, ctx: Any) -> None:
+        self.count.update(self.count.value() + 1)
+
+
+def load_baseline(revision: str, into: Path) -> Any:
+    """Import ``backends/rocksdb`` of git ``revision`` as the package ``rocksdb_baseline``."""
+    pkg = into / "rocksdb_baseline"
+    pkg.mkdir(parents=True)
+    names = subprocess.run(["git", "ls-tree", "--name-only", revision, "backends/rocksdb/"],
+                           cwd=REPO, check=True, capture_output=True, text=True).stdout.split()
+    for name in names:
+        text = subprocess.run(["git", "show", f"{revision}:{name}"], cwd=REPO, check=True,
+                              capture_output=True, text=True).stdout
+        (pkg / Path(name).name).write_text(text)
+    sys.path.insert(0, str(into))
+    return importlib.import_module("rocksdb_baseline")
+
+
+def backends(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """Name -> RocksDB backend module: the baseline's (unless --no-baseline), then ours."""
+    from reactive.backends import rocksdb
+
+    out: dict[str, Any] = {}
+    if args.baseline:
+        out[f"baseline ({args.baseline})"] = load_baseline(args.baseline, tmp / "baseline")
+    out["working tree"] = rocksdb
+    return out
+
+
+async def run_w1(keys: list[Any], directory: Path, backend: StateBackend, source_uid: str,
+                 interval: float, restore_from: Path | None = None,
+                 ) -> tuple[float, list[CheckpointStats]]:
+    """Run W1 once; return (records/s, completed checkpoints)."""
+    flow = Dataflow("w1", parallelism=1, max_parallelism=128)
+    (flow.from_collection(keys).uid(source_uid).key_by(lambda w: w).process(Count())
+         .uid("count").sink(DiscardingSink()))
+    t = time.perf_counter()
+    job = await flow.run(checkpoints=CheckpointConfig(interval=interval,
+                                                      directory=directory / "chk"),
+                         state_backend=backend, restore_from=restore_from,
+                         allow_non_restored_state=restore_from is not None)
+    return len(keys) / (time.perf_counter() - t), job.metrics.completed_checkpoints
+
+
+def state_size(chk: CheckpointStats) -> int:
+    """Bytes of every file the checkpoint's keyed state references (a full copy's size)."""
+    assert chk.path is not None
+    meta = read_metadata(Path(chk.path))
+    return sum(ref["size"] for sub in meta["operators"]["count"]["subtasks"].values()
+               if sub["keyed_state"] for ref in sub["keyed_state"]["files"])
+
+
+def pauses(args: argparse.Namespace, mods: dict[str, Any], tmp: Path) -> str:
+    from reactive.runtime.loop import run_coroutine
+
+    rows: list[list[Any]] = []
+    for k in args.keys:
+        rng = np.random.default_rng(7)
+        keys = rng.permutation(k).tolist() + rng.integers(0, k, args.updates).tolist()
+        for name, mod in mods.items():
+            d = Path(tempfile.mkdtemp(dir=tmp))
+            backend = mod.RocksDBStateBackend(path=d / "state", incremental=True)
+            rate, done = run_coroutine(run_w1(keys, d, backend, "src", args.interval))
+            periodic = done[:-1] or done  # the last one is taken after the input ended
+            sync = [c.sync * 1e3 for c in periodic]
+            async_ = [c.async_ * 1e3 for c in periodic]
+            sizes = [c.size / 1e6 for c in periodic]
+            rows.append([f"{k:,}", name, rate, len(periodic), max(sync),
+                         statistics.median(sync), statistics.median(async_), max(async_),
+                         statistics.median(sizes), statistics.mean(sizes), max(sizes),
+                         state_size(done[-1]) / 1e6])
+    print(f"\nCheckpoint pauses: W1 over K keys then {args.updates:,} uniform updates, "
+          f"incremental checkpoints every {args.interval:g} s")
+    return print_table(
+        ["keys", "backend", "records/s", "checkpoints", "sync max ms", "sync median ms",
+         "async median ms", "async max ms", "MB/checkpoint median", "MB/checkpoint mean",
+         "MB/checkpoint max", "state MB"], rows)
+
+
+def restart(args: argparse.Namespace, mods: dict[str, Any], tmp: Path) -> str:
+    from reactive.runtime.loop import run_coroutine
+
+    keys = zipf_keys(args.restart_records, args.vocabulary)
+    rows: list[list[Any]] = []
+    for name, mod in mods.items():
+        fresh, restored, ratio = [], [], []
+        for i in range(args.repeats):
+            d = Path(tempfile.mkdtemp(dir=tmp))
+            r1, done = run_coroutine(run_w1(
+                keys, d, mod.RocksDBStateBackend(path=d / "state"), f"a{i}", args.interval))
+            assert done[-1].path is not None
+            r2, _ = run_coroutine(run_w1(
+                keys, d, mod.RocksDBStateBackend(path=d / "state2"), f"b{i}", args.interval,
+                restore_from=Path(done[-1].path)))
+            fresh.append(r1)
+            restored.append(r2)
+            ratio.append(r2 / r1)
+        rows.append([name, min(fresh), statistics.median(fresh), max(fresh), min(restored),
+                     statistics.median(restored), max(restored), min(ratio),
+                     statistics.median(ratio), max(ratio)])
+    print(f"\nRestart: W1 on {args.restart_records:,} Zipf(1.1) keys over {args.vocabulary:,} "
+          f"words, fresh vs restored from the fresh run's last checkpoint, {args.repeats} "
+          "repeats")
+    return print_table(
+        ["backend", "fresh min", "fresh median", "fresh max", "restored min",
+         "restored median", "restored max", "ratio min", "ratio median", "ratio max"], rows)
+
+
+def main(argv: list[str] | None = None) -> str:
+    """Parse the command line, run the sections, return the printed tables."""
+    p = argparse.ArgumentParser(description="RocksDB checkpoint pauses and restart speed")
+    p.add_argument("--keys", type=int, nargs="+", default=[1_000_000, 5_000_000])
+    p.add_argument("--updates", type=int, default=2_000_000)
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints")
+    p.add_argument("--repeats", type=int, default=3, help="fresh/restored pairs per backend")
+    p.add_argument("--restart-records", type=int, default=2_000_000)
+    p.add_argument("--vocabulary", type=int, default=100_000)
+    p.add_argument("--baseline", default="HEAD", help="git revision of the baseline backend")
+    p.add_argument("--no-baseline", dest="baseline", action="store_const", const=None)
+    p.add_argument("--skip-pauses", action="store_true")
+    p.add_argument("--skip-restart", action="store_true")
+    args = p.parse_args(argv)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="bench-rocksdb-") as t:
+        tmp = Path(t)
+        mods = backends(args, tmp)
+        if not args.skip_pauses:
+            out.append(pauses(args, mods, tmp))
+        if not args.skip_restart:
+            out.append(restart(args, mods, tmp))
+    print(f"\npeak RSS {peak_rss_mb():,.0f} MiB")
+    return "\n\n".join(out)
+
+
+if __name__ == "__main__":
+    # run as a script: make the repository importable like ``python -m bench.rocksdb_checkpoints``
+    sys.path.insert(0, str(REPO))
+    asyncio.set_event_loop_policy(None)
+    main()
