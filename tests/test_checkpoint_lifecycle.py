@@ -85,11 +85,50 @@ class InPlaceCounter(ProcessFunction):
         yield value
 
 
+class UntilCheckpoints(Source):
+    """Emits 0, 1, 2 ... in batches until it was told of ``checkpoints`` completed
+    checkpoints (or ``limit`` records, a guard against a hang); its position is the count."""
+
+    max_source_parallelism = 1
+
+    def __init__(self, checkpoints: int, limit: int = 5_000_000) -> None:
+        self.checkpoints = checkpoints
+        self.limit = limit
+
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+        return _UntilCheckpointsReader(self)
+
+
+class _UntilCheckpointsReader(SourceReader):
+    def __init__(self, source: UntilCheckpoints) -> None:
+        self.source = source
+        self.position = 0
+        self.completed = 0
+
+    async def read_batch(self, max_records: int) -> list[Any] | None:
+        if self.completed >= self.source.checkpoints or self.position >= self.source.limit:
+            return None
+        start = self.position
+        self.position += max_records
+        return list(range(start, self.position))
+
+    def snapshot_state(self) -> list[Any]:
+        return [self.position]
+
+    def restore_state(self, entries: list[Any]) -> None:
+        self.position = int(entries[0])
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.completed += 1
+
+
 async def test_operator_state_is_captured_at_the_barrier(tmp_path):
     """Every checkpoint's counter equals the source position it was taken with: entries
     changed in place after the barrier never leak into the snapshot."""
     flow = Dataflow("inplace", batch_size=50)
-    (flow.from_collection(range(60_000)).uid("src")
+    # records flow until five checkpoints completed: as many as the test needs, however
+    # fast or slow the machine (a fixed input may end before the first few complete)
+    (flow.source(UntilCheckpoints(5), uid="src")
          .process(InPlaceCounter()).uid("counter")
          .sink(ListSink()))
     await flow.run(checkpoints=CheckpointConfig(interval=0.002, directory=tmp_path,

@@ -46,51 +46,51 @@ def _shared_files(storage: CheckpointStorage) -> set[str]:
             for p in storage.shared_dir.rglob("*") if p.is_file()}
 
 
-def test_subsumed_checkpoints_release_their_shared_files(tmp_path: Path):
+async def test_subsumed_checkpoints_release_their_shared_files(tmp_path: Path):
     storage = CheckpointStorage(tmp_path, "j")
     store = CompletedCheckpointStore(storage, retained=2)
-    store.add(_complete(storage, 1, ["shared/a", "shared/b"]))
-    store.add(_complete(storage, 2, ["shared/b", "shared/c"]))
-    assert store.add(_complete(storage, 3, ["shared/c", "shared/d"])) == [1]
+    await store.add(_complete(storage, 1, ["shared/a", "shared/b"]))
+    await store.add(_complete(storage, 2, ["shared/b", "shared/c"]))
+    assert await store.add(_complete(storage, 3, ["shared/c", "shared/d"])) == [1]
     # a is gone with checkpoint 1; b is still referenced by checkpoint 2
     assert _shared_files(storage) == {"shared/b", "shared/c", "shared/d"}
-    assert store.add(_complete(storage, 4, ["shared/d"])) == [2]
+    assert await store.add(_complete(storage, 4, ["shared/d"])) == [2]
     assert _shared_files(storage) == {"shared/c", "shared/d"}
     assert [c.checkpoint_id for c in store.checkpoints] == [3, 4]
 
 
-def test_deletion_waits_while_a_checkpoint_is_in_flight(tmp_path: Path):
+async def test_deletion_waits_while_a_checkpoint_is_in_flight(tmp_path: Path):
     storage = CheckpointStorage(tmp_path, "j")
     store = CompletedCheckpointStore(storage, retained=1)
-    store.add(_complete(storage, 1, ["shared/a"]))
+    await store.add(_complete(storage, 1, ["shared/a"]))
     storage.checkpoint_dir(3).mkdir()  # checkpoint 3 is being taken: it may reuse shared/a
-    store.add(_complete(storage, 2, ["shared/b"]))
+    await store.add(_complete(storage, 2, ["shared/b"]))
     assert "shared/a" in _shared_files(storage)
     (storage.checkpoint_dir(3)).rmdir()
-    store.add(_complete(storage, 4, ["shared/b"]))
+    await store.add(_complete(storage, 4, ["shared/b"]))
     assert _shared_files(storage) == {"shared/b"}
 
 
-def test_savepoints_in_storage_are_never_subsumed(tmp_path: Path):
+async def test_savepoints_in_storage_are_never_subsumed(tmp_path: Path):
     storage = CheckpointStorage(tmp_path, "j")
     store = CompletedCheckpointStore(storage, retained=1)
-    store.add(_complete(storage, 1, [], kind="savepoint"))
-    store.add(_complete(storage, 2, []))
-    store.add(_complete(storage, 3, []))
+    await store.add(_complete(storage, 1, [], kind="savepoint"))
+    await store.add(_complete(storage, 2, []))
+    await store.add(_complete(storage, 3, []))
     assert [c.checkpoint_id for c in store.checkpoints] == [1, 3]
 
 
-def test_counts_are_rebuilt_from_the_retained_metadata(tmp_path: Path):
+async def test_counts_are_rebuilt_from_the_retained_metadata(tmp_path: Path):
     """A new store (a restart) knows what the retained checkpoints reference, and removes
     the uploads of checkpoints that never completed."""
     storage = CheckpointStorage(tmp_path, "j")
     first = CompletedCheckpointStore(storage, retained=2)
-    first.add(_complete(storage, 1, ["shared/a"]))
-    first.add(_complete(storage, 2, ["shared/a", "shared/b"]))
+    await first.add(_complete(storage, 1, ["shared/a"]))
+    await first.add(_complete(storage, 2, ["shared/a", "shared/b"]))
     (storage.shared_dir / "orphan").write_bytes(b"an upload of an aborted checkpoint")
     again = CompletedCheckpointStore(storage, retained=2)
     assert again.registry.reference_count("shared/a") == 2
-    assert again.remove_orphans() == 1
+    assert await again.remove_orphans() == 1
     assert _shared_files(storage) == {"shared/a", "shared/b"}
 
 

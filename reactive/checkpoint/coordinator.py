@@ -28,6 +28,16 @@ With ``mode="synchronous"`` (the baseline of the ABS paper's evaluation, thesis 
 coordinator halts the sources right behind the barriers until the checkpoint completes or
 is aborted, and the tasks write their snapshots before they go on
 (:mod:`reactive.checkpoint.synchronous_snapshots`).
+
+No file work runs on the event loop (it is the application's loop too): the metadata is
+written and fsynced, aborted checkpoints are discarded and retention deletes files in worker
+threads (:mod:`.off_loop`), like Flink's coordinator hands them to its ``ioExecutor``. The
+order still holds across those awaits: a checkpoint counts as completed (``latest_completed``,
+notifications, ``done``) only after its ``_metadata`` is durable; it keeps its concurrency
+slot until then, so no checkpoint is triggered in between; completions are finalized one at a
+time and in id order (a checkpoint whose turn comes after a newer one completed is subsumed,
+as a pending one would be); retention runs after, on its own lock (see
+:mod:`.completed_checkpoint_store`).
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ from ..runtime.events import CheckpointBarrier
 from .completed_checkpoint_store import CompletedCheckpointStore
 from .failure_reason import CheckpointFailureReason
 from .metadata import CompletedCheckpoint
+from .off_loop import in_thread, wait_all
 from .savepoints import rebase_savepoint_paths
 from .stats import CheckpointStats
 from .storage import CheckpointStorage
@@ -108,6 +119,8 @@ class CheckpointCoordinator:
         history: list the statistics of each checkpoint are appended to.
         run_id: the run (one ``Dataflow.start``) the checkpoints belong to; stored in the
             metadata so failover restores only this run's lineage.
+        store: the job's completed checkpoints, already read (``CompletedCheckpointStore.open``
+            reads them off the loop); None reads them here, on the calling thread.
     """
 
     def __init__(
@@ -120,6 +133,7 @@ class CheckpointCoordinator:
         first_id: int,
         history: list[CheckpointStats],
         run_id: str = "",
+        store: CompletedCheckpointStore | None = None,
     ) -> None:
         self.config = config
         self.storage = storage
@@ -131,7 +145,18 @@ class CheckpointCoordinator:
         self.run_id = run_id
         # checkpoints completed with commit=True whose notifications have not all run yet
         self._committing: dict[int, PendingCheckpoint] = {}
-        self.store = CompletedCheckpointStore(storage, config.retained)
+        # all acknowledged, _metadata being written: out of `pending` (nothing may abort it
+        # now) but still holding a concurrency slot, and failed by shutdown()
+        self._finalizing: dict[int, PendingCheckpoint] = {}
+        self._finalize_lock = asyncio.Lock()
+        self.store = store if store is not None else CompletedCheckpointStore(
+            storage, config.retained)
+        self.store.in_flight = self._in_flight
+        # discards of aborted checkpoints running in worker threads (run() waits for them)
+        self._file_work: set[asyncio.Task[None]] = set()
+        # set once run() removed the orphaned shared files: no checkpoint before that (an
+        # upload may re-create a file of the same name while it is being deleted)
+        self._ready = asyncio.Event()
         self.tasks: list[StreamTask] = []
         self.sources: list[StreamTask] = []
         self.pending: dict[int, PendingCheckpoint] = {}
@@ -160,9 +185,18 @@ class CheckpointCoordinator:
             CheckpointError: after too many consecutive failed checkpoints.
         """
         try:
-            self.store.remove_orphans()
+            await self.store.remove_orphans()
         except OSError as exc:  # housekeeping: never fail the job for it
             log.warning("removing unreferenced shared files failed: %s", exc)
+        finally:
+            self._ready.set()
+        try:
+            await self._trigger_loop()
+        finally:
+            # discards still running in threads end with the attempt, not after it
+            await wait_all(self._file_work)
+
+    async def _trigger_loop(self) -> None:
         interval = self.config.interval
         next_trigger = time.monotonic() + (interval or 0.0)
         tick = min(0.05, interval) if interval else 0.05
@@ -175,7 +209,7 @@ class CheckpointCoordinator:
                     self.abort(p.checkpoint_id, CheckpointFailureReason.CHECKPOINT_EXPIRED,
                                f"timed out after {self.config.timeout} s")
             if self._periodic and interval and now >= next_trigger:
-                if len(self.pending) < self.config.max_concurrent:
+                if self._slots_taken() < self.config.max_concurrent:
                     self.trigger()
                 next_trigger = now + interval
             with contextlib.suppress(TimeoutError):
@@ -209,7 +243,7 @@ class CheckpointCoordinator:
         )
         self.pending[cid] = pending
         self.history.append(stats)
-        if len(self.pending) >= self.config.max_concurrent:
+        if self._slots_taken() >= self.config.max_concurrent:
             self._slot_free.clear()
         barrier = CheckpointBarrier(cid, stats.trigger_time, "savepoint" if kind == "savepoint"
                                     else "checkpoint")
@@ -246,11 +280,12 @@ class CheckpointCoordinator:
         """
         if self._stopped.is_set():
             raise CheckpointError("the job is finishing or stopped: no more checkpoints")
-        while len(self.pending) >= self.config.max_concurrent:
-            self._slot_free.clear()
-            await self._slot_free.wait()
+        await self._ready.wait()
+        while self._slots_taken() >= self.config.max_concurrent or self._stopped.is_set():
             if self._stopped.is_set():
                 raise CheckpointError("the job is finishing or stopped: no more checkpoints")
+            self._slot_free.clear()
+            await self._slot_free.wait()
         pending = self.trigger(kind, commit)
         if on_trigger is not None:
             on_trigger()
@@ -290,6 +325,37 @@ class CheckpointCoordinator:
 
     async def _complete(self, p: PendingCheckpoint) -> None:
         self.pending.pop(p.checkpoint_id, None)
+        self._finalizing[p.checkpoint_id] = p
+        try:
+            # one at a time, in arrival order: a second completion must not interleave its
+            # "abort the older pending ones" or its notifications with this one's
+            async with self._finalize_lock:
+                completed = await self._finalize(p)
+        finally:
+            self._finalizing.pop(p.checkpoint_id, None)
+            self._free_slot()
+        if completed is None:
+            return
+        log.debug("completed checkpoint %d in %.3f s (%d bytes)", p.checkpoint_id,
+                  p.stats.duration, p.stats.size)
+        try:
+            # registration happens at the call, before any other task runs; the deletions
+            # run in threads, one pass at a time (the store's own lock)
+            await self.store.add(completed)
+        except OSError as exc:  # retention is housekeeping: never fail the job for it
+            log.warning("checkpoint retention failed: %s", exc)
+
+    async def _finalize(self, p: PendingCheckpoint) -> CompletedCheckpoint | None:
+        """Write ``p``'s metadata durably, then make it the latest completed checkpoint and
+        notify the tasks; None when it failed or was subsumed meanwhile."""
+        latest = self.latest_completed
+        if latest is not None and latest.checkpoint_id > p.checkpoint_id:
+            # a newer checkpoint finalized while this one waited for its turn: completing
+            # this one now would make an older state "latest" (a pending one would have been
+            # aborted as subsumed by that completion; so is this one)
+            self._fail_pending(p, CheckpointFailureReason.CHECKPOINT_SUBSUMED,
+                               f"subsumed by checkpoint {latest.checkpoint_id}")
+            return None
         p.stats.duration = time.perf_counter() - p.started
         p.stats.status = "completed"
         body = {
@@ -312,16 +378,17 @@ class CheckpointCoordinator:
             except CheckpointError as exc:
                 self._fail_pending(p, CheckpointFailureReason.FINALIZE_CHECKPOINT_FAILURE,
                                    str(exc))
-                return
+                return None
             body["self_contained"] = True
         try:
-            # inline, not in a thread: the metadata is small, and a worker thread would wait
-            # for the GIL held by the busy tasks longer than the write and fsync take
-            path = self.storage.write_metadata(p.checkpoint_id, body)
+            # in a worker thread (write, fsync, rename, fsync of the directory): the loop
+            # keeps running the tasks and the application meanwhile. Nothing below happens
+            # before the metadata is durable: that is what makes the checkpoint completed
+            path = await in_thread(self.storage.write_metadata, p.checkpoint_id, body)
         except OSError as exc:
             self._fail_pending(p, CheckpointFailureReason.IO_EXCEPTION,
                                f"writing the metadata failed: {exc}")
-            return
+            return None
         p.stats.path = str(path)
         completed = CompletedCheckpoint(p.checkpoint_id, path, body)
         self.latest_completed = completed
@@ -340,15 +407,7 @@ class CheckpointCoordinator:
         # (e.g. the final one) acts after every task was told to commit
         if not p.done.done():
             p.done.set_result(completed)
-        self._free_slot()
-        log.debug("completed checkpoint %d in %.3f s (%d bytes)", p.checkpoint_id,
-                  p.stats.duration, p.stats.size)
-        try:
-            # inline on the loop: in a thread it would race with the next checkpoint's
-            # metadata write and could delete a checkpoint completed meanwhile
-            self.store.add(completed)
-        except OSError as exc:  # retention is housekeeping: never fail the job for it
-            log.warning("checkpoint retention failed: %s", exc)
+        return completed
 
     async def _notify_complete(self, task: StreamTask, p: PendingCheckpoint,
                                waiting: set[str]) -> None:
@@ -367,8 +426,10 @@ class CheckpointCoordinator:
         finish), so ``job.checkpoint()``, ``savepoint`` and ``stop`` never wait forever.
         """
         self.stop()
+        self._ready.set()
         error = CheckpointError(reason)
-        for p in [*self.pending.values(), *self._committing.values()]:
+        for p in [*self.pending.values(), *self._finalizing.values(),
+                  *self._committing.values()]:
             if p.stats.status == "pending":
                 p.stats.status = "aborted"
                 p.stats.failure = CheckpointFailureReason.CHECKPOINT_COORDINATOR_SHUTDOWN.message
@@ -378,6 +439,7 @@ class CheckpointCoordinator:
                     fut.set_exception(error)
                     fut.exception()  # retrieved: a periodic checkpoint has no waiter
         self.pending.clear()
+        self._finalizing.clear()
         self._committing.clear()
         self._slot_free.set()
 
@@ -425,7 +487,7 @@ class CheckpointCoordinator:
             if not fut.done():
                 fut.set_exception(error)
                 fut.exception()  # mark retrieved: nobody may be waiting for a periodic one
-        self.storage.discard(p.checkpoint_id)
+        self._discard_in_background(p.checkpoint_id)
         self._free_slot()
         for task in self.tasks:
             task.gate.post(functools.partial(task.notify_checkpoint_aborted, p.checkpoint_id))
@@ -439,6 +501,31 @@ class CheckpointCoordinator:
                 )
                 self._stopped.set()
 
+    def _discard_in_background(self, checkpoint_id: int) -> None:
+        """Remove an aborted checkpoint's directory in a worker thread.
+
+        Its id is never used again, so nothing can write a newer checkpoint there; a task's
+        asynchronous part still writing into it meanwhile only delays the removal (the next
+        retention pass removes what it re-created). Until it is gone, the directory counts as
+        a checkpoint in flight, which only defers deleting shared files.
+        """
+        task = asyncio.get_running_loop().create_task(
+            in_thread(self.storage.discard, checkpoint_id))
+        self._file_work.add(task)
+        task.add_done_callback(self._file_work_done)
+
+    def _file_work_done(self, task: asyncio.Task[None]) -> None:
+        self._file_work.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("removing an aborted checkpoint failed: %s", task.exception())
+
+    def _in_flight(self) -> bool:
+        """A checkpoint is triggered and not completed or aborted yet."""
+        return bool(self.pending or self._finalizing)
+
+    def _slots_taken(self) -> int:
+        return len(self.pending) + len(self._finalizing)
+
     def _free_slot(self) -> None:
-        if len(self.pending) < self.config.max_concurrent:
+        if self._slots_taken() < self.config.max_concurrent:
             self._slot_free.set()

@@ -4,6 +4,11 @@ and ``ExecutionGraph`` in one step).
 Operators connected by a forward edge with equal parallelism, where the producer has exactly
 one consumer, are *chained* into one task. Every other edge becomes channels: point-wise for
 forward edges, all-to-all for rebalance, broadcast and key-group (``key_by``) edges.
+
+Building the graph does no file work. Restoring a checkpoint into it (:meth:`ExecutionGraph.restore`)
+reads and unpickles snapshot files, so it runs one operator instance at a time in a worker
+thread: the event loop, which the application may share, keeps running. No task runs yet, so
+nothing else touches an instance's backend or operator state while its thread fills them.
 """
 
 from __future__ import annotations
@@ -11,14 +16,16 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from ..checkpoint.off_loop import in_thread
 from ..checkpoint.state_assignment_operation import StateAssignmentOperation
 from ..errors import ConfigurationError
 from ..graph import Edge, Transformation
 from ..key_encoding import bind_key_serializer
-from ..keygroups import key_group_range_for_operator
-from ..state.backend import StateBackend
+from ..keygroups import KeyGroupRange, key_group_range_for_operator
+from ..state.backend import KeyedStateBackend, StateBackend
 from .channel import Channel, InputGate
 from .iteration_head import IterationHeadTask, LoopQuiescence
+from .operators import StreamOperator
 from .partitioner import (
     BroadcastPartitioner,
     ForwardPartitioner,
@@ -30,6 +37,17 @@ from .record_writer import RecordWriter
 from .task import StreamTask, TaskEnvironment
 
 __all__ = ["ExecutionGraph", "validate"]
+
+
+@dataclass(frozen=True)
+class _InstanceRestore:
+    """Where one operator instance's restored state goes."""
+
+    operator: StreamOperator
+    keyed_backend: KeyedStateBackend | None
+    subtask: int
+    parallelism: int
+    key_group_range: KeyGroupRange | None
 
 
 @dataclass
@@ -89,12 +107,14 @@ def validate(transformations: list[Transformation], default_parallelism: int,
 class ExecutionGraph:
     """Tasks and channels of one job attempt.
 
+    Build it, then (to start from a checkpoint) ``await graph.restore(assignment)`` before
+    any task runs.
+
     Args:
         transformations: the logical graph, in construction (topological) order.
         default_parallelism, max_parallelism, batch_size, channel_capacity: dataflow settings.
         env: shared by all tasks.
         state_backend: creates each keyed operator's backend.
-        restore: the checkpoint state to install, or None for a fresh start.
     """
 
     def __init__(
@@ -106,7 +126,6 @@ class ExecutionGraph:
         channel_capacity: int,
         env: TaskEnvironment,
         state_backend: StateBackend,
-        restore: StateAssignmentOperation | None,
     ) -> None:
         validate(transformations, default_parallelism, max_parallelism)
         self.max_parallelism = max_parallelism
@@ -201,6 +220,7 @@ class ExecutionGraph:
         # tasks
         self.tasks: list[StreamTask] = []
         self.channels: list[Channel] = []
+        self._instances: list[_InstanceRestore] = []
         for c in chains:
             for i in range(c.parallelism):
                 operators = []
@@ -220,12 +240,8 @@ class ExecutionGraph:
                         if key_serializer is not None:
                             bind_key_serializer(keyed_backend, key_serializer, op.uid)
                     op.setup(i, c.parallelism, max_parallelism, keyed_backend)
-                    if restore is not None:
-                        r = restore.for_subtask(op.uid, i, c.parallelism, kgr)
-                        if keyed_backend is not None and r.keyed_handles:
-                            keyed_backend.restore(r.keyed_handles, restore.checkpoint.job_dir)
-                        if r.operator_state:
-                            op.operator_state.restore(r.operator_state)
+                    self._instances.append(
+                        _InstanceRestore(op, keyed_backend, i, c.parallelism, kgr))
                     operators.append(op)
                 gate = InputGate(inputs[c.head.id][i])
                 self.channels.extend(gate.channels)
@@ -237,3 +253,31 @@ class ExecutionGraph:
                 else:
                     self.tasks.append(StreamTask(env, task_name, i, c.parallelism,
                                                  operators, gate, writers[c.tail.id][i]))
+
+    async def restore(self, assignment: StateAssignmentOperation) -> None:
+        """Install a checkpoint's state into every operator instance, before the tasks run.
+
+        Each instance is restored in a worker thread (its operator-state file and its keyed
+        snapshots are read and unpickled there), one instance after the other, so the event
+        loop keeps running; pickle holds the GIL, but the interpreter hands it to the loop
+        every switch interval (5 ms). Errors are those of the inline restore.
+
+        Raises:
+            RestoreError: a snapshot the backend cannot read (naming the file or handle), or
+                an unreadable operator-state file.
+        """
+        with_state = assignment.checkpoint.metadata.get("operators", {})
+        for instance in self._instances:
+            if instance.operator.uid in with_state:  # else there is nothing to read
+                await in_thread(_restore_instance, assignment, instance)
+
+
+def _restore_instance(assignment: StateAssignmentOperation, instance: _InstanceRestore) -> None:
+    """Blocking: read and install one operator instance's share of the checkpoint."""
+    op = instance.operator
+    r = assignment.for_subtask(op.uid, instance.subtask, instance.parallelism,
+                               instance.key_group_range)
+    if instance.keyed_backend is not None and r.keyed_handles:
+        instance.keyed_backend.restore(r.keyed_handles, assignment.checkpoint.job_dir)
+    if r.operator_state:
+        op.operator_state.restore(r.operator_state)

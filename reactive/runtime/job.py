@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..checkpoint.completed_checkpoint_store import CompletedCheckpointStore
 from ..checkpoint.coordinator import CheckpointCoordinator, OperatorInfo
 from ..checkpoint.lineage import (
     ReplayPolicy,
@@ -36,6 +37,7 @@ from ..checkpoint.lineage import (
     select_restore,
 )
 from ..checkpoint.metadata import CompletedCheckpoint
+from ..checkpoint.off_loop import in_thread
 from ..checkpoint.savepoints import move_savepoint
 from ..checkpoint.state_assignment_operation import StateAssignmentOperation
 from ..checkpoint.storage import CheckpointStorage
@@ -147,6 +149,11 @@ class _SourceHold:
         self.released = True
         for task in self.sources:
             task.gate.post(_no_op)  # wakes the parked loop so it sees ``released``
+
+
+def _occupied(target: Path) -> bool:
+    """Blocking: ``target`` exists and is not an empty directory."""
+    return target.exists() and (not target.is_dir() or any(target.iterdir()))
 
 
 def _no_op() -> None:
@@ -410,11 +417,9 @@ class Job:
         if self.options.checkpoints is None:
             raise CheckpointError("savepoints need checkpoint storage: pass "
                                   "checkpoints=CheckpointConfig(directory=...)")
-        if path is not None:
-            target = Path(path)
-            if target.exists() and (not target.is_dir() or any(target.iterdir())):
-                raise CheckpointError(f"savepoint target {target} exists and is not an "
-                                      "empty directory")
+        if path is not None and await asyncio.to_thread(_occupied, Path(path)):
+            raise CheckpointError(f"savepoint target {Path(path)} exists and is not an "
+                                  "empty directory")
         coordinator = await self._wait_running()
         hold = _SourceHold(coordinator.sources) if stop else None
         try:
@@ -426,7 +431,7 @@ class Job:
                 hold.release()
             raise
         if path is not None:
-            completed = await asyncio.to_thread(move_savepoint, completed, Path(path))
+            completed = await in_thread(move_savepoint, completed, Path(path))
             for stats in self.metrics.checkpoints:
                 if stats.checkpoint_id == completed.checkpoint_id:
                     stats.path = str(completed.path)
@@ -466,13 +471,13 @@ class Job:
             lineage_candidates(self.storage, self.run_id, self._first_id, self._initial),
             self._replay_policy(), "failover")
 
-    def _forget_if_nothing_completed(self) -> None:
+    async def _forget_if_nothing_completed(self) -> None:
         """A run that failed (was not killed) before completing any checkpoint committed no
         output: drop its run record, so ``resume`` continues the run before it (e.g. after
         a fresh run refused to start over the committed output of that run)."""
         if self.storage is not None and not self.metrics.completed_checkpoints:
             try:
-                self.storage.forget_run(self.run_id)
+                await in_thread(self.storage.forget_run, self.run_id)
             except OSError as exc:
                 log.warning("could not remove the record of run %s: %s", self.run_id, exc)
 
@@ -493,21 +498,28 @@ class Job:
                     iterator.end(error)
 
     async def _run_all_attempts(self) -> None:
+        # the file work of choosing a restore (reading metadata, hashing every file it
+        # references), of the run record (write, fsync) and of listing the directory runs in
+        # worker threads: the loop may be the application's, and it keeps running meanwhile
+        o = self.options
         try:
-            restore = self._initial_restore()
+            restore = await asyncio.to_thread(self._initial_restore) \
+                if o.restore_from is not None or (o.resume and self.storage is not None) \
+                else None
         except ReactiveError as exc:
             self.status = "failed"
             raise JobFailedError(self.name, 1, exc) from exc
         self._initial = restore
         # checkpoint ids continue after the restored one and after every id on disk, so
         # no id (and no file named after one, like a sink's part-<subtask>-<id>) repeats
-        on_disk = self.storage.latest_id() if self.storage is not None else 0
+        on_disk = await asyncio.to_thread(self.storage.latest_id) \
+            if self.storage is not None else 0
         self._first_id = self._next_id = max(
             on_disk, restore.checkpoint_id if restore is not None else 0) + 1
         if self.storage is not None:
             try:
                 # before any checkpoint: a later resume must find where this run started
-                self.storage.record_run(self.run_id, self._first_id, restore)
+                await in_thread(self.storage.record_run, self.run_id, self._first_id, restore)
             except OSError as exc:
                 self.status = "failed"
                 raise JobFailedError(self.name, 1, exc) from exc
@@ -528,7 +540,7 @@ class Job:
                     raise
                 if attempt > strategy.attempts or _not_restartable(cause):
                     self.status = "failed"
-                    self._forget_if_nothing_completed()
+                    await self._forget_if_nothing_completed()
                     raise JobFailedError(self.name, attempt, cause) from cause
                 self.metrics.restarts += 1
                 self.status = "restarting"
@@ -537,10 +549,10 @@ class Job:
                             strategy.delay)
                 await asyncio.sleep(strategy.delay)
                 try:
-                    restore = self._failover_restore()
+                    restore = await asyncio.to_thread(self._failover_restore)
                 except RestoreError as restore_exc:
                     self.status = "failed"
-                    self._forget_if_nothing_completed()
+                    await self._forget_if_nothing_completed()
                     raise JobFailedError(self.name, attempt, restore_exc) from restore_exc
 
     async def _run_attempt(self, restore: CompletedCheckpoint | None) -> None:
@@ -563,12 +575,16 @@ class Job:
                                          options.allow_non_restored_state)
         coordinator: CheckpointCoordinator | None = None
         if config is not None and self.storage is not None:
+            # read in worker threads: the retained checkpoints' metadata and the directory
+            store = await CompletedCheckpointStore.open(self.storage, config.retained)
+            # this run's own record reserved _first_id: only directories count here
+            on_disk = await asyncio.to_thread(self.storage.latest_id, False)
             coordinator = CheckpointCoordinator(
                 config, self.storage, flow.name, flow.max_parallelism,
-                # this run's own record reserved _first_id: only directories count here
-                [], max(self._next_id, self.storage.latest_id(include_runs=False) + 1),
+                [], max(self._next_id, on_disk + 1),
                 self.metrics.checkpoints,
                 self.run_id,
+                store,
             )
         try:
             await self._run_tasks(flow, options, config, backend, assignment, coordinator)
@@ -619,8 +635,12 @@ class Job:
             )
             graph = ExecutionGraph(
                 flow.transformations, flow.parallelism, flow.max_parallelism, flow.batch_size,
-                flow.channel_capacity, env, backend, assignment,
+                flow.channel_capacity, env, backend,
             )
+            if assignment is not None:
+                # off the loop, one operator instance per worker-thread step, before any
+                # task runs (so nothing else touches the backends meanwhile)
+                await graph.restore(assignment)
             tasks = graph.tasks
             self._tasks = tasks
             self._tap_sinks(tasks)
