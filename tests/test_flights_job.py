@@ -92,3 +92,74 @@ def test_a_line_that_is_not_utf8_reaches_the_dead_letters_with_its_offset(tmp_pa
             for line in p.read_text().splitlines()]
     assert [d["offset"] for d in dead] == [offset]
     assert "UTF-8" in dead[0]["reason"] or "utf-8" in dead[0]["reason"]
+
+
+def _committed(directory):
+    """The committed rows of the flights job's results (parquet) or dead letters (jsonl)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    parts = sorted(directory.glob("part-*"))
+    if parts and parts[0].suffix == ".jsonl":
+        return sorted((d["offset"], d["line"]) for p in parts
+                      for d in map(json.loads, p.read_text().splitlines()))
+    table = pq.read_table([str(p) for p in parts])
+    return sorted(zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True))
+
+
+async def test_the_csv_reader_and_the_line_reader_commit_the_same_results(tmp_path):
+    """The main job's vectorized CSV source gives exactly what parsing each line in Python
+    gives (results and dead letters, with their offsets), and the flights per window equal a
+    batch count over the file, with every kind of malformed row in the input."""
+    from reactive import CheckpointConfig
+
+    from .conftest import load_example
+
+    flights, flights_data = load_example("flights"), load_example("flights_data")
+    data = flights_data.prepare_flights(tmp_path / "flights.csv", limit=6_000,
+                                        malformed_every=500)  # wrong field counts
+    lines = data.read_bytes().splitlines(keepends=True)
+    lines[101] = lines[101].replace(b",", b"\xff,", 1)  # not UTF-8
+    lines[2_001] = lines[2_001].replace(b",EWR,", b",,").replace(b",LGA,", b",,") \
+        .replace(b",JFK,", b",,")  # an empty origin: 18 fields
+    fields = lines[3_001].split(b",")
+    fields[12] = b""  # an empty origin, 19 fields
+    lines[3_001] = b",".join(fields)
+    fields = lines[4_001].split(b",")
+    fields[5], fields[3] = b"late", b"517"  # a delay that is no number
+    lines[4_001] = b",".join(fields)
+    fields = lines[5_001].split(b",")
+    fields[17] = b"NA"  # a minute that is no number
+    lines[5_001] = b",".join(fields)
+    data.write_bytes(b"".join(lines))
+    for reader in ("csv", "lines"):
+        flow = flights.build_flow(data, tmp_path / reader, parallelism=2, reader=reader)
+        await flow.run(checkpoints=CheckpointConfig(interval=0.05,
+                                                    directory=tmp_path / f"chk-{reader}"))
+    assert _committed(tmp_path / "csv") == _committed(tmp_path / "lines")
+    dead = _committed(tmp_path / "csv" / "_dead_letters")
+    assert dead == _committed(tmp_path / "lines" / "_dead_letters")
+    offsets = [sum(map(len, lines[:i])) for i in range(len(lines))]
+    expected_dead = {i for i in (101, 2_001, 3_001, 4_001, 5_001)} | {
+        i for i in range(1, len(lines)) if i % 500 == 0}
+    assert [o for o, _ in dead] == sorted(offsets[i] for i in expected_dead)
+    # the batch computation: flights per (origin, carrier, hour) of the good lines
+    counts: dict[tuple[str, str, int], int] = {}
+    for i, raw in enumerate(lines[1:], start=1):
+        if i in expected_dead:
+            continue
+        f = flights_data.parse_flight(raw.decode().rstrip("\n"))
+        key = (f.origin, f.carrier, int(f.ts // 3600 * 3600))
+        counts[key] = counts.get(key, 0) + 1
+    got = {(r[0], r[1], r[2]): r[4] for r in _committed(tmp_path / "csv")}
+    assert got == counts
+
+
+def test_the_main_command_reads_with_the_csv_source_and_spark_with_lines():
+    from .conftest import load_example
+
+    flights = load_example("flights")
+    assert flights.parse_args([]).reader == "csv"
+    assert flights.parse_args(["--runner", "spark"]).reader == "lines"
+    assert flights.parse_args(["--reader", "lines"]).reader == "lines"
