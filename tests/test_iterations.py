@@ -145,7 +145,8 @@ def _back_edge_log(chk: Any, uid: str | None = None) -> list[Any]:
 
 async def test_a_checkpoint_holds_the_records_in_the_loop_and_restores_at_another_parallelism(
         tmp_path):
-    edges = random_graph(seed=3)
+    # large enough that labels circulate longer than a checkpoint takes on a busy machine
+    edges = random_graph(seed=3, vertices=3_000, extra_edges=4_500)
     # the source waits for a completed checkpoint every 40 labels: checkpoints are taken
     # while the labels read so far circulate, whatever the machine's speed
     flow = build(edges, ListSink(), parallelism=2, batch_size=8, channel_capacity=8,

@@ -34,7 +34,7 @@ from reactive.backends.rocksdb import RocksDBStateBackend, read_rocksdb_snapshot
 from reactive.checkpoint.metadata import iter_file_refs
 from reactive.connectors.collections import CallbackSink, ListSink
 
-from .conftest import Count, FailureInjector, failing_count, final_counts, zipf_words
+from .conftest import Count, FailureInjector, failing_count, final_counts, paced, zipf_words
 
 MAX_PARALLELISM = 128
 
@@ -76,7 +76,8 @@ async def test_keyed_count_is_exact_after_failures(tmp_path: Path, incremental: 
                                 for i in range(4)])
     sink = ListSink()
     flow = Dataflow("count", parallelism=2, max_parallelism=MAX_PARALLELISM, batch_size=256)
-    (flow.from_collection(words).uid("words")
+    # paced: a checkpoint completes every 10,000 records, so recovery restores real ones
+    (flow.source(paced(words, every=10_000)).uid("words")
          .key_by(lambda w: w)
          .process(failing_count(injector)).uid("count")
          .sink(sink))
