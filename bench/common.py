@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
 import resource
+import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from reactive import KeyedProcessFunction, ValueStateDescriptor
 
 __all__ = ["peak_rss_mb", "print_table", "zipf_keys"]
 
@@ -44,3 +50,38 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     text = "\n".join(lines)
     print(text)
     return text
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def package_at_revision(folder: str, revision: str, name: str, into: Path) -> ModuleType:
+    """Import the Python files of ``folder`` (e.g. ``backends/heap``) at git ``revision`` as a
+    package ``name`` under ``into``: a baseline to measure in the same process as the
+    working tree.
+
+    Raises:
+        subprocess.CalledProcessError: if git does not know ``revision`` or ``folder``.
+    """
+    pkg = into / name
+    pkg.mkdir(parents=True, exist_ok=True)
+    files = subprocess.run(["git", "ls-tree", "--name-only", revision, f"{folder}/"],
+                           cwd=REPO, check=True, capture_output=True, text=True).stdout.split()
+    for path in files:
+        if path.endswith(".py"):
+            text = subprocess.run(["git", "show", f"{revision}:{path}"], cwd=REPO, check=True,
+                                  capture_output=True, text=True).stdout
+            (pkg / Path(path).name).write_text(text)
+    if str(into) not in sys.path:
+        sys.path.insert(0, str(into))
+    return importlib.import_module(name)
+
+
+class SilentCount(KeyedProcessFunction):
+    """Keyed count that emits nothing: state benchmarks measure state, not output."""
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+    def process_element(self, value: Any, ctx: Any) -> None:
+        self.count.update(self.count.value() + 1)

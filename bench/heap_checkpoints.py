@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import itertools
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import peak_rss_mb, print_table
+from bench.common import package_at_revision, peak_rss_mb, print_table
 from reactive import (
     CheckpointConfig,
     CheckpointStorage,
@@ -48,8 +46,6 @@ from reactive.keygroups import KeyGroupRange
 
 __all__ = ["main"]
 
-_REPO = Path(__file__).resolve().parents[1]
-_FILES = ("__init__", "backend", "format", "snapshot", "state")
 
 
 class Count(KeyedProcessFunction):
@@ -81,16 +77,9 @@ def workload(keys: int, updates: int, changed: float, seed: int = 42) -> tuple[l
 
 
 def baseline_backend(ref: str, into: Path) -> StateBackend:
-    """The heap backend of git revision ``ref`` as package ``heap_baseline`` under ``into``."""
-    pkg = into / "heap_baseline"
-    pkg.mkdir(parents=True, exist_ok=True)
-    for name in _FILES:
-        src = subprocess.run(["git", "show", f"{ref}:backends/heap/{name}.py"], cwd=_REPO,
-                             check=True, capture_output=True, text=True).stdout
-        (pkg / f"{name}.py").write_text(src)
-    sys.path.insert(0, str(into))
-    module = importlib.import_module("heap_baseline")
-    backend: StateBackend = module.HeapStateBackend()
+    """The heap backend of git revision ``ref`` (package ``heap_baseline`` under ``into``)."""
+    backend: StateBackend = package_at_revision(
+        "backends/heap", ref, "heap_baseline", into).HeapStateBackend()
     return backend
 
 
@@ -211,6 +200,6 @@ def main(argv: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(_REPO))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     asyncio.set_event_loop_policy(None)
     main()

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,14 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import peak_rss_mb, print_table, zipf_keys
+from bench.common import SilentCount, package_at_revision, peak_rss_mb, print_table, zipf_keys
 from reactive import (
     CheckpointConfig,
     CheckpointStats,
     Dataflow,
-    KeyedProcessFunction,
     StateBackend,
-    ValueStateDescriptor,
 )
 from reactive.checkpoint.metadata import read_metadata
 from reactive.connectors.collections import DiscardingSink
@@ -50,37 +46,14 @@ __all__ = ["main"]
 REPO = Path(__file__).resolve().parents[1]
 
 
-class Count(KeyedProcessFunction):
-    """Keyed count (emits nothing: the benchmark measures state, not output)."""
-
-    def open(self, ctx: Any) -> None:
-        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
-
-    def process_element(self, value: Any, ctx: Any) -> None:
-        self.count.update(self.count.value() + 1)
-
-
-def load_baseline(revision: str, into: Path) -> Any:
-    """Import ``backends/rocksdb`` of git ``revision`` as the package ``rocksdb_baseline``."""
-    pkg = into / "rocksdb_baseline"
-    pkg.mkdir(parents=True)
-    names = subprocess.run(["git", "ls-tree", "--name-only", revision, "backends/rocksdb/"],
-                           cwd=REPO, check=True, capture_output=True, text=True).stdout.split()
-    for name in names:
-        text = subprocess.run(["git", "show", f"{revision}:{name}"], cwd=REPO, check=True,
-                              capture_output=True, text=True).stdout
-        (pkg / Path(name).name).write_text(text)
-    sys.path.insert(0, str(into))
-    return importlib.import_module("rocksdb_baseline")
-
-
 def backends(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """Name -> RocksDB backend module: the baseline's (unless --no-baseline), then ours."""
     from reactive.backends import rocksdb
 
     out: dict[str, Any] = {}
     if args.baseline:
-        out[f"baseline ({args.baseline})"] = load_baseline(args.baseline, tmp / "baseline")
+        out[f"baseline ({args.baseline})"] = package_at_revision(
+            "backends/rocksdb", args.baseline, "rocksdb_baseline", tmp / "baseline")
     out["working tree"] = rocksdb
     return out
 
@@ -90,7 +63,7 @@ async def run_w1(keys: list[Any], directory: Path, backend: StateBackend, source
                  ) -> tuple[float, list[CheckpointStats]]:
     """Run W1 once; return (records/s, completed checkpoints)."""
     flow = Dataflow("w1", parallelism=1, max_parallelism=128)
-    (flow.from_collection(keys).uid(source_uid).key_by(lambda w: w).process(Count())
+    (flow.from_collection(keys).uid(source_uid).key_by(lambda w: w).process(SilentCount())
          .uid("count").sink(DiscardingSink()))
     t = time.perf_counter()
     job = await flow.run(checkpoints=CheckpointConfig(interval=interval,

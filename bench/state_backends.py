@@ -26,15 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import peak_rss_mb, print_table, zipf_keys
+from bench.common import SilentCount, peak_rss_mb, print_table, zipf_keys
 from bench.w1 import bare_loop
 from reactive import (
     CheckpointConfig,
     CheckpointStats,
     Dataflow,
-    KeyedProcessFunction,
     StateBackend,
-    ValueStateDescriptor,
 )
 from reactive.backends.heap import HeapStateBackend
 from reactive.backends.rocksdb import RocksDBStateBackend
@@ -43,21 +41,11 @@ from reactive.connectors.collections import DiscardingSink
 __all__ = ["main"]
 
 
-class Count(KeyedProcessFunction):
-    """Keyed count (emits nothing: the benchmark measures state, not output)."""
-
-    def open(self, ctx: Any) -> None:
-        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
-
-    def process_element(self, value: Any, ctx: Any) -> None:
-        self.count.update(self.count.value() + 1)
-
-
 async def pipeline(keys: list[str], parallelism: int, interval: float, directory: Path,
                    backend: StateBackend) -> tuple[float, list[CheckpointStats]]:
     """Run W1 with ``backend``; return (records/s, completed checkpoints)."""
     flow = Dataflow("w1", parallelism=parallelism, max_parallelism=128)
-    (flow.from_collection(keys).key_by(lambda w: w).process(Count()).uid("count")
+    (flow.from_collection(keys).key_by(lambda w: w).process(SilentCount()).uid("count")
          .sink(DiscardingSink()))
     t = time.perf_counter()
     job = await flow.run(checkpoints=CheckpointConfig(interval=interval, directory=directory),

@@ -6,8 +6,8 @@ Two kinds of evidence, neither a wall-clock measurement:
   directory listings) that the runtime makes while checkpointing, retaining and restoring is
   recorded with its thread: none may run on the loop's thread (the backends' own snapshot
   writes are theirs and are left out; their *restores*, which the runtime calls, are not);
-- each step (metadata write, retention, opstate write, run record, restore selection, a
-  backend's restore) is wrapped to wait until the loop has run a callback: on the loop
+- each step (metadata write, retention, run record, restore selection, a backend's restore;
+  the small operator-state file is written on the loop on purpose) is wrapped to wait until the loop has run a callback: on the loop
   thread that callback could never run while the step waits, so the step would report it was
   blocking (after a guard timeout, not a timing assumption).
 
@@ -35,7 +35,7 @@ import reactive.checkpoint.storage as storage_module
 from reactive import CheckpointConfig, Dataflow, RestartStrategy
 from reactive.backends.heap import HeapStateBackend
 from reactive.connectors.collections import ListSink
-from reactive.sources import Source, SourceReader
+from reactive.testing import TestingSource
 
 from .conftest import Count, final_counts
 
@@ -46,54 +46,6 @@ THEIRS = (str(REPO / "backends") + os.sep, str(REPO / "connectors") + os.sep,
 # how long a wrapped step waits for the loop before it reports that it blocked it: a guard
 # against a hang when the step does run on the loop (then the wait always runs out)
 GUARD = 10.0
-
-
-class FailOnceAfterCheckpoints(Source):
-    """Emits ``keys`` in batches; at ``fail_at`` it keeps the pipeline idle (empty batches)
-    until it was told of ``checkpoints`` completed checkpoints, then fails once. A restored
-    reader continues from the checkpointed position; the failure is not repeated."""
-
-    max_source_parallelism = 1
-
-    def __init__(self, keys: list[str], fail_at: int, checkpoints: int) -> None:
-        self.keys = keys
-        self.fail_at = fail_at
-        self.checkpoints = checkpoints
-        self.failed = False
-
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
-        return _FailOnceReader(self)
-
-
-class _FailOnceReader(SourceReader):
-    def __init__(self, source: FailOnceAfterCheckpoints) -> None:
-        self.source = source
-        self.position = 0
-        self.completed = 0
-
-    async def read_batch(self, max_records: int) -> list[Any] | None:
-        src = self.source
-        if not src.failed and self.position >= src.fail_at:
-            if self.completed < src.checkpoints:
-                return []  # the task serves its mailbox (barriers, notifications) meanwhile
-            src.failed = True
-            raise RuntimeError("injected failure after the checkpoints completed")
-        if self.position >= len(src.keys):
-            return None
-        end = min(len(src.keys), self.position + 50,
-                  src.fail_at if not src.failed and self.position < src.fail_at else len(src.keys))
-        batch = src.keys[self.position:end]
-        self.position = end
-        return batch
-
-    def snapshot_state(self) -> list[Any]:
-        return [self.position]
-
-    def restore_state(self, entries: list[Any]) -> None:
-        self.position = int(entries[0])
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        self.completed += 1
 
 
 class LoopThreadFileCalls:
@@ -181,8 +133,10 @@ async def _crash_and_recover(tmp_path: Path, backend: Any) -> tuple[list[Any], l
     keys = _keys()
     flow = Dataflow("loop-blocking", parallelism=2, max_parallelism=16, batch_size=64)
     sink = ListSink()
-    (flow.source(FailOnceAfterCheckpoints(keys, fail_at=len(keys) // 2, checkpoints=3),
-                 uid="src")
+    half = len(keys) // 2
+    # half the keys, then three completed checkpoints, then one injected failure
+    items = [*keys[:half], *[TestingSource.CHECKPOINT] * 3, TestingSource.ABORT, *keys[half:]]
+    (flow.source(TestingSource(items, batch_size=50), uid="src")
          .key_by(lambda k: k).process(Count()).uid("count").sink(sink))
     job = await flow.run(
         checkpoints=CheckpointConfig(interval=0.01, directory=tmp_path, retained=1),
