@@ -25,6 +25,7 @@ from reactive.sources import Source, SourceReader
 
 from .csv_records import BlockConverter
 from .csv_rows import RowBlocks, split_rows
+from .file_splits import FileSplitsReader, files_of
 
 __all__ = ["CsvFileSource"]
 
@@ -118,10 +119,7 @@ class CsvFileSource(Source):
 
     def splits(self) -> list[str]:
         """The files to read, sorted (a directory's hidden files are not read)."""
-        if self.path.is_dir():
-            return sorted(str(p) for p in self.path.iterdir() if p.is_file()
-                          and not p.name.startswith("."))
-        return [str(self.path)]
+        return files_of(self.path)
 
     def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
         mine = [[f, 0, 1] for f in self.splits()[subtask::parallelism]]
@@ -155,12 +153,10 @@ class CsvFileSource(Source):
                 row.offset + len(row.raw), row.line + row.raw.count(b"\n"))
 
 
-class _CsvReader(SourceReader):
+class _CsvReader(FileSplitsReader):
     def __init__(self, source: CsvFileSource, splits: list[list[Any]]) -> None:
+        super().__init__(splits)  # [path, offset, line]
         self.source = source
-        self.splits = splits  # [path, offset, line]; offset -1 = finished
-        self._current = 0
-        self._file: Any = None
         self._blocks: RowBlocks | None = None
         self._converter: BlockConverter | None = None
 
@@ -202,14 +198,6 @@ class _CsvReader(SourceReader):
                 return records
         return None
 
-    def snapshot_state(self) -> list[Any]:
-        return [list(s) for s in self.splits]
-
-    def restore_state(self, entries: list[Any]) -> None:
-        self.close()
-        self.splits = [list(e) for e in entries]
-        self._current = 0
-
     def describe_position(self) -> Any:
         if self._current < len(self.splits):
             path, offset, line = self.splits[self._current]
@@ -217,7 +205,5 @@ class _CsvReader(SourceReader):
         return None
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        super().close()
         self._blocks = None

@@ -11,6 +11,8 @@ from typing import Any
 from reactive.errors import ConfigurationError
 from reactive.sources import Source, SourceReader
 
+from .file_splits import FileSplitsReader, files_of
+
 __all__ = ["InvalidLine", "LineFileSource"]
 
 
@@ -77,26 +79,21 @@ class LineFileSource(Source):
         self.errors = errors
 
     def splits(self) -> list[str]:
-        """The files to read, sorted."""
-        if self.path.is_dir():
-            return sorted(str(p) for p in self.path.iterdir() if p.is_file()
-                          and not p.name.startswith("."))
-        return [str(self.path)]
+        """The files to read, sorted (a directory's hidden files are not read)."""
+        return files_of(self.path)
 
     def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
         mine = [[f, 0] for f in self.splits()[subtask::parallelism]]
         return _LineReader(mine, self.with_offsets, self.read_size, self.errors)
 
 
-class _LineReader(SourceReader):
+class _LineReader(FileSplitsReader):
     def __init__(self, splits: list[list[Any]], with_offsets: bool, read_size: int,
                  errors: str = "fail") -> None:
-        self.splits = splits  # [path, offset]; offset -1 = finished
+        super().__init__(splits)  # [path, offset]
         self.with_offsets = with_offsets
         self.read_size = read_size
         self.errors = errors
-        self._current = 0
-        self._file: Any = None
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
         while self._current < len(self.splits):
@@ -164,21 +161,8 @@ class _LineReader(SourceReader):
             offset += len(raw)
         return out, offset
 
-    def snapshot_state(self) -> list[Any]:
-        return [list(s) for s in self.splits]
-
-    def restore_state(self, entries: list[Any]) -> None:
-        self.close()
-        self.splits = [list(e) for e in entries]
-        self._current = 0
-
     def describe_position(self) -> Any:
         if self._current < len(self.splits):
             path, offset = self.splits[self._current]
             return f"{path} byte {offset}"
         return None
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
