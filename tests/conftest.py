@@ -100,6 +100,19 @@ def checkpoint_state(directory: Any, job: str, uid: str, state: str) -> dict[Any
     return out
 
 
+def operator_state_entry(chk: Any, uid: str, name: str, default: Any) -> Any:
+    """Entry ``name`` of operator ``uid``'s state (subtask 0) in completed checkpoint
+    ``chk`` (``default`` when the checkpoint holds no state for the operator)."""
+    import pickle
+
+    operator = chk.metadata["operators"].get(uid)
+    if operator is None:
+        return default
+    handle = operator["subtasks"]["0"]["operator_state"]
+    states = pickle.loads((chk.job_dir / handle["files"][0]["path"]).read_bytes())
+    return states[name][1] if name in states else default
+
+
 def zipf_words(n: int, vocabulary: int, seed: int) -> list[str]:
     """``n`` words drawn with a skewed (Zipf-like) distribution, deterministic per seed."""
     rnd = random.Random(seed)

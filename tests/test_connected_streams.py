@@ -4,7 +4,6 @@ state shared by both inputs), broadcast state, and barrier alignment across both
 from __future__ import annotations
 
 import collections
-import pickle
 import random
 from collections.abc import Iterable
 from pathlib import Path
@@ -33,6 +32,7 @@ from reactive.two_input_functions import (
     KeyedCoProcessFunction,
 )
 
+from .conftest import operator_state_entry
 from .test_committing_file_sink import committed_records
 
 
@@ -159,17 +159,6 @@ class SideCounter(CoProcessFunction):
         self.state.update(self.counts)
 
 
-def _operator_state(chk: Any, uid: str, name: str, default: Any) -> Any:
-    """Entry ``name`` of operator ``uid``'s state in checkpoint ``chk`` (a checkpoint
-    taken before an operator had state holds none for it)."""
-    operator = chk.metadata["operators"].get(uid)
-    if operator is None:
-        return default
-    handle = operator["subtasks"]["0"]["operator_state"]
-    states = pickle.loads((chk.job_dir / handle["files"][0]["path"]).read_bytes())
-    return states[name][1] if name in states else default
-
-
 async def test_alignment_keeps_each_input_exactly_before_its_barrier(tmp_path):
     """One input races ahead (big batches) while the other trickles (one record per
     batch): every checkpoint's per-input counts equal the two sources' positions."""
@@ -188,9 +177,9 @@ async def test_alignment_keeps_each_input_exactly_before_its_barrier(tmp_path):
     assert len(completed) >= 5
     ahead = 0
     for chk in completed:
-        counts = _operator_state(chk, "sides", "per-side", [0, 0])
-        fast_pos = _operator_state(chk, "fast", "source-position", [0])[0]
-        slow_index = _operator_state(chk, "slow", "source-position", [0])[0]
+        counts = operator_state_entry(chk, "sides", "per-side", [0, 0])
+        fast_pos = operator_state_entry(chk, "fast", "source-position", [0])[0]
+        slow_index = operator_state_entry(chk, "slow", "source-position", [0])[0]
         # the position is an index into the items, markers included
         slow_pos = sum(1 for x in trickle[:slow_index] if x is not TestingSource.CHECKPOINT)
         assert counts == [fast_pos, slow_pos], f"checkpoint {chk.checkpoint_id}"

@@ -206,8 +206,13 @@ async def test_resume_with_every_checkpoint_damaged_fails_and_lists_them(tmp_pat
 async def test_falling_back_past_a_checkpoint_that_committed_output_is_refused(tmp_path):
     words = words_of(20_000)
     config = await _interrupted_run(tmp_path, words)
-    newest = CheckpointStorage(tmp_path / "chk", JOB).completed()[-1]
-    _corrupt(newest.path)
+    completed = CheckpointStorage(tmp_path / "chk", JOB).completed()
+    newest = completed[-1]
+    # damage every checkpoint but the oldest: the fallback then lies well before output
+    # the newer ones committed (next to the newest, checkpoints taken while the paced source
+    # waited hold the same position and committed nothing more)
+    for chk in completed[1:]:
+        _corrupt(chk.path)
     before = committed(tmp_path / "out")
     job = await counts_flow(words, tmp_path / "out").start(checkpoints=config, resume=True)
     with pytest.raises(JobFailedError, match="allow_replayed_output") as info:

@@ -7,9 +7,10 @@ Two kinds of evidence, neither a wall-clock measurement:
   recorded with its thread: none may run on the loop's thread (the backends' own snapshot
   writes are theirs and are left out; their *restores*, which the runtime calls, are not);
 - each step (metadata write, retention, run record, restore selection, a backend's restore;
-  the small operator-state file is written on the loop on purpose) is wrapped to wait until the loop has run a callback: on the loop
-  thread that callback could never run while the step waits, so the step would report it was
-  blocking (after a guard timeout, not a timing assumption).
+  the small operator-state file is written on the loop on purpose) is wrapped to wait until
+  the loop has run a callback: on the loop thread that callback could never run while the
+  step waits, so the step would report it was blocking (after a guard timeout, not a timing
+  assumption).
 
 Each run is a crash-and-recover run whose final counts equal a batch count of the input.
 """

@@ -30,8 +30,6 @@ pickles), the key encoding, and ``db_files``: RocksDB file name -> path in check
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import os
 import shutil
@@ -39,8 +37,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from reactive.checkpoint.off_loop import in_thread
 from reactive.state.backend import KeyedStateSnapshot, SnapshotContext
 
 from .db import BACKEND, FORMAT, safe_name
@@ -48,7 +47,6 @@ from .generations import Generation, run_in_worker
 
 __all__ = ["RocksDBSnapshot"]
 
-_T = TypeVar("_T")
 _CHUNK = 16 << 20  # bytes per read when copying (read, hash, write each take the GIL back once)
 _SMALL = 256 << 10  # bytes: a file up to this size is copied and hashed on the loop
 
@@ -95,21 +93,6 @@ class _Upload:
     reused: list[dict[str, Any]] = field(default_factory=list)
     db_files: dict[str, str] = field(default_factory=dict)  # RocksDB name -> path
     sst: dict[str, dict[str, Any]] = field(default_factory=dict)  # SST name -> shared ref
-
-
-async def _in_thread(fn: Callable[..., _T], *args: Any) -> _T:
-    """Run ``fn(*args)`` in a worker thread (the loop's default executor) and return its
-    result. When the caller is cancelled, the call already running is waited for before the
-    cancellation goes on: a thread cannot be stopped, and a failed attempt's files must not
-    still be written while the next attempt restores and cleans up."""
-    fut = asyncio.get_running_loop().run_in_executor(None, fn, *args)
-    try:
-        return await asyncio.shield(fut)
-    except asyncio.CancelledError:
-        while not fut.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({fut})
-        raise
 
 
 def _copy_small(src: Path, dest: Path) -> tuple[int, str, Path, int]:
@@ -167,7 +150,7 @@ async def _upload(ctx: SnapshotContext, local: Path, incremental: bool,
                         (ctx.job_dir / ref["path"]).is_file():
                     up.reused.append(ref)
                 else:
-                    size, sha, dest = await _in_thread(_hash_to_shared, src, shared_dir)
+                    size, sha, dest = await in_thread(_hash_to_shared, src, shared_dir)
                     ref = {"path": ctx.relative(dest), "size": size, "sha256": sha}
                 up.shared.append(ref)
                 up.sst[name] = ref
@@ -177,11 +160,11 @@ async def _upload(ctx: SnapshotContext, local: Path, incremental: bool,
                     size, sha, tmp, fd = _copy_small(src, dest)
                     small.append((tmp, dest, fd))
                 else:
-                    size, sha = await _in_thread(_copy_hashed, src, dest)
+                    size, sha = await in_thread(_copy_hashed, src, dest)
                 ref = {"path": ctx.relative(dest), "size": size, "sha256": sha}
             up.files.append(ref)
             up.db_files[name] = ref["path"]
-        await _in_thread(_fsync_all, [fd for _, _, fd in small])
+        await in_thread(_fsync_all, [fd for _, _, fd in small])
         for tmp, dest, _ in small:
             os.replace(tmp, dest)
     finally:

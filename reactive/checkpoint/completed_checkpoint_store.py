@@ -96,7 +96,7 @@ class CompletedCheckpointStore:
         Raises:
             OSError: if the job directory cannot be listed.
         """
-        checkpoints = await asyncio.to_thread(storage.completed)
+        checkpoints = await in_thread(storage.completed)
         return cls(storage, retained, checkpoints, in_flight)
 
     @property

@@ -417,7 +417,7 @@ class Job:
         if self.options.checkpoints is None:
             raise CheckpointError("savepoints need checkpoint storage: pass "
                                   "checkpoints=CheckpointConfig(directory=...)")
-        if path is not None and await asyncio.to_thread(_occupied, Path(path)):
+        if path is not None and await in_thread(_occupied, Path(path)):
             raise CheckpointError(f"savepoint target {Path(path)} exists and is not an "
                                   "empty directory")
         coordinator = await self._wait_running()
@@ -503,7 +503,9 @@ class Job:
         # worker threads: the loop may be the application's, and it keeps running meanwhile
         o = self.options
         try:
-            restore = await asyncio.to_thread(self._initial_restore) \
+            # a hop only when there is file work: a job without one reaches its sources in
+            # the same loop turn as before
+            restore = await in_thread(self._initial_restore) \
                 if o.restore_from is not None or (o.resume and self.storage is not None) \
                 else None
         except ReactiveError as exc:
@@ -512,8 +514,7 @@ class Job:
         self._initial = restore
         # checkpoint ids continue after the restored one and after every id on disk, so
         # no id (and no file named after one, like a sink's part-<subtask>-<id>) repeats
-        on_disk = await asyncio.to_thread(self.storage.latest_id) \
-            if self.storage is not None else 0
+        on_disk = await in_thread(self.storage.latest_id) if self.storage is not None else 0
         self._first_id = self._next_id = max(
             on_disk, restore.checkpoint_id if restore is not None else 0) + 1
         if self.storage is not None:
@@ -549,7 +550,7 @@ class Job:
                             strategy.delay)
                 await asyncio.sleep(strategy.delay)
                 try:
-                    restore = await asyncio.to_thread(self._failover_restore)
+                    restore = await in_thread(self._failover_restore)
                 except RestoreError as restore_exc:
                     self.status = "failed"
                     await self._forget_if_nothing_completed()
@@ -578,7 +579,7 @@ class Job:
             # read in worker threads: the retained checkpoints' metadata and the directory
             store = await CompletedCheckpointStore.open(self.storage, config.retained)
             # this run's own record reserved _first_id: only directories count here
-            on_disk = await asyncio.to_thread(self.storage.latest_id, False)
+            on_disk = await in_thread(self.storage.latest_id, False)
             coordinator = CheckpointCoordinator(
                 config, self.storage, flow.name, flow.max_parallelism,
                 [], max(self._next_id, on_disk + 1),
