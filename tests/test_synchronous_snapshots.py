@@ -41,12 +41,14 @@ class Log:
 
 
 class LoggedSource(Source):
-    """A non-parallel source of ``items`` that logs its reads, snapshots and completions."""
+    """A non-parallel source of ``items`` that logs its reads, snapshots and completions;
+    with ``every``, it waits for a completed checkpoint each ``every`` records (so several
+    complete while the input is read, however fast the machine)."""
 
     max_source_parallelism = 1
 
-    def __init__(self, items: list[Any], log: Log) -> None:
-        self.items, self.log = items, log
+    def __init__(self, items: list[Any], log: Log, every: int = 0) -> None:
+        self.items, self.log, self.every = items, log, every
 
     def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
         return _LoggedReader(self)
@@ -55,11 +57,23 @@ class LoggedSource(Source):
 class _LoggedReader(SourceReader):
     def __init__(self, src: LoggedSource) -> None:
         self.src, self.pos = src, 0
+        self.completed = 0
+        self.waiting_from: int | None = None  # completions seen when a pacing wait began
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
         if self.pos >= len(self.src.items):
             return None
-        out = self.src.items[self.pos:self.pos + max_records]
+        every = self.src.every
+        if every and self.pos and self.pos % every == 0:
+            if self.waiting_from is None:
+                self.waiting_from = self.completed
+            if self.completed == self.waiting_from:
+                return []  # not a read: the task serves barriers meanwhile
+            self.waiting_from = None
+        end = self.pos + max_records
+        if every:
+            end = min(end, (self.pos // every + 1) * every)
+        out = self.src.items[self.pos:end]
         self.pos += len(out)
         self.src.log.events.append(("read", 0, self.pos))
         return out
@@ -72,6 +86,7 @@ class _LoggedReader(SourceReader):
         self.pos = entries[0]
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self.completed += 1
         log = self.src.log
         log.events.append(("complete", checkpoint_id, self.pos))
         log.sunk_at_completion[checkpoint_id] = log.sunk
@@ -99,7 +114,7 @@ async def test_sources_stay_halted_and_channels_drain_until_the_checkpoint_compl
     words = zipf_words(60_000, 500, seed=3)
     log = Log()
     flow = Dataflow("halt", parallelism=2, max_parallelism=64, batch_size=64)
-    (flow.source(LoggedSource(words, log), uid="words")
+    (flow.source(LoggedSource(words, log, every=10_000), uid="words")
          .map(lambda w: w.upper()).set_parallelism(3)
          .key_by(lambda w: w).process(Count()).uid("count")
          .sink(CountingSink(log)))
