@@ -417,7 +417,10 @@ class Job:
         if self.options.checkpoints is None:
             raise CheckpointError("savepoints need checkpoint storage: pass "
                                   "checkpoints=CheckpointConfig(directory=...)")
-        if path is not None and await in_thread(_occupied, Path(path)):
+        # inline: one stat (and a directory peek) takes microseconds, while a hop to a worker
+        # thread waits for the GIL the busy loop holds, and the records read meanwhile all
+        # land before the savepoint
+        if path is not None and _occupied(Path(path)):
             raise CheckpointError(f"savepoint target {Path(path)} exists and is not an "
                                   "empty directory")
         coordinator = await self._wait_running()
