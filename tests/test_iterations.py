@@ -12,6 +12,8 @@ import random
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,7 @@ from reactive.testing import TestingSource
 
 from .conftest import checkpoint_state
 from .pipelines import components_job
-from .pipelines.components_job import build, random_graph
+from .pipelines.components_job import SmallestLabel, build, random_graph
 from .test_committing_file_sink import committed_records
 
 JOB = Path(components_job.__file__)
@@ -143,16 +145,24 @@ def _back_edge_log(chk: Any, uid: str | None = None) -> list[Any]:
     return entries
 
 
+class ComputingLabel(SmallestLabel):
+    """:class:`SmallestLabel` whose every step computes for 50 us (CPU work, as a real loop
+    step does: it keeps records in the loop long enough for checkpoints to catch them)."""
+
+    def process_element(self, record: Any, ctx: Any) -> Iterable[Any]:
+        end = time.perf_counter() + 50e-6
+        while time.perf_counter() < end:
+            pass
+        return super().process_element(record, ctx)
+
+
 async def test_a_checkpoint_holds_the_records_in_the_loop_and_restores_at_another_parallelism(
         tmp_path):
-    # large enough that labels circulate longer than a checkpoint takes on a busy machine
-    edges = random_graph(seed=3, vertices=3_000, extra_edges=4_500)
-    # the source waits for a completed checkpoint every 40 labels: checkpoints are taken
-    # while the labels read so far circulate, whatever the machine's speed
+    edges = random_graph(seed=3)
+    # each loop step computes for 50 us: labels circulate for about a second, far longer
+    # than a checkpoint takes even on a busy machine, so barriers go around a busy loop
     flow = build(edges, ListSink(), parallelism=2, batch_size=8, channel_capacity=8,
-                 checkpoint_every_labels=40)
-    # several checkpoints in flight: a barrier enters the loop every 2 ms even while earlier
-    # checkpoints still write their files
+                 labels=ComputingLabel())
     await flow.run(checkpoints=CheckpointConfig(interval=0.002, directory=tmp_path,
                                                 retained=1000, max_concurrent=8))
     completed = CheckpointStorage(tmp_path, "components").completed()

@@ -95,13 +95,8 @@ class KillAtStep(SmallestLabel):
 
 def build(edges: list[tuple[int, int]], sink: Sink, parallelism: int = 2,
           channel_capacity: int = 8, batch_size: int = 64,
-          labels: KeyedProcessFunction | None = None,
-          checkpoint_every_labels: int = 0) -> Dataflow:
-    """The dataflow: input -> loop(key by vertex -> SmallestLabel) -> label updates.
-
-    ``checkpoint_every_labels`` > 0: the input waits for a completed checkpoint after every
-    that many labels (``TestingSource.CHECKPOINT``).
-    """
+          labels: KeyedProcessFunction | None = None) -> Dataflow:
+    """The dataflow: input -> loop(key by vertex -> SmallestLabel) -> label updates."""
     flow = Dataflow("components", parallelism=parallelism, batch_size=batch_size,
                     channel_capacity=channel_capacity)
 
@@ -113,13 +108,7 @@ def build(edges: list[tuple[int, int]], sink: Sink, parallelism: int = 2,
         updates = labelled.filter(lambda r: r[0] == "update").map(lambda r: [r[1], r[2]])
         return feedback, updates
 
-    records: list[Any] = []
-    for r in loop_input(edges):
-        if (checkpoint_every_labels and r[0] == "label"
-                and r[1] % checkpoint_every_labels == checkpoint_every_labels - 1):
-            records.append(TestingSource.CHECKPOINT)
-        records.append(r)
-    (flow.source(TestingSource(records), uid="graph")
+    (flow.source(TestingSource(loop_input(edges)), uid="graph")
          .iterate(step, uid="propagate")
          .sink(sink).uid("updates"))
     return flow
