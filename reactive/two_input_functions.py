@@ -85,7 +85,9 @@ class CoProcessFunction:
     :meth:`process_element2`, one at a time, in the order the operator instance receives
     them: the two inputs interleave as they arrive, so a function that must not depend on
     that order keeps what it needs in state (or waits for the watermark with timers, on
-    keyed streams). Both see the same operator state (``ctx.get_operator_state``).
+    keyed streams). Both see the same operator state (``ctx.get_operator_state``). Each
+    method may take an ``out`` list to append its outputs to, as
+    :meth:`~reactive.functions.ProcessFunction.process_element` may.
     """
 
     def open(self, ctx: RuntimeContext) -> None:

@@ -21,6 +21,7 @@ from reactive import (
     UserFunctionError,
 )
 from reactive.connectors.collections import ListSink
+from reactive.two_input_functions import CoProcessFunction
 
 WORDS = ["a", "bb", "a", "ccc"]
 MESSAGE = "process_element must yield its outputs (or return None or a list)"
@@ -149,3 +150,112 @@ async def test_a_tuple_returned_by_a_count_window_function_fails_the_job():
     with pytest.raises(JobFailedError, match="process must yield its outputs"):
         await flow.run()
     assert sink.records == []
+
+
+# ---------------------------------------------------------------- the ``out`` collector
+
+
+class CollectingCount(KeyedProcessFunction):
+    """A keyed count that appends ``(word, n)`` to ``out`` and emits the final count of
+    each key from an event-time timer, through ``on_timer``'s ``out`` too."""
+
+    def open(self, ctx: Any) -> None:
+        from reactive import ValueStateDescriptor
+
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+    def process_element(self, value: Any, ctx: Any, out: list[Any]) -> None:
+        n = self.count.value() + 1
+        self.count.update(n)
+        out.append((value[0], n))
+        ctx.timer_service.register_event_time_timer(100.0)
+
+    def on_timer(self, timestamp: float, ctx: Any, out: list[Any]) -> None:
+        out.append(("final", ctx.current_key, self.count.value()))
+
+
+async def test_process_functions_may_append_their_outputs_to_out():
+    words = [w for i in range(500) for w in ("a", "bb", "a", f"w{i % 7}")]
+    flow = Dataflow("collect", parallelism=2)
+    sink = ListSink()
+    (flow.from_collection([(w, float(i)) for i, w in enumerate(words)])
+         .assign_timestamps(lambda r: min(r[1], 99.0), 0.0)
+         .key_by(lambda r: r[0]).process(CollectingCount(), name="count").sink(sink))
+    await flow.run()
+    counts: dict[str, int] = {}
+    expected = []
+    for w in words:
+        counts[w] = counts.get(w, 0) + 1
+        expected.append((w, counts[w]))
+    running = [r for r in sink.records if r[0] != "final"]
+    finals = [r for r in sink.records if r[0] == "final"]
+    # per key, in input order (keys interleave across the two instances)
+    for key in counts:
+        assert [r for r in running if r[0] == key] == [r for r in expected if r[0] == key]
+    assert sorted(finals) == sorted(("final", k, n) for k, n in counts.items())
+
+
+class CollectingEcho(ProcessFunction):
+    def process_element(self, value: Any, ctx: Any, out: list[Any]) -> None:
+        out.append(value)
+        out.append(value.upper())
+
+
+async def test_an_unkeyed_process_function_may_collect():
+    flow = Dataflow("collect", parallelism=1)
+    sink = ListSink()
+    flow.from_collection(WORDS).process(CollectingEcho()).sink(sink)
+    await flow.run()
+    assert sink.records == [x for w in WORDS for x in (w, w.upper())]
+
+
+class CollectingAndReturning(ProcessFunction):
+    def process_element(self, value: Any, ctx: Any, out: list[Any]) -> Any:
+        out.append(value)
+        return [value]
+
+
+async def test_a_collecting_function_that_returns_outputs_fails_the_job():
+    flow = Dataflow("collect", parallelism=1)
+    sink = ListSink()
+    flow.from_collection(WORDS).process(CollectingAndReturning(), name="both").sink(sink)
+    with pytest.raises(JobFailedError) as info:
+        await flow.run()
+    error = info.value.__cause__
+    assert isinstance(error, UserFunctionError) and error.record == "a"
+    assert "takes an 'out' collector" in str(error) and "returned a list" in str(error)
+    assert sink.records == []
+
+
+class CollectingAndYielding(ProcessFunction):
+    def process_element(self, value: Any, ctx: Any, out: list[Any]) -> Any:
+        yield value
+
+
+async def test_a_function_that_collects_and_yields_is_refused_before_any_record():
+    flow = Dataflow("collect", parallelism=1)
+    sink = ListSink()
+    flow.from_collection(WORDS).process(CollectingAndYielding()).sink(sink)
+    with pytest.raises(JobFailedError) as info:
+        await flow.run()
+    assert "both takes an 'out' collector and yields" in str(info.value)
+    assert sink.records == []
+
+
+class CollectingCoProcess(CoProcessFunction):
+    def process_element1(self, value: Any, ctx: Any, out: list[Any]) -> None:
+        out.append(("left", value))
+
+    def process_element2(self, value: Any, ctx: Any) -> Any:
+        yield ("right", value)
+
+
+async def test_a_two_input_function_may_collect_on_one_input_and_yield_on_the_other():
+    flow = Dataflow("co", parallelism=1)
+    sink = ListSink()
+    left = flow.from_collection(WORDS, name="left")
+    right = flow.from_collection([1, 2, 3], name="right")
+    left.connect(right).process(CollectingCoProcess()).sink(sink)
+    await flow.run()
+    assert sorted(sink.records) == sorted([("left", w) for w in WORDS]
+                                          + [("right", n) for n in (1, 2, 3)])

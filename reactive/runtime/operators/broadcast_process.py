@@ -21,7 +21,8 @@ from ...time.clock import ProcessingClock
 from ...two_input_functions import BroadcastProcessFunction, BroadcastRuntimeContext
 from .base import StreamOperator
 from .process import ProcessOperator, TimedKeyedProcessOperator
-from .two_input import TwoInputOperator, call_per_record
+from .record_calls import call_per_record
+from .two_input import TwoInputOperator
 
 __all__ = ["BroadcastProcessOperator", "KeyedBroadcastProcessOperator"]
 
@@ -73,13 +74,17 @@ class BroadcastProcessOperator(_BroadcastStates, TwoInputOperator, ProcessOperat
         ProcessOperator.__init__(self, name, uid, fn)  # type: ignore[arg-type]
         self.descriptors = descriptors
 
+    per_record_methods = ("process_element", "process_broadcast_element")
+
     def process_batch(self, batch: list[Any]) -> list[Any]:
-        return call_per_record(self, self.fn.process_element, batch, self.ctx,
-                               "process_element", 0)
+        return call_per_record(self, self.fn.process_element,
+                               self.conventions["process_element"], batch, self.ctx,
+                               "process_element", side=0)
 
     def process_batch2(self, batch: list[Any]) -> list[Any]:
-        return call_per_record(self, self.fn.process_broadcast_element, batch,
-                               self.broadcast_ctx, "process_broadcast_element", 1)
+        return call_per_record(self, self.fn.process_broadcast_element,
+                               self.conventions["process_broadcast_element"], batch,
+                               self.broadcast_ctx, "process_broadcast_element", side=1)
 
 
 class KeyedBroadcastProcessOperator(_BroadcastStates, TwoInputOperator,
@@ -102,10 +107,14 @@ class KeyedBroadcastProcessOperator(_BroadcastStates, TwoInputOperator,
                                            key_selector, clock)
         self.descriptors = descriptors
 
+    per_record_methods = ("process_element", "process_broadcast_element")
+
     def process_batch(self, batch: list[Any]) -> list[Any]:
-        return call_per_record(self, self.fn.process_element, batch, self.ctx,
-                               "process_element", 0, self.key_selector)
+        return call_per_record(self, self.fn.process_element,
+                               self.conventions["process_element"], batch, self.ctx,
+                               "process_element", self.key_selector, side=0)
 
     def process_batch2(self, batch: list[Any]) -> list[Any]:
-        return call_per_record(self, self.fn.process_broadcast_element, batch,
-                               self.broadcast_ctx, "process_broadcast_element", 1)
+        return call_per_record(self, self.fn.process_broadcast_element,
+                               self.conventions["process_broadcast_element"], batch,
+                               self.broadcast_ctx, "process_broadcast_element", side=1)

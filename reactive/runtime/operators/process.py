@@ -11,14 +11,14 @@ operator state so that, after a recovery, ``current_watermark()`` does not start
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 from ...functions import ProcessFunction, TimeDomain
 from ...time.clock import ProcessingClock
 from ...time.timers import InternalTimerService, TimerService
-from .base import GENERATOR, StreamOperator, checked_outputs, instance_copy
+from .base import StreamOperator, instance_copy
+from .record_calls import OutputConvention, call_once, call_per_record, output_convention
 
 __all__ = ["KeyedProcessOperator", "ProcessOperator", "TimedKeyedProcessOperator",
            "restore_watermark", "snapshot_watermark"]
@@ -27,49 +27,34 @@ __all__ = ["KeyedProcessOperator", "ProcessOperator", "TimedKeyedProcessOperator
 class ProcessOperator(StreamOperator):
     """``process(fn)`` on a non-keyed stream.
 
-    ``fn.process_element`` yields its outputs, or returns None or a list of them; any other
-    return value (a tuple, a string, ...) fails the job (see :func:`checked_outputs`).
+    ``fn.process_element(value, ctx)`` yields its outputs, or returns None or a list of
+    them; any other return value (a tuple, a string, ...) fails the job (see
+    :func:`checked_outputs`). Declared with a third parameter, ``process_element(value, ctx,
+    out)`` appends its outputs to ``out`` instead (see :mod:`.record_calls`).
     """
 
     def __init__(self, name: str, uid: str, fn: ProcessFunction):
         super().__init__(name, uid)
         self.fn = instance_copy(fn)
-        self._yields = self._is_generator_function()
+        self.conventions = self._output_conventions()
 
-    def _is_generator_function(self) -> bool:
-        """True when ``process_element`` is a generator function: every call then returns a
-        generator, and the per-record loop needs no check of what it returned."""
-        return inspect.isgeneratorfunction(getattr(self.fn, "process_element", None))
+    per_record_methods: tuple[str, ...] = ("process_element",)
+    """The function's methods called per record, ``method(value, ctx[, out])``."""
+
+    def _output_conventions(self) -> dict[str, OutputConvention]:
+        """How each per-record method hands back its outputs, decided once, not per
+        record (raises TypeError for a method that both collects and yields)."""
+        return {m: output_convention(getattr(self.fn, m, None), 2, m)
+                for m in self.per_record_methods}
 
     def open(self) -> None:
         self.fn.open(self.ctx)
-        self._yields = self._is_generator_function()  # open() may have replaced it
+        self.conventions = self._output_conventions()  # open() may have replaced them
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
-        fn = self.fn.process_element
-        ctx = self.ctx
-        out: list[Any] = []
-        extend = out.extend
-        r = None
-        try:
-            if self._yields:
-                for r in batch:
-                    extend(fn(r, ctx))
-            else:
-                generator = GENERATOR
-                for r in batch:
-                    res = fn(r, ctx)
-                    # identity checks for the common cases (a list; a generator from a
-                    # wrapped generator function); anything else but None is checked before
-                    # it is taken apart into records
-                    t = type(res)
-                    if t is list or t is generator:
-                        extend(res)
-                    elif res is not None:
-                        extend(checked_outputs(res, "process_element"))
-        except Exception as exc:
-            raise self.fail(r, exc) from exc
-        return out
+        return call_per_record(self, self.fn.process_element,
+                               self.conventions["process_element"], batch, self.ctx,
+                               "process_element")
 
     def close(self) -> None:
         try:
@@ -89,32 +74,9 @@ class KeyedProcessOperator(ProcessOperator):
         self.key_selector = key_selector
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
-        fn = self.fn.process_element
-        ctx = self.ctx
-        key_of = self.key_selector
-        assert key_of is not None and self.keyed_backend is not None
-        set_key = self.keyed_backend.set_current_key
-        out: list[Any] = []
-        extend = out.extend
-        r = None
-        try:
-            if self._yields:  # see ProcessOperator.process_batch
-                for r in batch:
-                    set_key(key_of(r))
-                    extend(fn(r, ctx))
-            else:
-                generator = GENERATOR
-                for r in batch:
-                    set_key(key_of(r))
-                    res = fn(r, ctx)
-                    t = type(res)
-                    if t is list or t is generator:
-                        extend(res)
-                    elif res is not None:
-                        extend(checked_outputs(res, "process_element"))
-        except Exception as exc:
-            raise self.fail(r, exc) from exc
-        return out
+        return call_per_record(self, self.fn.process_element,
+                               self.conventions["process_element"], batch, self.ctx,
+                               "process_element", self.key_selector)
 
 
 WATERMARK_STATE = "operator-watermark"
@@ -156,6 +118,7 @@ class TimedKeyedProcessOperator(KeyedProcessOperator):
         super().__init__(name, uid, fn, key_selector)
         self.clock = clock
         self.timers: InternalTimerService
+        self._timer_convention = OutputConvention.RETURNS
 
     def open(self) -> None:
         assert self.keyed_backend is not None
@@ -165,6 +128,8 @@ class TimedKeyedProcessOperator(KeyedProcessOperator):
         self.timers.restore()
         self.ctx._timer_service = TimerService(self.timers)
         super().open()
+        self._timer_convention = output_convention(getattr(self.fn, "on_timer", None), 2,
+                                                   "on_timer")
 
     def _fire_event_time(self, timestamp: float, namespace: Any) -> list[Any]:
         return self._fire(timestamp, TimeDomain.EVENT_TIME)
@@ -179,8 +144,7 @@ class TimedKeyedProcessOperator(KeyedProcessOperator):
         ctx = self.ctx
         ctx._firing = (timestamp, domain)
         try:
-            res = on_timer(timestamp, ctx)
-            return list(checked_outputs(res, "on_timer")) if res is not None else []
+            return call_once(on_timer, self._timer_convention, (timestamp, ctx), "on_timer")
         except Exception as exc:
             raise self.fail(f"{domain.value} timer {timestamp} of key {ctx.current_key!r}",
                             exc) from exc

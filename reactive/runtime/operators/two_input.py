@@ -16,8 +16,9 @@ from typing import Any
 
 from ...time.clock import ProcessingClock
 from ...two_input_functions import CoProcessFunction
-from .base import GENERATOR, StreamOperator, checked_outputs
+from .base import StreamOperator
 from .process import ProcessOperator, TimedKeyedProcessOperator
+from .record_calls import call_per_record
 
 __all__ = [
     "CoFlatMapOperator",
@@ -25,7 +26,6 @@ __all__ = [
     "CoProcessOperator",
     "KeyedCoProcessOperator",
     "TwoInputOperator",
-    "call_per_record",
 ]
 
 
@@ -36,64 +36,6 @@ class TwoInputOperator(StreamOperator):
     def process_batch2(self, batch: list[Any]) -> list[Any]:
         """Process a batch of the second input; return the output batch."""
         raise NotImplementedError
-
-
-def call_per_record(
-    op: StreamOperator,
-    fn: Callable[[Any, Any], Any],
-    batch: list[Any],
-    ctx: Any,
-    method: str,
-    side: int,
-    key_of: Callable[[Any], Any] | None = None,
-) -> list[Any]:
-    """Call ``fn(record, ctx)`` for each record of ``batch`` and collect the outputs (the
-    loop of :class:`~reactive.runtime.operators.process.ProcessOperator`, for either input).
-
-    Args:
-        op: the operator (errors name it).
-        fn: the user method.
-        batch: the input records.
-        ctx: the context passed to ``fn``.
-        method: the method's name, for errors about what it returned.
-        side: 0 or 1, the input (errors name it).
-        key_of: the input's key selector on keyed streams; each record's key becomes the
-            backend's current key before the call.
-
-    Returns:
-        The outputs, in order.
-
-    Raises:
-        UserFunctionError: naming the operator, the record and the input, when ``fn``
-            raises or returns something that is not outputs.
-    """
-    out: list[Any] = []
-    extend = out.extend
-    generator = GENERATOR
-    r = None
-    try:
-        if key_of is None:
-            for r in batch:
-                res = fn(r, ctx)
-                t = type(res)
-                if t is list or t is generator:
-                    extend(res)
-                elif res is not None:
-                    extend(checked_outputs(res, method))
-        else:
-            assert op.keyed_backend is not None
-            set_key = op.keyed_backend.set_current_key
-            for r in batch:
-                set_key(key_of(r))
-                res = fn(r, ctx)
-                t = type(res)
-                if t is list or t is generator:
-                    extend(res)
-                elif res is not None:
-                    extend(checked_outputs(res, method))
-    except Exception as exc:
-        raise op.fail(r, exc, f"input {side + 1} ({method})") from exc
-    return out
 
 
 class CoMapOperator(TwoInputOperator):
@@ -160,13 +102,17 @@ class CoProcessOperator(TwoInputOperator, ProcessOperator):
     def __init__(self, name: str, uid: str, fn: CoProcessFunction) -> None:
         ProcessOperator.__init__(self, name, uid, fn)  # type: ignore[arg-type]
 
+    per_record_methods = ("process_element1", "process_element2")
+
     def process_batch(self, batch: list[Any]) -> list[Any]:
-        return call_per_record(self, self.fn.process_element1, batch, self.ctx,
-                               "process_element1", 0)
+        return call_per_record(self, self.fn.process_element1,
+                               self.conventions["process_element1"], batch, self.ctx,
+                               "process_element1", side=0)
 
     def process_batch2(self, batch: list[Any]) -> list[Any]:
-        return call_per_record(self, self.fn.process_element2, batch, self.ctx,
-                               "process_element2", 1)
+        return call_per_record(self, self.fn.process_element2,
+                               self.conventions["process_element2"], batch, self.ctx,
+                               "process_element2", side=1)
 
 
 class KeyedCoProcessOperator(TwoInputOperator, TimedKeyedProcessOperator):
@@ -187,11 +133,15 @@ class KeyedCoProcessOperator(TwoInputOperator, TimedKeyedProcessOperator):
                                            key_selector1, clock)
         self.key_selector2 = key_selector2
 
+    per_record_methods = ("process_element1", "process_element2")
+
     def process_batch(self, batch: list[Any]) -> list[Any]:
-        return call_per_record(self, self.fn.process_element1, batch, self.ctx,
-                               "process_element1", 0, self.key_selector)
+        return call_per_record(self, self.fn.process_element1,
+                               self.conventions["process_element1"], batch, self.ctx,
+                               "process_element1", self.key_selector, side=0)
 
     def process_batch2(self, batch: list[Any]) -> list[Any]:
-        return call_per_record(self, self.fn.process_element2, batch, self.ctx,
-                               "process_element2", 1, self.key_selector2)
+        return call_per_record(self, self.fn.process_element2,
+                               self.conventions["process_element2"], batch, self.ctx,
+                               "process_element2", self.key_selector2, side=1)
 
