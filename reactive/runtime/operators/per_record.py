@@ -10,7 +10,49 @@ from typing import Any
 from ...state.descriptors import ValueStateDescriptor
 from .base import StreamOperator
 
-__all__ = ["FilterOperator", "FlatMapOperator", "MapOperator", "ReduceOperator"]
+__all__ = ["FilterOperator", "FlatMapOperator", "MapOperator", "ReduceOperator",
+           "flat_map_records", "map_records"]
+
+
+def map_records(op: StreamOperator, fn: Callable[[Any], Any], batch: list[Any],
+                where: str | None = None) -> list[Any]:
+    """``[fn(r) for r in batch]``, failing with the record that raised.
+
+    Raises:
+        UserFunctionError: naming ``op``, the record and ``where`` (e.g. the input of a
+            two-input operator) when ``fn`` raises.
+    """
+    out: list[Any] = []
+    append = out.append
+    r = None
+    try:
+        for r in batch:
+            append(fn(r))
+    except Exception as exc:
+        raise op.fail(r, exc, where) from exc
+    return out
+
+
+def flat_map_records(op: StreamOperator, fn: Callable[[Any], Iterable[Any] | None],
+                     batch: list[Any], where: str | None = None) -> list[Any]:
+    """The items of every ``fn(r)`` (None: no items), in order, failing with the record
+    that raised.
+
+    Raises:
+        UserFunctionError: naming ``op``, the record and ``where`` when ``fn`` raises or
+            returns something that cannot be iterated.
+    """
+    out: list[Any] = []
+    extend = out.extend
+    r = None
+    try:
+        for r in batch:
+            res = fn(r)
+            if res is not None:
+                extend(res)
+    except Exception as exc:
+        raise op.fail(r, exc, where) from exc
+    return out
 
 
 class MapOperator(StreamOperator):
@@ -21,16 +63,7 @@ class MapOperator(StreamOperator):
         self.fn = fn
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
-        fn = self.fn
-        out: list[Any] = []
-        append = out.append
-        r = None
-        try:
-            for r in batch:
-                append(fn(r))
-        except Exception as exc:
-            raise self.fail(r, exc) from exc
-        return out
+        return map_records(self, self.fn, batch)
 
 
 class FilterOperator(StreamOperator):
@@ -62,18 +95,7 @@ class FlatMapOperator(StreamOperator):
         self.fn = fn
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
-        fn = self.fn
-        out: list[Any] = []
-        extend = out.extend
-        r = None
-        try:
-            for r in batch:
-                res = fn(r)
-                if res is not None:
-                    extend(res)
-        except Exception as exc:
-            raise self.fail(r, exc) from exc
-        return out
+        return flat_map_records(self, self.fn, batch)
 
 
 class ReduceOperator(StreamOperator):

@@ -17,6 +17,7 @@ from typing import Any
 from ...time.clock import ProcessingClock
 from ...two_input_functions import CoProcessFunction
 from .base import StreamOperator
+from .per_record import flat_map_records, map_records
 from .process import ProcessOperator, TimedKeyedProcessOperator
 from .record_calls import call_per_record
 
@@ -47,16 +48,7 @@ class CoMapOperator(TwoInputOperator):
         self.fns = (fn1, fn2)
 
     def _map(self, batch: list[Any], side: int) -> list[Any]:
-        fn = self.fns[side]
-        out: list[Any] = []
-        append = out.append
-        r = None
-        try:
-            for r in batch:
-                append(fn(r))
-        except Exception as exc:
-            raise self.fail(r, exc, f"input {side + 1} (map{side + 1})") from exc
-        return out
+        return map_records(self, self.fns[side], batch, f"input {side + 1} (map{side + 1})")
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
         return self._map(batch, 0)
@@ -75,18 +67,8 @@ class CoFlatMapOperator(TwoInputOperator):
         self.fns = (fn1, fn2)
 
     def _flat_map(self, batch: list[Any], side: int) -> list[Any]:
-        fn = self.fns[side]
-        out: list[Any] = []
-        extend = out.extend
-        r = None
-        try:
-            for r in batch:
-                res = fn(r)
-                if res is not None:
-                    extend(res)
-        except Exception as exc:
-            raise self.fail(r, exc, f"input {side + 1} (flat_map{side + 1})") from exc
-        return out
+        return flat_map_records(self, self.fns[side], batch,
+                                f"input {side + 1} (flat_map{side + 1})")
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
         return self._flat_map(batch, 0)
