@@ -93,6 +93,18 @@ class KeyGroupPartitioner(Partitioner):
         self.assigner = KeyGroupAssigner(max_parallelism, key_serializer=key_serializer)
         # key group -> channel, precomputed: instance_for(kg) = kg * p // maxp
         self._channel_of = [kg * num_channels // max_parallelism for kg in range(max_parallelism)]
+        # key -> channel memo: a known key costs one dict hit in the per-record loop (no
+        # call into the assigner); bounded like the assigner's own memo
+        self._channel_cache: dict[Any, int] = {}
+
+    def _channel_for(self, key: Any) -> int:
+        """The memo miss: the key's channel from its key group, then memoized."""
+        channel = self._channel_of[self.assigner(key)]
+        cache = self._channel_cache
+        if len(cache) >= self.assigner.cache_size:
+            cache.clear()
+        cache[key] = channel
+        return channel
 
     def split(self, batch: list[Any]) -> list[list[Any]]:
         """Split ``batch`` by the owning instance of each record's key group.
@@ -108,14 +120,28 @@ class KeyGroupPartitioner(Partitioner):
         out: list[list[Any]] = [[] for _ in range(n)]
         appends = [o.append for o in out]
         key_of = self.key_selector
-        kg_of = self.assigner
-        channel_of = self._channel_of
+        get = self._channel_cache.get
+        miss = self._channel_for
         r = None
         try:
             for r in batch:
-                appends[channel_of[kg_of(key_of(r))]](r)
+                key = key_of(r)
+                channel = get(key)
+                if channel is None:
+                    channel = miss(key)
+                appends[channel](r)
         except UnsupportedKeyError as exc:
             raise KeySelectorError(r, exc.for_operator(self.operator)) from exc
+        except TypeError as exc:
+            # an unhashable key fails the memo lookup before the assigner sees it: let the
+            # assigner name it as it does
+            try:
+                miss(key_of(r))
+            except UnsupportedKeyError as named:
+                raise KeySelectorError(r, named.for_operator(self.operator)) from named
+            except Exception:
+                pass
+            raise KeySelectorError(r, exc) from exc
         except Exception as exc:
             raise KeySelectorError(r, exc) from exc
         return out
