@@ -2,19 +2,24 @@
 backend (key-group copy-on-write) as the baseline, in one invocation.
 
     python -m bench.heap_checkpoints [--keys 1000000 5000000] [--updates 8]
-                                     [--changed 0.01] [--interval 1.0] [--repeats 1]
+                                     [--changed 0.01] [--round-records 250000]
+                                     [--interval 1.0] [--repeats 1] [--verbose]
                                      [--baseline-ref HEAD | --no-baseline]
 
 A keyed count (``from_collection -> key_by -> count``, parallelism 1) first loads ``--keys``
 distinct keys, then receives ``--updates`` rounds of updates, each touching ``--changed`` of
-the keys (5 records per touched key), with checkpoints every ``--interval`` seconds. Per
-backend variant it prints, over the checkpoints taken once every key is loaded (min / median /
-max over them and over ``--repeats`` runs): the records/s while a checkpoint's asynchronous
-part runs relative to the records/s between checkpoints (target >= 0.8), the synchronous
-pause (ms, target < 5), the bytes a checkpoint writes and the ratio of a full snapshot's
-bytes to them (target >= 10 at 1 % changed keys), and the time to restore the last
-checkpoint into a fresh backend. The baseline is the heap backend of git revision
-``--baseline-ref`` (its files extracted into a temporary package).
+the keys, each of them ``--round-records / (changed * keys)`` times (at least once): with
+the default, a round is about one checkpoint interval of records at ~250 k records/s, so
+about ``--changed`` of the keys change per checkpoint (the table reports the measured
+fraction). Checkpoints every ``--interval`` seconds. Per backend variant it prints, over the
+checkpoints taken once every key is loaded (min / median / max over them and over
+``--repeats`` runs): the records/s while a checkpoint's asynchronous part runs relative to
+the records/s between checkpoints (target >= 0.8), the synchronous pause (ms, target < 5),
+the asynchronous part's duration (s), the keys changed since the previous checkpoint (% of
+the keys), the bytes a checkpoint writes and the ratio of a full snapshot's bytes to them
+(target >= 10 at 1 % changed keys), and the time to restore the last checkpoint into a fresh
+backend. The baseline is the heap backend of git revision ``--baseline-ref`` (its files
+extracted into a temporary package).
 """
 
 from __future__ import annotations
@@ -64,15 +69,24 @@ class Count(KeyedProcessFunction):
             self.marks.append((time.time(), self.n))
 
 
-def workload(keys: int, updates: int, changed: float, seed: int = 42) -> tuple[list[str], int]:
-    """The load of every key, then the update rounds; returns (records, load length)."""
+def workload(keys: int, updates: int, changed: float, round_records: int = 250_000,
+             seed: int = 42) -> tuple[list[str], int]:
+    """The load of every key, then the update rounds; returns (records, load length).
+
+    Records are the key objects of the load (as a source that keeps its keys would hand
+    them over): the state's keys lie where the load put them in memory."""
     rng = np.random.default_rng(seed)
     load = [f"k{i}" for i in rng.permutation(keys).tolist()]
+    by_index = [""] * keys
+    for w in load:
+        by_index[int(w[1:])] = w
     out = list(load)
     per_round = max(1, int(keys * changed))
+    touches = max(1, round_records // per_round)
     for _ in range(updates):
         hot = rng.choice(keys, size=per_round, replace=False)
-        out += [f"k{i}" for i in np.repeat(hot, 5)[rng.permutation(per_round * 5)].tolist()]
+        order = np.repeat(hot, touches)[rng.permutation(per_round * touches)]
+        out += [by_index[i] for i in order.tolist()]
     return out, len(load)
 
 
@@ -84,7 +98,7 @@ def baseline_backend(ref: str, into: Path) -> StateBackend:
 
 
 def run_once(records: list[str], loaded_at: int, interval: float, backend: StateBackend,
-             directory: Path) -> dict[str, list[float]]:
+             directory: Path, verbose: bool = False) -> dict[str, list[float]]:
     """Run the pipeline once; return per-checkpoint figures of the update phase."""
     from reactive.runtime.loop import run_coroutine
 
@@ -100,6 +114,20 @@ def run_once(records: list[str], loaded_at: int, interval: float, backend: State
     # async windows: from the end of the synchronous part to the completion
     windows = [(c.trigger_time + c.alignment + c.sync, c.trigger_time + c.duration)
                for c in done]
+    times = np.array([t for t, _ in marks])
+    counts = np.array([n for _, n in marks])
+    # records processed at each barrier (interpolated between the marks)
+    at = [int(np.interp(c.trigger_time + c.alignment, times, counts))
+          for c in job.metrics.completed_checkpoints]
+    changed = []
+    for c, a, b in zip(job.metrics.completed_checkpoints[1:], at, at[1:], strict=False):
+        if c in done:
+            changed.append(len(set(records[a:b])) / loaded_at)
+    if verbose:
+        for c, n in zip(job.metrics.completed_checkpoints, at, strict=False):
+            print(f"  chk {c.checkpoint_id}: at record {n:,} sync {c.sync * 1e3:.2f} ms "
+                  f"async {c.async_:.2f} s duration {c.duration:.2f} s "
+                  f"{c.size / 1e6:.2f} MB{'' if c in done else ' (load)'}")
 
     def rate(inside: bool) -> float:
         n = dt = 0.0
@@ -124,6 +152,8 @@ def run_once(records: list[str], loaded_at: int, interval: float, backend: State
     return {
         "ratio": [rate(True) / rate(False)],
         "sync_ms": [c.sync * 1e3 for c in done],
+        "async_s": [c.async_ for c in done],
+        "changed": changed,
         "bytes": [float(c.size) for c in done],
         "full_bytes": [float(full)],
         "restore_s": [restore],
@@ -157,6 +187,9 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--keys", type=int, nargs="+", default=[1_000_000, 5_000_000])
     p.add_argument("--updates", type=int, default=8, help="update rounds after the load")
     p.add_argument("--changed", type=float, default=0.01, help="keys touched per round")
+    p.add_argument("--round-records", type=int, default=250_000,
+                   help="records per update round (about one interval's worth)")
+    p.add_argument("--verbose", action="store_true", help="print every checkpoint")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--baseline-ref", default="HEAD",
@@ -172,28 +205,33 @@ def main(argv: list[str] | None = None) -> str:
         variants += [("heap full (per-key copy-on-write)", HeapStateBackend),
                      ("heap incremental", lambda: HeapStateBackend(incremental=True))]
         for keys in args.keys:
-            records, loaded_at = workload(keys, args.updates, args.changed)
+            records, loaded_at = workload(keys, args.updates, args.changed,
+                                          args.round_records)
             rows: list[list[Any]] = []
             for name, make in variants:
                 figures: dict[str, list[float]] = {}
                 for r in range(args.repeats):
                     d = Path(tmp) / f"{keys}-{len(rows)}-{r}"
-                    for k, v in run_once(records, loaded_at, args.interval, make(), d).items():
+                    if args.verbose:
+                        print(f"{name}, {keys:,} keys, run {r + 1}")
+                    for k, v in run_once(records, loaded_at, args.interval, make(), d,
+                                         args.verbose).items():
                         figures.setdefault(k, []).extend(v)
                 full = statistics.median(figures["full_bytes"])
                 rows.append([
                     name, _mmm(figures["rate"]), _mmm(figures["ratio"]),
-                    _mmm(figures["sync_ms"]), _mmm(figures["bytes"]),
+                    _mmm(figures["sync_ms"]), _mmm(figures["async_s"]),
+                    _mmm(figures["changed"], 100), _mmm(figures["bytes"]),
                     _mmm([full / b for b in figures["bytes"] if b]),
                     _mmm(figures["restore_s"]), len(figures["bytes"]),
                 ])
             title = (f"\n{keys:,} keys, then {args.updates} rounds touching "
-                     f"{args.changed:.0%} of them; checkpoints every {args.interval:g} s "
-                     "(min / median / max)")
+                     f"{args.changed:.0%} of them ({args.round_records:,} records each); "
+                     f"checkpoints every {args.interval:g} s (min / median / max)")
             print(title)
             out.append(title + "\n" + print_table(
                 ["variant", "records/s", "rate in async part / between", "sync ms",
-                 "bytes per checkpoint", "full bytes / bytes", "restore s",
+                 "async s", "keys changed %", "bytes per checkpoint", "full bytes / bytes", "restore s",
                  "checkpoints"], rows))
     print(f"\npeak RSS {peak_rss_mb():,.0f} MiB")
     return "\n".join(out)

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from reactive.backends.heap import HeapKeyedStateBackend, iter_heap_key_groups, read_heap_snapshot
 from reactive.backends.heap import snapshot as heap_snapshot
 from reactive.errors import StateSerializationError
-from reactive.keygroups import KeyGroupRange
+from reactive.key_encoding import encode_key
+from reactive.keygroups import KeyGroupRange, key_group_of_bytes
 from reactive.state.api import ListState, MapState, ReducingState, ValueState
 from reactive.state.backend import KeyedStateBackend, SnapshotContext
 from reactive.state.descriptors import (
@@ -44,10 +45,10 @@ Model = dict[str, dict[Any, Any]]
 class Instance:
     """A heap backend under test with its states, and the model of what it holds."""
 
-    def __init__(self, job_dir: Path, **options: Any) -> None:
+    def __init__(self, job_dir: Path, incremental: bool = True, **options: Any) -> None:
         self.job_dir = job_dir
         self.kb = HeapKeyedStateBackend(FULL_RANGE, MAX_PARALLELISM, operator_uid="op",
-                                        incremental=True, **options)
+                                        incremental=incremental, **options)
         self.value: ValueState = self.kb.get_state(VALUE)  # type: ignore[assignment]
         self.list: ListState = self.kb.get_state(LIST)  # type: ignore[assignment]
         self.map: MapState = self.kb.get_state(MAP)  # type: ignore[assignment]
@@ -161,9 +162,10 @@ step = st.one_of(
 )
 
 
-async def run_model(steps: list[tuple[Any, ...]], job_dir: Path) -> None:
+async def run_model(steps: list[tuple[Any, ...]], job_dir: Path,
+                    incremental: bool = True) -> None:
     """Apply ``steps``; every completed checkpoint must restore the model at its barrier."""
-    inst = Instance(job_dir, max_deltas=3)
+    inst = Instance(job_dir, incremental, max_deltas=3)
     cid = 0
     # (checkpoint id, model at the barrier, snapshot, its write task (None: not started))
     pending: list[tuple[int, Model, Any, asyncio.Task[dict[str, Any]] | None]] = []
@@ -218,6 +220,17 @@ def test_model_restores_every_completed_checkpoint_at_its_barrier(
         tiny_pieces: None, tmp_path_factory: pytest.TempPathFactory,
         steps: list[tuple[Any, ...]]) -> None:
     asyncio.run(run_model(steps, tmp_path_factory.mktemp("job")))
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.lists(step, min_size=20, max_size=150))
+def test_model_full_checkpoints_carrying_chains_restore_at_their_barrier(
+        tiny_pieces: None, tmp_path_factory: pytest.TempPathFactory,
+        steps: list[tuple[Any, ...]]) -> None:
+    """Full (self-contained) checkpoints serialize the changes and copy the rest from the
+    previous checkpoint's file: the same model test."""
+    asyncio.run(run_model(steps, tmp_path_factory.mktemp("job"), incremental=False))
 
 
 @pytest.mark.slow
@@ -414,3 +427,56 @@ async def test_savepoints_and_restored_instances_are_self_contained_then_full(
     assert all(kinds == ["f"] for kinds in chain_kinds(h4).values())
     stream = iter_heap_key_groups(h4, inst.job_dir, KeyGroupRange(0, 3))
     assert all(kg <= 3 for kg, _, _ in stream)
+
+
+async def test_full_checkpoints_serialize_only_changes_and_stay_self_contained(
+        tmp_path: Path) -> None:
+    """A full checkpoint after one completed serializes the changed keys only (the rest is
+    copied from the previous file), yet restores alone once the previous one is gone."""
+    ser = CountingSerializer()
+    kb = HeapKeyedStateBackend(FULL_RANGE, MAX_PARALLELISM, operator_uid="op")
+    state = kb.get_state(ValueStateDescriptor("v", serializer=ser))
+    for k in range(5000):
+        kb.set_current_key(k)
+        state.update(k)  # type: ignore[attr-defined]
+    job_dir = tmp_path / "job"
+
+    def ctx(cid: int) -> SnapshotContext:
+        return SnapshotContext(cid, job_dir, job_dir / f"chk-{cid}", job_dir / "shared", "op", 0)
+
+    h1 = await kb.snapshot(ctx(1)).write()
+    kb.notify_checkpoint_complete(1)
+    assert ser.calls >= 5000
+    before = ser.calls
+    for k in (1, 2, 3):
+        kb.set_current_key(k)
+        state.update(-k)  # type: ignore[attr-defined]
+    h2 = await kb.snapshot(ctx(2)).write()
+    assert ser.calls - before <= 4 + 5000 // MAX_PARALLELISM  # changed keys (+ current key)
+    assert h2["mode"] == "full" and h2["shared"] == []
+    assert [r["path"] for r in h2["files"]] == ["chk-2/op-0.heap"]
+    assert h2["files"][0]["size"] >= h1["files"][0]["size"]
+    (job_dir / h1["files"][0]["path"]).unlink()
+    got = read_heap_snapshot(h2, job_dir)["v"]
+    expected = {k: (-k if k in (1, 2, 3) else k) for k in range(5000)}
+    assert {k: pickle.loads(v) for k, v in got.items()} == expected
+
+
+async def test_a_key_group_mostly_changed_is_written_in_full(tmp_path: Path) -> None:
+    """When most of a key group's keys changed, it is materialized rather than given a
+    delta larger than itself; key groups with a few changes get deltas."""
+    inst = Instance(tmp_path / "job")
+    keys = list(range(1600))
+    fill(inst, keys)
+    await inst.kb.snapshot(inst.context(1)).write()
+    inst.kb.notify_checkpoint_complete(1)
+    kg0 = [k for k in keys if key_group_of_bytes(encode_key(k), MAX_PARALLELISM) == 0]
+    others = [k for k in keys if k not in set(kg0)]
+    for k in kg0:
+        inst.apply("reduce", k, 1)
+    inst.apply("reduce", others[0], 1)
+    h2 = await inst.kb.snapshot(inst.context(2)).write()
+    kinds = chain_kinds(h2)
+    assert kinds["0"] == ["f"]
+    assert ["f", "d"] in kinds.values()
+    assert read_heap_snapshot(h2, inst.job_dir) == nonempty(inst.model)

@@ -13,6 +13,7 @@ one job each:
 - :mod:`.changelog`: dirty keys since the last completed checkpoint, chains of blobs per key
   group, and when a key group is materialized again;
 - :mod:`.file_writer`: writing, hashing and syncing a snapshot file in a worker thread;
+- :mod:`.pacing`: a snapshot's bounded share of the event loop thread;
 - :mod:`.format`: the ``heap-v1`` and ``heap-v2`` formats: the encodings and the one reader
   (a key-group stream, :mod:`reactive.state.key_group_stream`), used by the backend, by the
   RocksDB backend's restore (through the key-group reader registry), the PySpark bridge and

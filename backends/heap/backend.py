@@ -13,8 +13,11 @@ section 4.2).
 key-group-index memo. While a snapshot's asynchronous part runs, the backend's
 ``set_current_key`` is an instance attribute bound to a watching variant that also reports
 the key to the snapshot (copy-on-write); the operators fetch ``backend.set_current_key`` per
-batch, and asynchronous parts only run between batches, so the normal path pays nothing. In
-incremental mode the memo doubles as the dirty set: each snapshot swaps in a fresh one.
+batch, and asynchronous parts only run between batches, so the normal path pays nothing. The
+memo doubles as the dirty set: each checkpoint swaps in a fresh one. Incremental checkpoints
+write only the dirty keys; full ones also serialize only those, and copy the rest of their
+self-contained file from the previous checkpoint's (:mod:`.snapshot`), so the loop's work per
+checkpoint follows the changes, not the state's size.
 
 Keys are stored as the Python objects themselves; only their key group comes from their
 bytes (:mod:`reactive.key_encoding`, or the ``key_by`` key serializer), which handles record
@@ -77,28 +80,34 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         incremental: checkpoints write only the keys changed since the last completed
             checkpoint, under the job's ``shared/`` folder (else each checkpoint is one
             self-contained file); savepoints are always self-contained.
-        max_deltas: incremental: deltas after which a key group is written in full again
-            (see :class:`~.changelog.ChangeLog`).
-        delta_ratio: incremental: delta bytes relative to a key group's full blob after which
-            it is written in full again.
+        max_deltas: deltas after which a key group is written in full again (see
+            :class:`~.changelog.ChangeLog`; full checkpoints carry the chains over too).
+        delta_ratio: delta bytes relative to a key group's full blob after which it is
+            written in full again.
+        snapshot_share: the share of the event loop thread a snapshot's asynchronous part
+            takes while the tasks are busy (None: :data:`.snapshot.SHARE`).
     """
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, *,
                  operator_uid: str | None = None, incremental: bool = False,
-                 max_deltas: int = 32, delta_ratio: float = 1.0) -> None:
+                 max_deltas: int = 32, delta_ratio: float = 1.0,
+                 snapshot_share: float | None = None) -> None:
         self.key_group_range = key_group_range
         self.max_parallelism = max_parallelism
         self.operator_uid = operator_uid
         self.incremental = incremental
+        self.snapshot_share = snapshot_share
         self._key_serializer: Serializer | None = None
         self._encode_key: Callable[[Any], bytes] = encode_key
         self._start = key_group_range.start
         self._n = len(key_group_range)
-        # key -> index of its key group in this instance's range (bounded memo); incremental:
-        # exactly the keys set current since the last snapshot (or roll of the memo)
+        # key -> index of its key group in this instance's range (bounded memo): exactly the
+        # keys set current since the last checkpoint (or roll of the memo)
         self._idx_cache: dict[Any, int] = {}
         # the memo generation before (looked up on a miss before hashing the key)
         self._prev_cache: dict[Any, int] = {}
+        # keys added to _idx_cache per key-group index (how much of a key group is dirty)
+        self._counts = [0] * self._n
         self._tables: dict[str, Table] = {}
         self.current_key: Any = None
         self._idx = self._n  # the _NoKey sentinel until a key is set
@@ -117,6 +126,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         # new dicts, not cleared ones: snapshots may still read the old generations
         self._idx_cache = {}
         self._prev_cache = {}
+        self._counts = [0] * self._n
         self._log.reset()
 
     def set_current_key(self, key: Any) -> None:
@@ -170,13 +180,12 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                 )
         cache = self._idx_cache
         if len(cache) >= _KEY_CACHE_SIZE:
-            if self.incremental:
-                self._log.roll(cache)  # its keys stay dirty
-                self._prev_cache = cache
-                cache = self._idx_cache = {}
-            else:
-                cache.clear()
+            self._log.roll(cache, self._counts)  # its keys stay dirty
+            self._prev_cache = cache
+            self._counts = [0] * self._n
+            cache = self._idx_cache = {}
         cache[key] = idx
+        self._counts[idx] += 1
         return idx
 
     # ------------------------------------------------------------------ states
@@ -214,26 +223,39 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         """Synchronous part: plan the snapshot in O(number of key groups) and start watching
         the keys set current (see :mod:`.snapshot`).
 
-        Incremental checkpoints (not savepoints) close the dirty-key interval (a fresh memo)
-        and create the checkpoint's directory, which tells checkpoint storage a checkpoint is
-        in flight before any shared file of it exists (as RocksDB's snapshots do).
+        Checkpoints (not savepoints, which are written in full) close the dirty-key interval
+        (a fresh memo); incremental ones create the checkpoint's directory, which tells
+        checkpoint storage a checkpoint is in flight before any shared file of it exists (as
+        RocksDB's snapshots do).
         """
         incremental = self.incremental and not ctx.savepoint
-        if incremental:
-            memo = self._idx_cache
+        garbage: Any = None
+        if not ctx.savepoint:
+            memo, counts = self._idx_cache, self._counts
+            # the generation dropped here may be large: the asynchronous part frees it
+            garbage = self._prev_cache
             self._prev_cache = memo
             self._idx_cache = {}
+            self._counts = [0] * self._n
             if self._idx < self._n:
                 # the current key may still be changed without a set_current_key
                 self._idx_cache[self.current_key] = self._idx
-            plan = self._log.close(ctx.checkpoint_id, memo)
-            ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+                self._counts[self._idx] += 1
+            sizes = [0] * self._n
+            for table in self._tables.values():
+                for i, d in enumerate(table.maps[: self._n]):
+                    sizes[i] += len(d)
+            plan = self._log.close(ctx.checkpoint_id, memo, counts, sizes)
+            if incremental:
+                ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         else:
             plan = SnapshotPlan(None)
         snap = HeapSnapshot(ctx, plan, tables=self._tables, start=self._start, n=self._n,
                             key_encoding=key_encoding_name(self._key_serializer),
                             incremental=incremental, release=self._release,
-                            on_written=self._log.written if incremental else None)
+                            on_written=None if ctx.savepoint else self._log.written,
+                            on_failed=self._log.reset, share=self.snapshot_share,
+                            garbage=garbage)
         if self._idx < self._n:
             snap.touch(self.current_key, self._idx)
         self._watching.append(snap)
@@ -307,7 +329,9 @@ class HeapStateBackend(StateBackend):
 
     State must fit in memory. Values returned by ``value()``/``get()`` are the stored
     objects: mutate them only through the state API (or after reading them in the same
-    ``process_element`` call), never between records.
+    ``process_element`` call), never between records. A restored value is a copy: two
+    references to one object inside a value may come back as two equal objects (as with
+    Flink's serializers; cycles are kept).
 
     Args:
         incremental: each checkpoint writes only the keys changed since the last completed
@@ -316,25 +340,37 @@ class HeapStateBackend(StateBackend):
             checkpoints: a checkpoint directory alone is then not self-contained; savepoints
             always are). ``False`` (the default) writes every key group in each
             checkpoint's own file.
-        max_deltas: incremental: a key group is written in full again after between
+        max_deltas: a key group is written in full again after between
             ``max_deltas / 2`` and ``max_deltas`` deltas (staggered per key group), which
             bounds the chain a restore replays.
-        delta_ratio: incremental: ... or when its deltas' bytes exceed between half and all
-            of ``delta_ratio`` times its full blob's.
+        delta_ratio: ... or when its deltas' bytes exceed between half and all of
+            ``delta_ratio`` times its full blob's (a restore reads at most
+            ``1 + delta_ratio`` times the state's bytes). Full checkpoints keep such chains
+            too, inside their own file: they serialize only the changed keys and copy the
+            rest from the previous checkpoint's file in a worker thread.
+        snapshot_share: the share (0 < share <= 1) of the event loop thread a snapshot's
+            asynchronous part takes while the tasks are busy (default
+            :data:`.snapshot.SHARE`, 0.15): a saturated task keeps about ``1 - share`` of
+            its rate during it, and the part takes about ``1 / share`` times its
+            serialization time (an idle loop runs it at full speed).
 
     Raises:
-        ConfigurationError: if ``max_deltas < 1`` or ``delta_ratio <= 0``.
+        ConfigurationError: if ``max_deltas < 1``, ``delta_ratio <= 0`` or
+            ``snapshot_share`` is not in (0, 1].
     """
 
     name = BACKEND
 
     def __init__(self, incremental: bool = False, max_deltas: int = 32,
-                 delta_ratio: float = 1.0) -> None:
+                 delta_ratio: float = 1.0, snapshot_share: float | None = None) -> None:
         if max_deltas < 1 or not delta_ratio > 0:
             raise ConfigurationError("max_deltas must be >= 1 and delta_ratio > 0")
+        if snapshot_share is not None and not 0 < snapshot_share <= 1:
+            raise ConfigurationError(f"snapshot_share must be in (0, 1], got {snapshot_share}")
         self.incremental = incremental
         self.max_deltas = max_deltas
         self.delta_ratio = delta_ratio
+        self.snapshot_share = snapshot_share
 
     def create_keyed_backend(
         self,
@@ -347,4 +383,5 @@ class HeapStateBackend(StateBackend):
     ) -> KeyedStateBackend:
         return HeapKeyedStateBackend(key_group_range, max_parallelism, operator_uid=operator_uid,
                                      incremental=self.incremental, max_deltas=self.max_deltas,
-                                     delta_ratio=self.delta_ratio)
+                                     delta_ratio=self.delta_ratio,
+                                     snapshot_share=self.snapshot_share)

@@ -3,7 +3,9 @@ checkpoint, each key group's chain of blobs, and when a key group is materialize
 
 Flink's changelog state backend (FLIP-158) and the SDG paper's dirty state (section 5): an
 incremental snapshot writes, per key group, only the keys changed since the *base*, the last
-checkpoint this instance was told completed, and refers to the base's blobs for the rest.
+checkpoint this instance was told completed, and refers to the base's blobs for the rest; a
+full (self-contained) one serializes the same deltas and copies the base's blobs into its
+own file.
 
 - *Dirty keys*: the backend's key -> key-group-index memo doubles as the dirty set. At each
   snapshot the backend swaps in a fresh memo (O(1)), so a memo holds exactly the keys set
@@ -17,7 +19,9 @@ checkpoint this instance was told completed, and refers to the base's blobs for 
 - *Chains*: per key group, the blobs a restore replays (a full blob, then deltas). A snapshot
   is *pending* from the end of its asynchronous part until its checkpoint completes; it then
   becomes the base.
-- *Materialization*: a key group is written in full again when its chain has too many deltas
+- *Materialization*: a key group is written in full again when more than
+  :data:`DIRTY_FULL` of its keys changed since the base (a delta costs several times a full
+  blob per key, to write and to replay), or when its chain has too many deltas
   (``max_deltas``) or their bytes outgrow its full blob (``delta_ratio``), each threshold
   scaled by a per-key-group factor in [0.5, 1) so that key groups filled at the same time do
   not all materialize in the same checkpoint. A restore then reads at most ``max_deltas``
@@ -29,7 +33,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ChangeLog", "Entry", "GroupChain", "SnapshotPlan", "jitter"]
+__all__ = ["DIRTY_FULL", "ChangeLog", "Entry", "GroupChain", "SnapshotPlan", "jitter"]
+
+#: the fraction of a key group's keys changed since the base above which it is written in
+#: full rather than as a delta
+DIRTY_FULL = 0.2
 
 #: one blob of a chain: (file ref ``{"path", "size", "sha256"}``, offset, length (bytes), kind)
 Entry = tuple[dict[str, Any], int, int, str]
@@ -96,6 +104,7 @@ class _Interval:
     gens: list[dict[Any, int]] = field(default_factory=list)
     groups: set[int] = field(default_factory=set)
     size: int = 0
+    counts: list[int] | None = None  # keys per key-group index, summed over generations
 
 
 class ChangeLog:
@@ -133,10 +142,16 @@ class ChangeLog:
         """The chains of the last completed checkpoint (None: the next snapshot is full)."""
         return self._base
 
-    def roll(self, memo: dict[Any, int]) -> None:
+    def _count(self, iv: _Interval, counts: list[int] | None) -> None:
+        if counts is not None:
+            iv.counts = counts if iv.counts is None else \
+                [a + b for a, b in zip(iv.counts, counts, strict=True)]
+
+    def roll(self, memo: dict[Any, int], counts: list[int] | None = None) -> None:
         """Keep a full memo generation as dirty keys of the open interval (the backend
-        starts a fresh memo)."""
+        starts a fresh memo); ``counts``: its keys per key-group index."""
         iv = self._open
+        self._count(iv, counts)
         iv.gens.append(memo)
         iv.size += len(memo)
         if iv.size > self.dirty_limit:
@@ -145,16 +160,28 @@ class ChangeLog:
             iv.gens = []
             iv.size = 0
 
-    def close(self, checkpoint_id: int, memo: dict[Any, int]) -> SnapshotPlan:
+    def close(self, checkpoint_id: int, memo: dict[Any, int], counts: list[int] | None = None,
+              sizes: list[int] | None = None) -> SnapshotPlan:
         """Synchronous part of snapshot ``checkpoint_id``: end the open interval with the
         current memo generation and plan the snapshot; O(number of key groups).
+
+        Args:
+            checkpoint_id: the checkpoint.
+            memo: the current memo generation (its keys are dirty).
+            counts: its keys per key-group index (None: unknown).
+            sizes: the entries of each key group now (None: unknown); with ``counts``, a
+                key group with more than :data:`DIRTY_FULL` of it dirty is written in full.
 
         Returns:
             the plan: full key groups (materialization and collapsed intervals), dirty keys
             since the base, the base's chains.
         """
         iv = self._open
-        self.roll(memo)
+        # no collapse here: it walks every dirty key, too slow for the synchronous part (the
+        # interval overshoots the limit by at most one memo generation)
+        self._count(iv, counts)
+        iv.gens.append(memo)
+        iv.size += len(memo)
         iv.checkpoint_id = checkpoint_id
         self._closed.append(iv)
         self._open = _Interval()
@@ -163,9 +190,17 @@ class ChangeLog:
             return SnapshotPlan(None)
         full: set[int] = set()
         dirty: list[dict[Any, int]] = []
+        changed: list[int] | None = [0] * self.n
         for closed in self._closed:
             full |= closed.groups
             dirty += closed.gens
+            if closed.counts is None or changed is None:
+                changed = None
+            else:
+                changed = [a + b for a, b in zip(changed, closed.counts, strict=True)]
+        if changed is not None and sizes is not None:
+            full.update(i for i, (c, size) in enumerate(zip(changed, sizes, strict=True))
+                        if c > DIRTY_FULL * size)
         max_deltas, ratio, start = self.max_deltas, self.delta_ratio, self.start
         for idx, chain in enumerate(base):
             if chain.deltas:

@@ -10,6 +10,11 @@ memory. The file appears under its final name only when :meth:`SnapshotFileWrite
 written and synced it (temporary file, fsync, atomic rename, directory fsync), like
 :func:`reactive.checkpoint.durable_files.write_atomic`.
 
+A file may also take byte ranges of earlier files (:meth:`SnapshotFileWriter.copy`): the
+worker reads and writes them with ``pread``/``write``, which release the GIL, so a heap
+snapshot carries the unchanged part of its state over from the previous checkpoint's file
+without serializing it again on the loop.
+
 Each hand-over to the worker costs a GIL round trip (up to the interpreter's switch interval
 while the tasks keep the loop thread busy), so the loop awaits only the final job of a file,
 and intermediate ones only when too many bytes are waiting.
@@ -31,6 +36,7 @@ from reactive.checkpoint.durable_files import fsync_dir
 
 __all__ = ["SnapshotFileWriter"]
 
+_COPY_CHUNK = 1 << 20  # bytes read per pread of a copy
 _pool: ThreadPoolExecutor | None = None
 _pool_pid = 0
 _pool_lock = threading.Lock()
@@ -68,6 +74,7 @@ class SnapshotFileWriter:
         self._pending: deque[tuple[Future[None], int]] = deque()
         self._pending_bytes = 0
         self._used = False
+        self._sources: dict[Path, int] = {}  # worker side: open source files of copies
 
     # ------------------------------------------------------------------ worker side
     def _write(self, data: bytes) -> None:
@@ -85,7 +92,32 @@ class SnapshotFileWriter:
             self._error = exc
             raise
 
+    def _copy(self, src: Path, offset: int, length: int) -> None:
+        if self._error is not None:
+            return
+        try:
+            fd = self._sources.get(src)
+            if fd is None:
+                fd = self._sources[src] = os.open(src, os.O_RDONLY)
+            end = offset + length
+            while offset < end:
+                data = os.pread(fd, min(end - offset, _COPY_CHUNK), offset)
+                if not data:
+                    raise OSError(f"{src}: {end - offset} bytes missing at offset {offset}")
+                offset += len(data)
+                self._write(data)
+        except BaseException as exc:
+            if self._error is None:
+                self._error = exc
+            raise
+
+    def _close_sources(self) -> None:
+        for fd in self._sources.values():
+            os.close(fd)
+        self._sources.clear()
+
     def _finish(self) -> str:
+        self._close_sources()
         if self._error is not None:
             raise self._error
         assert self._fd is not None
@@ -97,6 +129,7 @@ class SnapshotFileWriter:
         return self._sha.hexdigest()
 
     def _abort(self) -> None:
+        self._close_sources()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -112,6 +145,17 @@ class SnapshotFileWriter:
         self._used = True
         self._pending.append((_worker().submit(self._write, data), len(data)))
         self._pending_bytes += len(data)
+
+    def copy(self, src: Path, offset: int, length: int) -> None:
+        """Hand over a copy of ``length`` bytes at ``offset`` (bytes) of file ``src``
+        (returns at once; errors, e.g. a missing source, surface in :meth:`drain` or
+        :meth:`close` as :class:`OSError`)."""
+        if length <= 0:
+            return
+        self.size += length
+        self._used = True
+        self._pending.append((_worker().submit(self._copy, src, offset, length), length))
+        self._pending_bytes += length
 
     async def drain(self) -> None:
         """Forget the writes done; wait while more than ``max_pending`` bytes wait.

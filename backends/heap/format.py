@@ -105,13 +105,29 @@ def encode_key_group(serialized: list[str], states: dict[str, dict[Any, Any]]) -
     return pickle.dumps((serialized, states), protocol=_PROTOCOL)
 
 
-def encode_frame(frame: tuple[Any, ...]) -> bytes:
-    """Return one ``heap-v2`` frame (a header or an operation, see the module docstring).
+def encode_frame(frame: tuple[Any, ...], memo: bool = False) -> bytes:
+    """Return one ``heap-v2`` frame (a header or an operation, see the module docstring),
+    pickled without the memo (``Pickler.fast``) unless ``memo``.
+
+    The memo (a dict of every object pickled so far) is most of pickle's cost on a large
+    key group (7x at a million small entries); without it an object referenced twice in a
+    frame is written twice and comes back as two equal objects (state values are copies,
+    as in Flink's serializers). A cyclic value makes fast mode fail: that frame is pickled
+    again with the memo. ``memo=True`` suits the ``"k"`` frames, which name each key twice.
 
     Raises:
         Exception: whatever pickle raises for an entry it cannot serialize.
     """
-    return pickle.dumps(frame, protocol=_PROTOCOL)
+    if memo:
+        return pickle.dumps(frame, protocol=_PROTOCOL)
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, _PROTOCOL)
+    pickler.fast = True
+    try:
+        pickler.dump(frame)
+    except ValueError:  # "fast mode: can't pickle cyclic objects": the memo handles cycles
+        return pickle.dumps(frame, protocol=_PROTOCOL)
+    return buf.getvalue()
 
 
 def apply_blob(blob: bytes, states: dict[str, dict[Any, Any]], serialized: set[str]) -> None:
@@ -143,12 +159,22 @@ def apply_blob(blob: bytes, states: dict[str, dict[Any, Any]], serialized: set[s
         elif op == "pk":
             states.setdefault(frame[1], {}).update(zip(frame[2], frame[3], strict=True))
         elif op == "k":
+            # only the tombstones need a Python loop: the rest is C-speed set and dict work
             keys = frame[1]
-            for d in states.values():
-                pop = d.pop
-                for key in keys:
-                    pop(key, None)
-            for name, entries in frame[2].items():
+            puts: dict[str, dict[Any, Any]] = frame[2]
+            listed: set[Any] | None = None
+            for name, d in states.items():
+                if not d:
+                    continue
+                entries = puts.get(name)
+                if listed is None:
+                    listed = set(keys)
+                gone = listed if entries is None else listed.difference(entries)
+                if gone:
+                    pop = d.pop
+                    for key in gone.intersection(d):
+                        pop(key)
+            for name, entries in puts.items():
                 states.setdefault(name, {}).update(entries)
         else:
             raise ValueError(f"unknown heap-v2 frame {op!r}")

@@ -4,11 +4,27 @@
   groups are written in full and which as deltas (:mod:`.changelog`), note the states that
   exist, capture the current key;
 - *asynchronous part* (:meth:`HeapSnapshot.write`): serialize the key groups in ascending
-  order on the event loop thread, in pieces of about :data:`PIECE` seconds between which the
-  tasks run, and hand the bytes to a worker thread that writes, hashes and syncs them
-  (:mod:`.file_writer`). A full key group is copied (``dict(d)``, at C speed) and pickled in
-  chunks; a delta holds the current values of the keys changed since the base, and a
-  tombstone for those that have none (:mod:`.format`, ``heap-v2``);
+  order on the event loop thread, in pieces of about :data:`PIECE` seconds, and hand the
+  bytes to a worker thread that writes, hashes and syncs them (:mod:`.file_writer`). A key
+  group's dict is pickled live in one C call when it is small enough for a piece (nothing
+  can change it during the call), else copied (``dict(d)``) and pickled in chunks; frames
+  are pickled without the memo (:func:`.format.encode_frame`, several times faster on
+  large groups). A delta holds the current values of the keys changed since the base, and
+  a tombstone for those that have none (:mod:`.format`, ``heap-v2``);
+- *pacing*: between pieces the snapshot stays away from the loop until the tasks had
+  ``(1 - share) / share`` times the piece (:class:`.pacing.LoopShare`, RocksDB's rate
+  limiter for background work in CPU time), so a saturated task keeps about ``1 - share``
+  of its rate while a snapshot is written. Serializing needs the GIL in any thread, so
+  bounding its share is the lever, not moving it off the loop. The price: on a saturated
+  loop a snapshot takes about ``1 / share`` times its serialization time (at the default
+  0.15 and 0.3-0.5 us per entry of scattered small objects, ~2-3 s per million entries
+  serialized in full); a snapshot still running after :data:`PATIENCE` seconds doubles its
+  share each :data:`PATIENCE` seconds, so large ones (the first, or after a load of new
+  keys) still end within a few intervals; an idle loop runs it at full speed; an abort
+  (:meth:`HeapSnapshot.discard`) or a cancellation stops it at the next piece. Full
+  checkpoints serialize only the changed keys and copy the rest of the state from the
+  previous checkpoint's file in the writer thread (no GIL held while copying), so their
+  work on the loop follows the changes, like incremental ones;
 - *copy-on-write per key*: while the asynchronous part runs, the backend reports every key
   set current (:meth:`HeapSnapshot.touch`); the first time a key whose key group is not
   written yet is touched, the snapshot captures that key's values in every state (immutable
@@ -24,7 +40,6 @@ synchronous part captures.
 
 from __future__ import annotations
 
-import asyncio
 import pickle
 import time
 import uuid
@@ -40,14 +55,23 @@ from reactive.state.backend import KeyedStateSnapshot, SnapshotContext
 from .changelog import Entry, GroupChain, SnapshotPlan
 from .file_writer import SnapshotFileWriter
 from .format import DELTA, FULL, encode_frame, heap_v2_handle
+from .pacing import LoopShare
 from .state import Table, descriptor_serializer
 
-__all__ = ["PIECE", "Frozen", "HeapSnapshot", "capture_entries", "safe_name"]
+__all__ = ["PATIENCE", "PIECE", "SHARE", "Frozen", "HeapSnapshot", "capture_entries", "safe_name"]
 
 #: seconds of serialization on the event loop between two yields to the tasks
 PIECE = 0.001
+#: the default share of the loop thread a snapshot takes while the tasks are busy
+SHARE = 0.15
+#: seconds after which a snapshot still running doubles its share (each time again)
+PATIENCE = 1.0
 _FLUSH = 1 << 20  # bytes buffered on the loop before they go to the writer thread
-_MIN_CHUNK, _MAX_CHUNK = 64, 1 << 16  # entries pickled in one piece (adapted to PIECE)
+_MIN_CHUNK, _MAX_CHUNK = 64, 1 << 17  # entries pickled in one piece (adapted to PIECE)
+# a key group's dict up to this many entries is pickled live in one call (one pass over its
+# objects: each pass costs a cache miss per entry, more than the pickling itself), however
+# long the piece: pacing accounts for the time; larger ones are copied and chunked
+_LIVE_MAX = 1 << 16
 # values that nothing can change in place: a capture keeps a reference
 _IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None), complex})
 _MISSING = object()
@@ -125,11 +149,11 @@ def _states_entries(states: dict[str, dict[Any, Any]]) -> Iterator[tuple[str, An
 
 
 def _frame(frame: tuple[Any, ...], entries: Callable[[], Iterable[tuple[str, Any, Any]]],
-           operator: str) -> bytes:
+           operator: str, memo: bool = False) -> bytes:
     """Encode ``frame``; when pickle refuses it, name the first entry
     ``(state, key, value)`` of ``entries()`` that fails on its own."""
     try:
-        return encode_frame(frame)
+        return encode_frame(frame, memo)
     except Exception as exc:
         # the fast path pickles whole chunks at C speed; only now look entry by entry
         for name, key, value in entries():
@@ -142,7 +166,8 @@ def _frame(frame: tuple[Any, ...], entries: Callable[[], Iterable[tuple[str, Any
 
 class _Out:
     """The snapshot file as blobs: frames are buffered on the loop and handed to the writer
-    thread in pieces of about ``_FLUSH`` bytes."""
+    thread in pieces of about ``_FLUSH`` bytes; byte ranges of earlier files are copied by
+    the writer thread, adjacent ranges of one file in one copy."""
 
     def __init__(self, writer: SnapshotFileWriter, ref: dict[str, Any]) -> None:
         self.writer = writer
@@ -150,22 +175,38 @@ class _Out:
         self._buf: list[bytes] = []
         self._buffered = 0
         self._start = 0
+        # a copy not handed over yet, [source, offset, length]; never together with _buf
+        self._copy: list[Any] | None = None
 
     @property
     def offset(self) -> int:
-        return self.writer.size + self._buffered
+        return self.writer.size + self._buffered + (self._copy[2] if self._copy else 0)
 
     def begin(self, header: tuple[Any, ...]) -> None:
         self._start = self.offset
         self.add(encode_frame(header))
 
     def add(self, data: bytes) -> None:
+        if self._copy is not None:
+            self.flush()
         self._buf.append(data)
         self._buffered += len(data)
         if self._buffered >= _FLUSH:
             self.flush()
 
+    def copy(self, src: Path, offset: int, length: int) -> None:
+        """Append ``length`` bytes at ``offset`` of file ``src``."""
+        c = self._copy
+        if c is not None and c[0] == src and c[1] + c[2] == offset:
+            c[2] += length
+            return
+        self.flush()
+        self._copy = [src, offset, length]
+
     def flush(self) -> None:
+        if self._copy is not None:
+            self.writer.copy(*self._copy)
+            self._copy = None
         if self._buf:
             self.writer.write(b"".join(self._buf))
             self._buf = []
@@ -186,21 +227,32 @@ class HeapSnapshot(KeyedStateSnapshot):
         start: the first key group of the instance's range.
         n: the number of key groups of the range.
         key_encoding: the handle's ``key_encoding``.
-        incremental: write under ``shared/`` and chain onto the plan's base (else one
-            self-contained file in the checkpoint's directory: full snapshots, savepoints).
+        incremental: write under ``shared/`` and chain onto the plan's base's files (else
+            one self-contained file in the checkpoint's directory: full snapshots, which
+            copy the base's bytes of unchanged key groups into it, and savepoints).
         release: called (possibly more than once) when the snapshot needs no more touches.
+        on_failed: called when a self-contained snapshot with a base fails with
+            :class:`OSError` (e.g. the base's file is gone: the next one must not copy it).
         on_written: called with (checkpoint id, chains per key-group index) when an
             incremental snapshot is written.
+        share: the share of the loop thread the asynchronous part takes while the tasks
+            are busy (see :class:`.pacing.LoopShare`); None: :data:`SHARE`.
+        garbage: an object the backend no longer needs whose freeing may take long (a
+            memo generation): dropped in the asynchronous part, not the synchronous one.
 
     Attributes:
         next_idx: key groups below this index are written: touches of them are ignored.
         failure: set when a capture met a value that cannot be serialized.
+        pacer: the asynchronous part's pacing (its ``busy`` and ``paused`` seconds tell
+            how long it serialized and how long it let the tasks run).
     """
 
     def __init__(self, ctx: SnapshotContext, plan: SnapshotPlan, *,
                  tables: Mapping[str, Table], start: int, n: int, key_encoding: str,
                  incremental: bool, release: Callable[[HeapSnapshot], None],
-                 on_written: Callable[[int, list[GroupChain]], None] | None = None) -> None:
+                 on_written: Callable[[int, list[GroupChain]], None] | None = None,
+                 on_failed: Callable[[], None] | None = None,
+                 share: float | None = None, garbage: Any = None) -> None:
         self.ctx = ctx
         self.plan = plan
         self.tables = list(tables.items())
@@ -210,17 +262,22 @@ class HeapSnapshot(KeyedStateSnapshot):
         self.incremental = incremental
         self._release = release
         self._on_written = on_written
+        self._on_failed = on_failed
+        self._garbage = garbage
         self.next_idx = 0
         self.failure: StateSerializationError | None = None
         self._discarded = False
         self._captured: dict[int, dict[Any, dict[str, Any] | None]] = {}
-        self._chunk = 4096
-        self._last_yield = 0.0
+        self._chunk = 1 << 14
+        self.pacer = LoopShare(SHARE if share is None else share, PIECE, patience=PATIENCE)
 
     # ------------------------------------------------------------------ copy-on-write
     def touch(self, key: Any, idx: int) -> None:
         """The task sets ``key`` (of key group index ``idx``, not yet written) current and
-        may change its state: capture its values first if the snapshot needs them."""
+        may change its state: capture its values first if the snapshot needs them.
+
+        On the data path (once per record while the key group waits): a repeated key costs
+        two dict lookups."""
         cap = self._captured.get(idx)
         if cap is None:
             cap = self._captured[idx] = {}
@@ -247,49 +304,55 @@ class HeapSnapshot(KeyedStateSnapshot):
                           "disposed while its asynchronous part ran)")
 
     async def _tick(self, out: _Out) -> None:
-        """Yield to the tasks once a piece of :data:`PIECE` seconds is used up."""
-        if time.perf_counter() - self._last_yield > PIECE:
-            await asyncio.sleep(0)
+        """Once a piece of :data:`PIECE` seconds is used up, let the tasks run for their
+        share (:class:`.pacing.LoopShare`) and check that the snapshot still goes on."""
+        pacer = self.pacer
+        if pacer.due():
+            pacer.piece = PIECE  # read at run time: tests shrink the pieces
             await out.writer.drain()
+            await pacer.pause()
             self._check()
-            self._last_yield = time.perf_counter()
 
-    def _adapt(self, seconds: float) -> None:
-        if seconds > PIECE:
-            self._chunk = max(_MIN_CHUNK, self._chunk // 2)
-        elif seconds < PIECE / 4:
-            self._chunk = min(_MAX_CHUNK, self._chunk * 2)
+    def _adapt(self, seconds: float, entries: int) -> None:
+        """Size the next chunks to fill about half a piece, from one chunk's timing."""
+        if entries:
+            per_entry = max(seconds, 1e-7) / entries
+            self._chunk = max(_MIN_CHUNK, min(_MAX_CHUNK, int(PIECE / 2 / per_entry)))
 
     def _serialized_names(self) -> list[str]:
         return [name for name, t in self.tables
                 if t.serialized or descriptor_serializer(t.descriptor) is not None]
 
-    def _overrides(self, idx: int, keys: Iterable[Any]) -> tuple[list[Any], dict[str, Any]]:
+    def _overrides(self, idx: int, keys: list[Any]) -> tuple[list[Any], dict[str, Any]]:
         """The ``"k"`` frame's keys and states for ``keys`` of key group index ``idx``:
         captured values where a capture exists, else the live ones."""
-        cap = self._captured.get(idx) or {}
+        cap = self._captured.get(idx)
         op = self.ctx.operator_uid
-        cols = [(name, t.maps[idx], _serializer(t)) for name, t in self.tables]
-        out_keys: list[Any] = []
         states: dict[str, dict[Any, Any]] = {}
-        for key in keys:
-            entries = cap.get(key)
-            out_keys.append(key)
-            if entries is not None:
-                for name, value in entries.items():
-                    states.setdefault(name, {})[key] = _thaw(value)
+        live = keys if not cap else [k for k in keys if cap.get(k) is None]
+        for name, t in self.tables:
+            d = t.maps[idx]
+            if not d:
                 continue
-            for name, d, ser in cols:
-                value = d.get(key, _MISSING)
-                if value is not _MISSING:
-                    if ser is not None:
-                        value = _serialize(ser, value, op, name, key)
-                    states.setdefault(name, {})[key] = value
-        return out_keys, states
+            ser = _serializer(t)
+            # comprehensions: the per-key work of a delta stays in C-level loops
+            if ser is None:
+                values = {k: d[k] for k in live if k in d}
+            else:
+                values = {k: _serialize(ser, d[k], op, name, k) for k in live if k in d}
+            if values:
+                states[name] = values
+        if cap and len(live) < len(keys):
+            for key in keys:
+                entries = cap.get(key)
+                if entries is not None:
+                    for name, value in entries.items():
+                        states.setdefault(name, {})[key] = _thaw(value)
+        return keys, states
 
     def _keys_frame(self, keys: list[Any], states: dict[str, dict[Any, Any]]) -> bytes:
         return _frame(("k", keys, states), partial(_states_entries, states),
-                      self.ctx.operator_uid)
+                      self.ctx.operator_uid, memo=True)
 
     async def _write_full(self, idx: int, out: _Out) -> Entry | None:
         """Write key group index ``idx`` in full; None when it is empty."""
@@ -300,26 +363,28 @@ class HeapSnapshot(KeyedStateSnapshot):
             d = table.maps[idx]
             if not d:
                 continue
-            copy = dict(d)  # at C speed; the values it shares are protected by the captures
             if not begun:
                 out.begin(header)
                 begun = True
-            if _serializer(table) is None and len(copy) <= self._chunk:
-                out.add(_frame(("p", name, copy), partial(_dict_entries, name, copy), op))
+            ser = _serializer(table)
+            if ser is None and len(d) <= _LIVE_MAX:
+                # the live dict in one C call: nothing runs in between to change it, and
+                # the captures below replace what changed since the barrier
+                out.add(_frame(("p", name, d), partial(_dict_entries, name, d), op))
                 await self._tick(out)
                 continue
+            copy = dict(d)  # at C speed; the values it shares are protected by the captures
             keys = list(copy)
             i = 0
             while i < len(keys):
                 t0 = time.perf_counter()
                 ks = keys[i:i + self._chunk]
                 i += len(ks)
-                ser = _serializer(table)
-                vs = [copy[k] for k in ks] if ser is None else \
+                vs = list(map(copy.__getitem__, ks)) if ser is None else \
                     [_serialize(ser, copy[k], op, name, k) for k in ks]
                 out.add(_frame(("pk", name, ks, vs),
                                partial(_pair_entries, name, ks, vs), op))
-                self._adapt(time.perf_counter() - t0)
+                self._adapt(time.perf_counter() - t0, len(ks))
                 await self._tick(out)
         cap = self._captured.get(idx)
         if cap:
@@ -340,7 +405,7 @@ class HeapSnapshot(KeyedStateSnapshot):
             chunk = keys[i:i + self._chunk]
             i += len(chunk)
             out.add(self._keys_frame(*self._overrides(idx, chunk)))
-            self._adapt(time.perf_counter() - t0)
+            self._adapt(time.perf_counter() - t0, len(chunk))
             await self._tick(out)
         return out.end(DELTA)
 
@@ -349,17 +414,31 @@ class HeapSnapshot(KeyedStateSnapshot):
         full = self.plan.full
         if full is None:
             return {}
-        by: dict[int, dict[Any, None]] = {}
+        by: dict[int, list[Any]] = {}
+        seen: set[Any] = set()
         for gen in self.plan.dirty:  # closed generations: nobody changes them
-            for n, (key, idx) in enumerate(gen.items(), 1):
+            # a key may be dirty in several generations: each is written once
+            keys = list(gen.keys() - seen) if seen else list(gen)
+            seen.update(keys)
+            for n, key in enumerate(keys, 1):
+                idx = gen[key]
                 if idx not in full:
-                    keys = by.get(idx)
-                    if keys is None:
-                        keys = by[idx] = {}
-                    keys[key] = None
+                    group = by.get(idx)
+                    if group is None:
+                        group = by[idx] = []
+                    group.append(key)
                 if n & 4095 == 0:
                     await self._tick(out)
-        return {idx: list(keys) for idx, keys in by.items()}
+        return by
+
+    def _carry(self, chain: GroupChain, out: _Out) -> GroupChain:
+        """Copy ``chain``'s blobs from the base's file into this snapshot's (by the writer
+        thread, no serialization): the same chain, in this file."""
+        moved: list[Entry] = []
+        for ref, offset, length, kind in chain.entries:
+            moved.append((out.ref, out.offset, length, kind))
+            out.copy(self.ctx.job_dir / ref["path"], offset, length)
+        return GroupChain(tuple(moved), chain.full_bytes, chain.delta_bytes, chain.deltas)
 
     def _path(self) -> Path:
         ctx = self.ctx
@@ -387,7 +466,8 @@ class HeapSnapshot(KeyedStateSnapshot):
         chains: list[GroupChain] = []
         try:
             self._check()
-            self._last_yield = time.perf_counter()
+            self.pacer.start()
+            self._garbage = None
             dirty = await self._dirty_by_group(out)
             for idx in range(self.n):
                 self.next_idx = idx
@@ -396,8 +476,9 @@ class HeapSnapshot(KeyedStateSnapshot):
                 else:
                     assert base is not None
                     keys = dirty.pop(idx, None)
-                    chains.append(base[idx] if keys is None else
-                                  base[idx].with_delta(await self._write_delta(idx, keys, out)))
+                    chain = base[idx] if self.incremental else self._carry(base[idx], out)
+                    chains.append(chain if keys is None else
+                                  chain.with_delta(await self._write_delta(idx, keys, out)))
                 self._check()
                 # written: later touches of this key group need no capture
                 self.next_idx = idx + 1
@@ -410,8 +491,11 @@ class HeapSnapshot(KeyedStateSnapshot):
                 ref["size"], ref["sha256"] = await writer.close()
             else:
                 writer.abort()  # nothing changed: no file
-        except BaseException:
+        except BaseException as exc:
             writer.abort()
+            if isinstance(exc, OSError) and self._on_failed is not None and \
+                    not self.incremental and base is not None:
+                self._on_failed()
             raise
         finally:
             self._release(self)
@@ -452,3 +536,4 @@ class HeapSnapshot(KeyedStateSnapshot):
         self._discarded = True
         self._release(self)
         self._captured.clear()
+        self._garbage = None
