@@ -109,11 +109,18 @@ class _TimerQueue:
         heapq.heapify(times)
         self.buckets, self.times, self.size = buckets, times, size
 
-    def register(self, timestamp: float, namespace: Any) -> bool:
-        """Add a timer for the current key; False when it already exists."""
+    def register(self, timestamp: float, namespace: Any, new: bool = False) -> bool:
+        """Add a timer for the current key; False when it already exists.
+
+        ``new=True`` skips the state lookup that tells an existing timer apart, for callers
+        that know the timer is not registered (a window operator adding a window's first
+        contents). It stays correct if they are wrong: writing the state entry again changes
+        nothing, and the queue below de-duplicates (a duplicate of a timer whose bucket is
+        being fired is skipped by the state check when it pops).
+        """
         entry = (timestamp, namespace)
         state = self.state
-        if state.contains(entry):
+        if not new and state.contains(entry):
             return False
         state.put(entry, True)
         key = self.backend.current_key
@@ -293,9 +300,11 @@ class InternalTimerService:
         return len(self.processing)
 
     # ------------------------------------------------------------------ registration
-    def register_event_time_timer(self, timestamp: float, namespace: Any = None) -> None:
-        """Fire ``on_event_time`` for the current key once the watermark is >= ``timestamp``."""
-        self.event.register(timestamp, namespace)
+    def register_event_time_timer(self, timestamp: float, namespace: Any = None, *,
+                                  new: bool = False) -> None:
+        """Fire ``on_event_time`` for the current key once the watermark is >= ``timestamp``
+        (``new``: the caller knows no such timer is registered; see ``_TimerQueue.register``)."""
+        self.event.register(timestamp, namespace, new)
 
     def delete_event_time_timer(self, timestamp: float, namespace: Any = None) -> None:
         """Cancel an event-time timer of the current key (no error when absent)."""

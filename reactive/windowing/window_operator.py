@@ -25,18 +25,25 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigurationError, StateAccessError
+from ..errors import ConfigurationError, StateAccessError, UserFunctionError
 from ..runtime.operators import StreamOperator, checked_outputs
 from ..runtime.operators.base import instance_copy
 from ..runtime.operators.event_time import EventTimeOperator
 from ..state.api import MapState, ValueState
 from ..state.descriptors import MapStateDescriptor, StateDescriptor, ValueStateDescriptor
 from ..time.clock import ProcessingClock
-from .assigners import GLOBAL_WINDOW, CountWindows, PeriodicWindows, TimeWindow, WindowAssigner
+from .assigners import (
+    GLOBAL_WINDOW,
+    CountWindows,
+    PeriodicWindows,
+    TimeWindow,
+    TumblingEventTimeWindows,
+    WindowAssigner,
+)
 from .cutty import CuttyAggregator, EventTimeCuttyAggregator, WindowEmission
 from .evictors import Evictor, TimestampedValue
 from .flatfat import AggregateStats
-from .functions import AggregateFunction, ProcessWindowFunction, WindowResult
+from .functions import AggregateFunction, ProcessWindowFunction, WindowResult, window_result
 from .triggers import EventTimeTrigger, Trigger, TriggerResult, default_trigger
 from .window_state import WindowStates
 
@@ -47,6 +54,7 @@ log = logging.getLogger(__name__)
 
 _MISSING = object()
 _INF = float("inf")
+_WINDOW_CACHE_SIZE = 4096  # window objects kept by start (tumbling windows, grouped path)
 
 
 class LateRecord:
@@ -252,6 +260,11 @@ class WindowOperator(_EventTimeOperatorBase):
         self.inline_event_trigger = (type(self.trigger) is EventTimeTrigger and not self.merging
                                      and evictor is None and not discarding)
         self.assign_by_time = type(assigner).assign is WindowAssigner.assign
+        # tumbling event-time windows aggregated incrementally under the default trigger:
+        # a batch is folded per (key, window) run (see _process_grouped)
+        self.grouped = (self.inline_event_trigger and self.accumulating
+                        and type(assigner) is TumblingEventTimeWindows)
+        self._windows_by_start: dict[float, TimeWindow] = {}
         self.fn_takes_context = self.fn is not None and _takes_context(self.fn)
         self.side_out: list[Any] = []
         self.contents: MapState
@@ -350,7 +363,101 @@ class WindowOperator(_EventTimeOperatorBase):
             raise self.fail(r, exc) from exc
         return out
 
+    def _process_grouped(self, batch: list[Any]) -> list[Any]:
+        """:meth:`_process_inline` for tumbling event-time windows with an aggregate: the
+        records of the batch are grouped by (key, window) in arrival order, and each group
+        is folded into its accumulator with one state read and one write and registers its
+        timers once (Flink SQL's mini-batch aggregation, within one batch).
+
+        The results are those of the per-record path: the watermark does not move within
+        a batch, so a record's window is late or not for the whole batch; a group's records
+        are added in arrival order; groups register their timers in the order their first
+        records came, so timers due at the same time fire in the same order. A record whose
+        window has ended (a late firing or a late record) first folds the groups before it,
+        then goes through the per-record path, so outputs keep the order of the records.
+        """
+        assert self.key_selector is not None and self.timestamp_fn is not None
+        key_of, ts_fn = self.key_selector, self.timestamp_fn
+        assigner = self.assigner
+        assert isinstance(assigner, TumblingEventTimeWindows)
+        size, offset = assigner.size, assigner.offset
+        wm = self.timers.watermark
+        out: list[Any] = []
+        groups: dict[tuple[Any, float], list[Any]] = {}
+        r = None
+        try:
+            for r in batch:
+                k = key_of(r)
+                ts = ts_fn(r)
+                start = ts - (ts - offset) % size  # TumblingEventTimeWindows.assign_windows
+                if start + size <= wm:  # the window has ended: in record order
+                    if groups:
+                        self._fold(groups)
+                        groups = {}
+                    out.extend(self._process_inline([r]))
+                    continue
+                group = groups.get((k, start))
+                if group is None:
+                    groups[(k, start)] = [r]
+                else:
+                    group.append(r)
+        except UserFunctionError:
+            raise  # from a fold or a record of an ended window: it names its record
+        except Exception as exc:
+            raise self.fail(r, exc) from exc
+        if groups:
+            self._fold(groups)
+        self.side_out = out
+        return out
+
+    def _fold(self, groups: dict[tuple[Any, float], list[Any]]) -> None:
+        """Add each group's records to its window's accumulator (one state read and write
+        per group) and register the window's timers (its end, and the cleanup at ``end +
+        allowed_lateness``) once per group.
+
+        Raises:
+            UserFunctionError: naming the record the aggregate failed on.
+        """
+        assert self.keyed_backend is not None and self.agg is not None
+        set_key = self.keyed_backend.set_current_key
+        contents = self.contents
+        get, put = contents.get, contents.put
+        add, create = self.agg.add, self.agg.create_accumulator
+        register = self.timers.register_event_time_timer
+        lateness = self.lateness
+        size = self.assigner.size  # type: ignore[attr-defined]
+        windows = self._windows_by_start
+        if len(windows) > _WINDOW_CACHE_SIZE:
+            windows.clear()
+        r = None
+        try:
+            for (k, start), records in groups.items():
+                # one window object per start, shared by every key (fewer allocations, and
+                # dict lookups of an identical key skip the comparison)
+                w = windows.get(start)
+                if w is None or type(w.start) is not type(start):
+                    w = windows[start] = TimeWindow(start, start + size)
+                r = records[0]
+                set_key(k)
+                acc = get(w, _MISSING)
+                # no contents: no timer of this window either (both are written together
+                # and a timer at or after the end drops the contents), so no lookup
+                new = acc is _MISSING
+                if new:
+                    acc = create()
+                for r in records:
+                    acc = add(r, acc)
+                put(w, acc)
+                end = w.end
+                register(end, w, new=new)
+                if lateness > 0:
+                    register(end + lateness, w, new=new)
+        except Exception as exc:
+            raise self.fail(r, exc) from exc
+
     def process_batch(self, batch: list[Any]) -> list[Any]:
+        if self.grouped:
+            return self._process_grouped(batch)
         if self.inline_event_trigger:
             return self._process_inline(batch)
         assert self.keyed_backend is not None and self.key_selector is not None
@@ -474,7 +581,7 @@ class WindowOperator(_EventTimeOperatorBase):
             values = [e.value for e in kept]
         elif self.accumulating:
             assert self.agg is not None
-            return [WindowResult(key, window.start, window.end, self.agg.get_result(cur))]
+            return [window_result(key, window.start, window.end, self.agg.get_result(cur))]
         else:
             values = list(cur)
         if self.agg is not None:
@@ -522,6 +629,8 @@ class WindowOperator(_EventTimeOperatorBase):
         return out
 
     def on_event_time(self, timestamp: float, namespace: Any) -> list[Any]:
+        if self.grouped and not self.lateness:
+            return self._fire_and_clear(timestamp, namespace)
         if not self.inline_event_trigger or self.fn is not None:
             return self._on_timer(timestamp, namespace, True)
         # EventTimeTrigger inline (see _process_inline): fire at the end, clean up at end +
@@ -542,6 +651,30 @@ class WindowOperator(_EventTimeOperatorBase):
             assert self.keyed_backend is not None
             raise self.fail(f"timer {timestamp} of window [{window.start}, {end}) of key "
                             f"{self.keyed_backend.current_key!r}", exc) from exc
+        return out
+
+    def _fire_and_clear(self, timestamp: float, namespace: Any) -> list[Any]:
+        """:meth:`on_event_time` of the grouped path without allowed lateness: the one timer
+        of a window, at its end, emits the accumulator's result and drops it (what the
+        inline path does with ``end == end + lateness``, in fewer steps)."""
+        window = namespace if type(namespace) is TimeWindow else TimeWindow(*namespace)
+        if timestamp != window.end:
+            return []
+        contents = self.contents
+        try:
+            acc = contents.get(window, _MISSING)
+            if acc is _MISSING:
+                return []
+            assert self.agg is not None and self.keyed_backend is not None
+            out = [window_result(self.keyed_backend.current_key, window.start, window.end,
+                                 self.agg.get_result(acc))]
+            contents.remove(window)
+        except Exception as exc:
+            if isinstance(exc, AssertionError):
+                raise
+            assert self.keyed_backend is not None
+            raise self.fail(f"timer {timestamp} of window [{window.start}, {window.end}) of "
+                            f"key {self.keyed_backend.current_key!r}", exc) from exc
         return out
 
     def on_processing_time(self, timestamp: float, namespace: Any) -> list[Any]:
