@@ -4,6 +4,7 @@ line, against a plain Python loop over the same file.
     python -m bench.w2 [--repeats 3] [--limit N] [--backends heap,rocksdb]
                        [--readers csv,lines] [--interval 1.0] [--parallelism 2]
                        [--block-size 1048576] [--baseline REV] [--breakdown]
+                       [--plain-gc tuned|default]
 
 e.g. ``python -m bench.w2 --repeats 3 --backends heap --readers csv --baseline HEAD
 --breakdown`` (the working tree against the last commit, and where the time goes).
@@ -19,7 +20,9 @@ line).
 
 The baseline, run in the same invocation: a plain Python loop reading the file with the
 ``csv`` module and computing the same aggregation in a dict (the same validation rules, the
-hour's epoch memoized per distinct ``time_hour``). Each job runs in a fresh child process
+hour's epoch memoized per distinct ``time_hour``), under the garbage-collector settings the
+job runs with (``reactive.runtime.gc_tuning.throughput_gc``; ``--plain-gc default`` for
+CPython's). Each job runs in a fresh child process
 (the same imports and a fresh heap for every run); ``--baseline REV`` also runs the job of
 the tree at git revision ``REV`` (its ``reactive``, ``backends``, ``connectors`` and
 ``examples``, extracted with ``git archive``; no git state changes) so a change is measured
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import calendar
+import contextlib
 import csv
 import functools
 import json
@@ -327,6 +331,9 @@ def main(argv: list[str] | None = None) -> str:
                    help="bytes per block of the CSV source (default: the example's)")
     p.add_argument("--baseline", default=None, metavar="REV",
                    help="also run the job of the tree at this git revision (e.g. HEAD)")
+    p.add_argument("--plain-gc", choices=["tuned", "default"], default="tuned",
+                   help="the plain loop's collector settings: those the job runs with "
+                        "(reactive.runtime.gc_tuning, the default) or CPython's defaults")
     p.add_argument("--breakdown", action="store_true",
                    help="also print microseconds per record per component (one run)")
     args = p.parse_args(argv)
@@ -345,8 +352,12 @@ def main(argv: list[str] | None = None) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         baseline_tree = tree_at(args.baseline, Path(tmp) / "baseline") if args.baseline \
             else None
+        from reactive.runtime.gc_tuning import throughput_gc
+
         for _ in range(args.repeats):
-            wall, cpu, expected = plain_loop(data)
+            # the plain loop gets the collector settings the job runs with (or CPython's)
+            with throughput_gc() if args.plain_gc == "tuned" else contextlib.nullcontext():
+                wall, cpu, expected = plain_loop(data)
             rates["wall"][None].append(wall)
             rates["cpu"][None].append(cpu)
             for config in configs:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+
+from .gc_tuning import throughput_gc
 
 __all__ = ["new_event_loop", "run_coroutine"]
 
@@ -21,11 +24,18 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
-def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(coro)`` on uvloop when available, else the default loop."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro)
+def run_coroutine(coro: Coroutine[Any, Any, T], *, tune_gc: bool = True) -> T:
+    """``asyncio.run(coro)`` on uvloop when available, else the default loop.
+
+    Args:
+        coro: the coroutine (a job's run, typically).
+        tune_gc: run it under :func:`~reactive.runtime.gc_tuning.throughput_gc` (the
+            process belongs to the job while it runs).
+    """
+    with throughput_gc() if tune_gc else contextlib.nullcontext():
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run(coro)
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(coro)
