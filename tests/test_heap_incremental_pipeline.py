@@ -102,7 +102,7 @@ async def test_bytes_per_checkpoint_fall_when_few_keys_change(tmp_path: Path) ->
     data = rounds(20_000, 6, 30)
     sink = ListSink()
     await flow("bytes", GatedSource(data), failing_count(FailureInjector([])), sink).run(
-        checkpoints=CheckpointConfig(interval=0.01, directory=tmp_path, retained=100),
+        checkpoints=CheckpointConfig(interval=0.01, directory=tmp_path, retained=10_000),
         state_backend=HeapStateBackend(incremental=True))
     storage = CheckpointStorage(tmp_path, "bytes")
     per_subtask: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)

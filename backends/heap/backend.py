@@ -60,7 +60,7 @@ from reactive.state.key_group_stream import (
     read_key_groups,
 )
 
-from .changelog import ChangeLog, SnapshotPlan
+from .changelog import ChangeLog, SnapshotPlan, limits
 from .format import BACKEND, is_heap_handle, iter_heap_key_groups
 from .snapshot import HeapSnapshot
 from .state import Table, create_state, descriptor_serializer
@@ -81,16 +81,17 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             checkpoint, under the job's ``shared/`` folder (else each checkpoint is one
             self-contained file); savepoints are always self-contained.
         max_deltas: deltas after which a key group is written in full again (see
-            :class:`~.changelog.ChangeLog`; full checkpoints carry the chains over too).
+            :class:`~.changelog.ChangeLog`; full checkpoints carry the chains over too);
+            None: the mode's default (:func:`~.changelog.limits`).
         delta_ratio: delta bytes relative to a key group's full blob after which it is
-            written in full again.
+            written in full again; None: the mode's default.
         snapshot_share: the share of the event loop thread a snapshot's asynchronous part
             takes while the tasks are busy (None: :data:`.snapshot.SHARE`).
     """
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, *,
                  operator_uid: str | None = None, incremental: bool = False,
-                 max_deltas: int = 32, delta_ratio: float = 1.0,
+                 max_deltas: int | None = None, delta_ratio: float | None = None,
                  snapshot_share: float | None = None) -> None:
         self.key_group_range = key_group_range
         self.max_parallelism = max_parallelism
@@ -111,6 +112,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._tables: dict[str, Table] = {}
         self.current_key: Any = None
         self._idx = self._n  # the _NoKey sentinel until a key is set
+        max_deltas, delta_ratio = limits(incremental, max_deltas, delta_ratio)
         self._log = ChangeLog(self._n, self._start, max_deltas=max_deltas,
                               delta_ratio=delta_ratio, dirty_limit=5 * _KEY_CACHE_SIZE)
         # snapshots whose asynchronous part still needs to see the keys set current
@@ -315,7 +317,13 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                             d = {k: ser.deserialize(v) for k, v in d.items()}
                         else:
                             table.serialized = True
-                    table.maps[idx].update(d)
+                    live = table.maps[idx]
+                    if live:
+                        live.update(d)
+                    else:
+                        # the stream's dicts are fresh: adopt rather than copy (nothing
+                        # holds the empty one: state objects index table.maps per call)
+                        table.maps[idx] = d
 
     def dispose(self) -> None:
         for snap in list(self._watching):
@@ -342,11 +350,13 @@ class HeapStateBackend(StateBackend):
             checkpoint's own file.
         max_deltas: a key group is written in full again after between
             ``max_deltas / 2`` and ``max_deltas`` deltas (staggered per key group), which
-            bounds the chain a restore replays.
-        delta_ratio: ... or when its deltas' bytes exceed between half and all of
-            ``delta_ratio`` times its full blob's (a restore reads at most
-            ``1 + delta_ratio`` times the state's bytes). Full checkpoints keep such chains
-            too, inside their own file: they serialize only the changed keys and copy the
+            bounds the chain a restore replays (None: 32 incremental, 8 full).
+        delta_ratio: ... or when its deltas' bytes, with the delta about to be written,
+            would exceed between half and all of ``delta_ratio`` times its full blob's (a
+            restore reads at most about ``1 + delta_ratio`` times the state's bytes; None:
+            1.0 incremental, 0.4 full). Full checkpoints keep such chains too, inside
+            their own file, whose size and restore time they bound: they serialize only
+            the changed keys and the key groups due for materialization, and copy the
             rest from the previous checkpoint's file in a worker thread.
         snapshot_share: the share (0 < share <= 1) of the event loop thread a snapshot's
             asynchronous part takes while the tasks are busy (default
@@ -361,9 +371,11 @@ class HeapStateBackend(StateBackend):
 
     name = BACKEND
 
-    def __init__(self, incremental: bool = False, max_deltas: int = 32,
-                 delta_ratio: float = 1.0, snapshot_share: float | None = None) -> None:
-        if max_deltas < 1 or not delta_ratio > 0:
+    def __init__(self, incremental: bool = False, max_deltas: int | None = None,
+                 delta_ratio: float | None = None,
+                 snapshot_share: float | None = None) -> None:
+        if (max_deltas is not None and max_deltas < 1) or \
+                (delta_ratio is not None and not delta_ratio > 0):
             raise ConfigurationError("max_deltas must be >= 1 and delta_ratio > 0")
         if snapshot_share is not None and not 0 < snapshot_share <= 1:
             raise ConfigurationError(f"snapshot_share must be in (0, 1], got {snapshot_share}")

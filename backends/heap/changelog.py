@@ -24,8 +24,16 @@ own file.
   blob per key, to write and to replay), or when its chain has too many deltas
   (``max_deltas``) or their bytes outgrow its full blob (``delta_ratio``), each threshold
   scaled by a per-key-group factor in [0.5, 1) so that key groups filled at the same time do
-  not all materialize in the same checkpoint. A restore then reads at most ``max_deltas``
-  deltas per key group.
+  not all materialize in the same checkpoint. The bytes test counts the delta this
+  snapshot is about to add too (its changed keys times the key group's bytes per entry times
+  :data:`DELTA_COST`), so the chain stays within its bound after the snapshot, not only
+  before it. A restore then reads at most ``max_deltas`` deltas per key group, and about
+  ``1 + delta_ratio`` times the state's bytes.
+- *Limits per mode* (:func:`limits`): incremental checkpoints trade a longer chain (a
+  restore reads up to twice the state's bytes) for writing little; a full checkpoint's file
+  is the chain, so its size and its restore follow the chain's bytes: full mode bounds it
+  more tightly (:data:`FULL_LIMITS`), which costs more materializations, all of them still
+  driven by changed keys.
 """
 
 from __future__ import annotations
@@ -33,11 +41,45 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DIRTY_FULL", "ChangeLog", "Entry", "GroupChain", "SnapshotPlan", "jitter"]
+__all__ = [
+    "DELTA_COST",
+    "DIRTY_FULL",
+    "FULL_LIMITS",
+    "INCREMENTAL_LIMITS",
+    "ChangeLog",
+    "Entry",
+    "GroupChain",
+    "SnapshotPlan",
+    "jitter",
+    "limits",
+]
 
 #: the fraction of a key group's keys changed since the base above which it is written in
 #: full rather than as a delta
 DIRTY_FULL = 0.2
+#: bytes of a key's entry in a delta relative to its entry in a full blob (the ``"k"``
+#: frame names each key twice: 1.5 measured for short string keys and small ints; close to
+#: 1 for larger values), used to predict the size of the delta a snapshot is about to write
+DELTA_COST = 1.5
+#: (max_deltas, delta_ratio) of incremental checkpoints: a restore reads at most about twice
+#: the state's bytes, and a checkpoint writes little more than its changed keys
+INCREMENTAL_LIMITS = (32, 1.0)
+#: (max_deltas, delta_ratio) of full checkpoints: the file holds the chains, so their bytes
+#: bound the file's size and restore time (a key group's chain cycles between 1 and
+#: ``1 + 0.4 * jitter`` times its full blob, staggered: the file is about 1.15x the state's,
+#: 1.3x at most); a key group is materialized about every ``0.3 / (DELTA_COST * changed
+#: fraction)`` checkpoints, so the bytes serialized per checkpoint stay proportional to the
+#: changed keys (a 1 % change costs about 6.5 % of the state's bytes, not all of them)
+FULL_LIMITS = (8, 0.4)
+
+
+def limits(incremental: bool, max_deltas: int | None = None,
+           delta_ratio: float | None = None) -> tuple[int, float]:
+    """The (max_deltas, delta_ratio) of a mode, each defaulting to the mode's
+    (:data:`INCREMENTAL_LIMITS` or :data:`FULL_LIMITS`) when None."""
+    default = INCREMENTAL_LIMITS if incremental else FULL_LIMITS
+    return (default[0] if max_deltas is None else max_deltas,
+            default[1] if delta_ratio is None else delta_ratio)
 
 #: one blob of a chain: (file ref ``{"path", "size", "sha256"}``, offset, length (bytes), kind)
 Entry = tuple[dict[str, Any], int, int, str]
@@ -202,11 +244,19 @@ class ChangeLog:
             full.update(i for i, (c, size) in enumerate(zip(changed, sizes, strict=True))
                         if c > DIRTY_FULL * size)
         max_deltas, ratio, start = self.max_deltas, self.delta_ratio, self.start
+        grow = changed if changed is not None and sizes is not None else None
         for idx, chain in enumerate(base):
-            if chain.deltas:
+            if idx in full or not chain.entries:
+                continue
+            # the delta this snapshot adds, predicted from the key group's bytes per entry
+            delta = 0.0
+            if grow is not None and grow[idx]:
+                assert sizes is not None
+                delta = DELTA_COST * grow[idx] * chain.full_bytes / max(1, sizes[idx])
+            if chain.deltas or delta:
                 j = jitter(start + idx)
                 if chain.deltas >= max_deltas * j or \
-                        chain.delta_bytes > ratio * j * chain.full_bytes:
+                        chain.delta_bytes + delta > ratio * j * chain.full_bytes:
                     full.add(idx)
         return SnapshotPlan(full, dirty, base)
 

@@ -32,7 +32,8 @@ in pieces: a header ``(kind, serialized names)``, then any of
 
 - ``("p", state, {key: value})`` / ``("pk", state, [keys], [values])``: put entries;
 - ``("k", [keys], {state: {key: value}})``: replace every state of these keys by the given
-  values (a listed key missing from a state's dict no longer holds it there: a tombstone).
+  values (a listed key missing from a state's dict no longer holds it there: a tombstone);
+  the keys are distinct and the dicts name listed keys only.
 
 A *full* blob (kind ``"f"``) starts from an empty key group, a *delta* (``"d"``) applies to
 what the chain built so far; a chain may start with a delta (the key group was empty before).
@@ -154,8 +155,14 @@ def apply_blob(blob: bytes, states: dict[str, dict[Any, Any]], serialized: set[s
     while f.tell() < end:
         frame = pickle.load(f)
         op = frame[0]
+        # the unpickled dicts are fresh: a state seen for the first time adopts them rather
+        # than copying (a full blob's frame becomes the key group's dict as it is)
         if op == "p":
-            states.setdefault(frame[1], {}).update(frame[2])
+            d = states.get(frame[1])
+            if d:
+                d.update(frame[2])
+            else:
+                states[frame[1]] = frame[2]
         elif op == "pk":
             states.setdefault(frame[1], {}).update(zip(frame[2], frame[3], strict=True))
         elif op == "k":
@@ -167,6 +174,10 @@ def apply_blob(blob: bytes, states: dict[str, dict[Any, Any]], serialized: set[s
                 if not d:
                     continue
                 entries = puts.get(name)
+                if entries is not None and len(entries) == len(keys):
+                    # puts name listed keys only: as many as listed means no tombstone
+                    # here (the common case, which then builds no set at all)
+                    continue
                 if listed is None:
                     listed = set(keys)
                 gone = listed if entries is None else listed.difference(entries)
@@ -175,7 +186,11 @@ def apply_blob(blob: bytes, states: dict[str, dict[Any, Any]], serialized: set[s
                     for key in gone.intersection(d):
                         pop(key)
             for name, entries in puts.items():
-                states.setdefault(name, {}).update(entries)
+                d = states.get(name)
+                if d:
+                    d.update(entries)
+                else:
+                    states[name] = entries
         else:
             raise ValueError(f"unknown heap-v2 frame {op!r}")
 

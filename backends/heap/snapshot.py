@@ -68,10 +68,15 @@ SHARE = 0.15
 PATIENCE = 1.0
 _FLUSH = 1 << 20  # bytes buffered on the loop before they go to the writer thread
 _MIN_CHUNK, _MAX_CHUNK = 64, 1 << 17  # entries pickled in one piece (adapted to PIECE)
-# a key group's dict up to this many entries is pickled live in one call (one pass over its
-# objects: each pass costs a cache miss per entry, more than the pickling itself), however
-# long the piece: pacing accounts for the time; larger ones are copied and chunked
+# a key group's dict is pickled live in one call (one pass over its objects: each pass costs
+# a cache miss per entry, more than the pickling itself) when that call is expected to take
+# at most _LIVE_SECONDS (at the per-entry time measured so far) and it has at most _LIVE_MAX
+# entries; larger ones are copied and pickled in chunks of half a piece: one call holds the
+# loop, and a 5 M-key state's key groups (39 k entries, ~15 ms each) would miss the
+# application's 10 ms latency target
 _LIVE_MAX = 1 << 16
+_LIVE_SECONDS = 0.004
+_PER_ENTRY = 5e-7  # seconds per entry assumed before any measurement (scattered objects)
 # values that nothing can change in place: a capture keeps a reference
 _IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None), complex})
 _MISSING = object()
@@ -175,6 +180,7 @@ class _Out:
         self._buf: list[bytes] = []
         self._buffered = 0
         self._start = 0
+        self.serialized = 0  # bytes serialized on the loop (not copied from earlier files)
         # a copy not handed over yet, [source, offset, length]; never together with _buf
         self._copy: list[Any] | None = None
 
@@ -191,6 +197,7 @@ class _Out:
             self.flush()
         self._buf.append(data)
         self._buffered += len(data)
+        self.serialized += len(data)
         if self._buffered >= _FLUSH:
             self.flush()
 
@@ -245,6 +252,8 @@ class HeapSnapshot(KeyedStateSnapshot):
         failure: set when a capture met a value that cannot be serialized.
         pacer: the asynchronous part's pacing (its ``busy`` and ``paused`` seconds tell
             how long it serialized and how long it let the tasks run).
+        serialized_bytes: bytes the asynchronous part serialized (the file's bytes not
+            copied from the previous checkpoint's file), once :meth:`write` returned.
     """
 
     def __init__(self, ctx: SnapshotContext, plan: SnapshotPlan, *,
@@ -269,7 +278,9 @@ class HeapSnapshot(KeyedStateSnapshot):
         self._discarded = False
         self._captured: dict[int, dict[Any, dict[str, Any] | None]] = {}
         self._chunk = 1 << 14
+        self._per_entry = _PER_ENTRY  # measured seconds per entry pickled
         self.pacer = LoopShare(SHARE if share is None else share, PIECE, patience=PATIENCE)
+        self.serialized_bytes = 0
 
     # ------------------------------------------------------------------ copy-on-write
     def touch(self, key: Any, idx: int) -> None:
@@ -316,7 +327,7 @@ class HeapSnapshot(KeyedStateSnapshot):
     def _adapt(self, seconds: float, entries: int) -> None:
         """Size the next chunks to fill about half a piece, from one chunk's timing."""
         if entries:
-            per_entry = max(seconds, 1e-7) / entries
+            per_entry = self._per_entry = max(seconds, 1e-7) / entries
             self._chunk = max(_MIN_CHUNK, min(_MAX_CHUNK, int(PIECE / 2 / per_entry)))
 
     def _serialized_names(self) -> list[str]:
@@ -367,10 +378,13 @@ class HeapSnapshot(KeyedStateSnapshot):
                 out.begin(header)
                 begun = True
             ser = _serializer(table)
-            if ser is None and len(d) <= _LIVE_MAX:
+            if ser is None and len(d) <= _LIVE_MAX and \
+                    len(d) * self._per_entry <= _LIVE_SECONDS:
                 # the live dict in one C call: nothing runs in between to change it, and
                 # the captures below replace what changed since the barrier
+                t0 = time.perf_counter()
                 out.add(_frame(("p", name, d), partial(_dict_entries, name, d), op))
+                self._per_entry = max(time.perf_counter() - t0, 1e-7) / len(d)
                 await self._tick(out)
                 continue
             copy = dict(d)  # at C speed; the values it shares are protected by the captures
@@ -487,6 +501,7 @@ class HeapSnapshot(KeyedStateSnapshot):
             self._release(self)
             self._check()
             out.flush()
+            self.serialized_bytes = out.serialized
             if writer.size:
                 ref["size"], ref["sha256"] = await writer.close()
             else:
