@@ -1,7 +1,8 @@
 """Event-loop latency of an application task that shares its loop with a running job.
 
-    python -m bench.loop_latency [--records 1000000] [--vocabulary 100000] [--interval 1.0]
+    python -m bench.loop_latency [--records 4000000] [--vocabulary 100000] [--interval 1.0]
                                  [--restore-keys 1000000] [--repeats 3] [--skip-restore]
+                                 [--baseline REV]
 
 An application task on the job's event loop wakes every 1 ms (``asyncio.sleep(0.001)``) and
 records how late each wake-up is (seconds past the 1 ms it asked for). Runs, in one process
@@ -13,12 +14,17 @@ and in this order, each ``--repeats`` times:
   -> discarding sink``, Zipf(1.1) keys, as ``bench.w1``) with checkpoints every
   ``--interval`` seconds on the heap backend;
 - *W1 RocksDB incremental*: the same on RocksDB with incremental checkpoints;
+- *W1 RocksDB incremental, baseline REV* (with ``--baseline``): the same on the RocksDB
+  backend of git revision REV (``git show``, loaded as a separate package), run right after
+  the working tree's in each repeat;
 - *restore*: a job resumes a checkpoint of ``--restore-keys`` distinct keys on the heap
   backend (written by a first run, not measured); the task records its wake-ups from the
   start of the resuming job until its tasks run (the restore), and the longest stall.
 
-Prints, per run, p50/p99/max wake-up delay in ms as min/median/max over the repeats, and the
-ratio of each p99 (median) to the idle loop's p99 in the same invocation. The target is a
+Prints, per run, p50/p99/max wake-up delay in ms as min/median/max over the repeats, the
+ratio of each p99 (median) to the idle loop's p99 in the same invocation, and the job's
+records/s (min/median/max). Every job is built before the probe starts (``from_collection``
+copies its input: set-up, not the job's work). The target is a
 p99 below 10 ms while a job runs. Figures on a shared machine are indicative only.
 """
 
@@ -34,7 +40,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import print_table, zipf_keys
+from bench.common import package_at_revision, print_table, zipf_keys
 from reactive import CheckpointConfig, Dataflow, KeyedProcessFunction, ValueStateDescriptor
 from reactive.connectors.collections import DiscardingSink
 
@@ -103,8 +109,11 @@ async def w1(keys: list[str], interval: float, directory: Path, backend: Any
              ) -> tuple[list[float], float]:
     """The probe while W1 runs with checkpoints every ``interval`` s on ``backend``."""
     config = CheckpointConfig(interval=interval, directory=directory)
+    # built before the probe starts: from_collection copies the input list (~0.2 s for
+    # 1 M records), which is the benchmark's set-up, not the job's work
+    flow = _flow(keys)
     return await _probe_during(
-        lambda: _flow(keys).run(checkpoints=config, state_backend=backend))
+        lambda: flow.run(checkpoints=config, state_backend=backend))
 
 
 async def restore(directory: Path) -> tuple[list[float], float]:
@@ -135,15 +144,25 @@ def _spread(xs: list[float]) -> str:
     return f"{min(xs):.2f} / {statistics.median(xs):.2f} / {max(xs):.2f}"
 
 
+def _rates(name: str, runs: list[tuple[list[float], float]], records: int) -> str:
+    """Records/s of the W1 runs (min / median / max, thousands); "-" for the others."""
+    if not name.startswith("W1"):
+        return "-"
+    rates = [records / took / 1e3 for _, took in runs]
+    return f"{min(rates):.0f}k / {statistics.median(rates):.0f}k / {max(rates):.0f}k"
+
+
 def main(argv: list[str] | None = None) -> str:
     """Parse the command line, run every scenario, print and return the table."""
     p = argparse.ArgumentParser(description="event-loop latency next to a running job")
-    p.add_argument("--records", type=int, default=1_000_000)
+    p.add_argument("--records", type=int, default=4_000_000)
     p.add_argument("--vocabulary", type=int, default=100_000)
     p.add_argument("--interval", type=float, default=1.0, help="seconds between checkpoints")
     p.add_argument("--restore-keys", type=int, default=1_000_000)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-restore", action="store_true")
+    p.add_argument("--baseline", default=None,
+                   help="also run W1 on the RocksDB backend of this git revision")
     args = p.parse_args(argv)
     from reactive.backends.heap import HeapStateBackend
     from reactive.backends.rocksdb import RocksDBStateBackend
@@ -151,6 +170,10 @@ def main(argv: list[str] | None = None) -> str:
 
     keys = zipf_keys(args.records, args.vocabulary)
     results: dict[str, list[tuple[list[float], float]]] = {}
+    base_name = f"W1 RocksDB incremental, baseline {args.baseline}"
+    base_dir = tempfile.TemporaryDirectory(prefix="bench-loop-baseline-")
+    baseline = None if args.baseline is None else package_at_revision(
+        "backends/rocksdb", args.baseline, "rocksdb_loop_baseline", Path(base_dir.name))
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="bench-loop-") as d:
             heap = run_coroutine(w1(keys, args.interval, Path(d) / "heap", HeapStateBackend()))
@@ -161,6 +184,11 @@ def main(argv: list[str] | None = None) -> str:
                                      RocksDBStateBackend(path=Path(d) / "db",
                                                          incremental=True)))
             results.setdefault("W1 RocksDB incremental", []).append(rocks)
+            if baseline is not None:
+                results.setdefault(base_name, []).append(run_coroutine(w1(
+                    keys, args.interval, Path(d) / "base",
+                    baseline.RocksDBStateBackend(path=Path(d) / "base-db", incremental=True))))
+    base_dir.cleanup()
     if not args.skip_restore:
         distinct = [f"k{i}" for i in range(args.restore_keys)]
         with tempfile.TemporaryDirectory(prefix="bench-loop-restore-") as d:
@@ -171,6 +199,7 @@ def main(argv: list[str] | None = None) -> str:
                     run_coroutine(restore(Path(d))))
     base = statistics.median(_ms(d, 0.99) for d, _ in results["idle loop"])
     order = ["idle loop", "W1 heap", "W1 RocksDB incremental",
+             *([base_name] if baseline is not None else []),
              *(k for k in results if k.startswith("restore"))]
     rows = []
     for name in order:
@@ -180,12 +209,13 @@ def main(argv: list[str] | None = None) -> str:
                      _spread([max(d, default=0.0) * 1e3 for d, _ in runs]),
                      statistics.median(p99) / base if base else float("nan"),
                      _spread([t for _, t in runs]),
+                     _rates(name, runs, len(keys)),
                      int(statistics.median(len(d) for d, _ in runs))])
     print(f"Wake-up delay of a task sleeping {TICK * 1e3:g} ms on the job's loop; W1: "
           f"{args.records:,} Zipf(1.1) keys over {args.vocabulary:,} words, checkpoints every "
           f"{args.interval:g} s; {args.repeats} repeats (min / median / max)")
     return print_table(["run", "p50 ms", "p99 ms", "max ms", "p99 vs idle", "run s",
-                        "wake-ups"], rows)
+                        "W1 records/s", "wake-ups"], rows)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import pytest
 
 import reactive.backends.rocksdb.generations as generations
 import reactive.backends.rocksdb.snapshot as rocksdb_snapshot
+import reactive.backends.rocksdb.state as rocksdb_state_module
 from reactive import (
     CheckpointConfig,
     CheckpointStorage,
@@ -155,8 +156,11 @@ async def run_model(tmp_path: Path, seed: int, steps: int) -> None:
 @pytest.mark.parametrize("seed", range(4))
 async def test_snapshots_hold_exactly_the_barrier_state(
         tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # tiny chunks: the task's updates interleave with every few frozen entries written
-    monkeypatch.setattr(generations, "CHUNK_ENTRIES", 3)
+    # tiny steps: the task's updates interleave with every few frozen entries written and
+    # every few entries refilled into the cache
+    monkeypatch.setattr(generations, "STEP_SECONDS", 0.0)
+    monkeypatch.setattr(generations, "CLOCK_EVERY", 3)
+    monkeypatch.setattr(rocksdb_state_module, "REFILL_CHUNK", 2 + seed)
     await run_model(tmp_path, seed, 3_000)
 
 
@@ -164,7 +168,9 @@ async def test_snapshots_hold_exactly_the_barrier_state(
 @pytest.mark.parametrize("seed", range(4, 40))
 async def test_snapshots_hold_exactly_the_barrier_state_many_seeds(
         tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(generations, "CHUNK_ENTRIES", 1 + seed % 5)
+    monkeypatch.setattr(generations, "STEP_SECONDS", 0.0)
+    monkeypatch.setattr(generations, "CLOCK_EVERY", 1 + seed % 5)
+    monkeypatch.setattr(rocksdb_state_module, "REFILL_CHUNK", 1 + seed % 7)
     await run_model(tmp_path, seed, 6_000)
 
 
@@ -230,15 +236,22 @@ def test_cache_past_the_pending_bound_drains_the_generation_in_the_task(tmp_path
             count.update(i)
         snap = kb.snapshot(context(tmp_path, 1))
         seq = kb._db.latest_sequence_number()
-        for i in range(10, 10 + kb._pending_limit - 1):
+        table = kb._tables["count"]
+        i = 10
+        while kb._gens.pending:
+            # nothing newer than the frozen generation is written while it is pending: the
+            # cache evicts clean entries, then grows up to the bound
+            assert kb._db.latest_sequence_number() == seq
+            assert len(table.cache) <= kb._pending_limit
             kb.set_current_key(i)
             count.update(i)
-        # nothing newer than the frozen generation was written while it was pending
-        assert kb._db.latest_sequence_number() == seq and kb._gens.pending
-        kb.set_current_key(-1)
-        count.update(-1)  # past the bound: back-pressure
-        assert not kb._gens.pending
+            i += 1
+        # back-pressure only once the dirty entries filled the cache up to the bound
+        assert i - 10 >= kb._pending_limit // 2
         assert snap.gen.checkpointed and snap.gen.local is not None and snap.gen.local.is_dir()
+        for k in range(i):
+            kb.set_current_key(k)
+            assert count.value() == k
         snap.discard()
     finally:
         kb.dispose()

@@ -5,21 +5,28 @@ off the task's critical path.
 The synchronous part of a snapshot (thesis 4.5.1, asynchronous snapshot invocation) only
 *freezes* the current generation of every state's write-back cache: its dict of cached values
 and its dict of dirty keys become a :class:`FrozenTable` of a :class:`Generation`, and the
-state continues into new, empty dicts. This is Flink's copy-on-write idea (the heap backend's
-``CopyOnWriteStateMap`` snapshots) applied to the cache in front of RocksDB:
+state continues into new, empty dicts (O(number of states) at any state size). This is
+Flink's copy-on-write idea (the heap backend's ``CopyOnWriteStateMap`` snapshots) applied to
+the cache in front of RocksDB:
 
 - reads look in the current generation, then in the frozen ones (newest first), then in
-  RocksDB. A value taken from a frozen generation where it is dirty is first serialized
-  there (:meth:`FrozenTable.promote`), because the task may change that object in place
-  afterwards (list and map state do); so a frozen generation always holds the state as of
-  its barrier;
+  RocksDB. A dirty value of a mutable type taken from a frozen generation is first
+  serialized there (:meth:`FrozenTable.promote`), because the task may change that object
+  in place afterwards (list and map state do); so a frozen generation always holds the
+  state as of its barrier;
+- the hot keys do not go cold: the asynchronous part first copies the newest frozen
+  generation's entries back into the new cache in time-bounded steps
+  (:meth:`.state.WriteBackCache._refill`), except dirty values of mutable types, which only
+  :meth:`FrozenTable.promote` hands over (and the retirement of the last pending generation
+  returns as clean entries);
 - the *local phase* (:meth:`GenerationQueue.make_local`, in the snapshot's asynchronous part)
-  writes the frozen dirty entries to RocksDB in chunks of :data:`CHUNK_ENTRIES` on the event
-  loop (serializing and ``WriteBatch`` building hold the GIL, so a worker thread would only
-  take turns with the task), then flushes the memtable and creates the RocksDB checkpoint
-  in a worker thread (``flush`` and ``create_checkpoint`` release the GIL). Generations are
-  processed oldest first, one at a time, so checkpoint *n* holds every generation up to
-  *n*'s and none after it;
+  writes the frozen dirty entries to RocksDB on the event loop in steps of at most
+  :data:`STEP_SECONDS` (serializing and ``WriteBatch`` building hold the GIL, so a worker
+  thread would only take turns with the task; a step bounded by time, not by entry count,
+  keeps the loop's other tasks' delays bounded whatever the values cost to serialize), then
+  flushes the memtable and creates the RocksDB checkpoint in a worker thread (``flush`` and
+  ``create_checkpoint`` release the GIL). Generations are processed oldest first, one at a
+  time, so checkpoint *n* holds every generation up to *n*'s and none after it;
 - while a generation is not in RocksDB, the task writes nothing to RocksDB (a newer value
   would leak into the older checkpoint): the current generation grows in memory instead, up
   to ``pending_limit`` entries per state. Past that bound the task finishes the pending
@@ -27,13 +34,15 @@ state continues into new, empty dicts. This is Flink's copy-on-write idea (the h
   back-pressure), as it does before ``keys()``.
 
 A discarded snapshot's generation is still written to RocksDB (it is live state), just
-without a checkpoint.
+without a checkpoint. A retired generation's values that the task did not take back return
+to the cache as clean entries (when it was the last pending one and the cache has room).
 """
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -45,12 +54,16 @@ from reactive.errors import StateSerializationError
 
 __all__ = [
     "ABSENT",
-    "CHUNK_ENTRIES",
+    "CLOCK_EVERY",
+    "IMMUTABLE",
     "MISS",
+    "STEP_SECONDS",
     "FrozenTable",
     "Generation",
     "GenerationQueue",
+    "clock",
     "run_in_worker",
+    "step_budget",
 ]
 
 #: a cache lookup found nothing (look further down: frozen generations, then RocksDB)
@@ -58,13 +71,28 @@ MISS: Any = object()
 #: a cached "no value" (a known miss, or a cleared value: a delete when written out)
 ABSENT: Any = object()
 
-#: frozen entries serialized and written per step of a local phase on the event loop (a few
-#: milliseconds of loop time: about 1 us per entry to pickle and add to the batch)
-CHUNK_ENTRIES = 2048
+#: seconds of event-loop time one step of writing cached entries to RocksDB may take (a
+#: local phase's step, or the task writing dirty entries out): an application task sharing
+#: the loop then waits a few ms at most (issue 21: p99 delay < 10 ms)
+STEP_SECONDS = 0.002
+#: the clock that bounds the steps (seconds; a test may replace it with a fake one)
+clock: Callable[[], float] = time.perf_counter
+#: entries written between two looks at the clock within a step (a clock read costs ~50 ns,
+#: an entry ~1 us to serialize and add to the batch)
+CLOCK_EVERY = 64
+#: value types nobody changes in place: a frozen dirty value of one of these types may be
+#: shared with the current generation as it is (no serialized copy first)
+IMMUTABLE: frozenset[type] = frozenset({int, float, str, bytes, bool, type(None)})
 
 # RocksDB flush/checkpoint work and snapshot file work of every instance; two threads: the
 # machine this targets has two cores, and these calls wait on the disk, not on the GIL
 _WORKERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rocksdb-snapshot")
+
+
+def step_budget() -> tuple[Callable[[], float], float, int]:
+    """(:data:`clock`, :data:`STEP_SECONDS`, :data:`CLOCK_EVERY`) as they are now (read at
+    each step, so that a test may replace them)."""
+    return clock, STEP_SECONDS, CLOCK_EVERY
 
 
 def run_in_worker(fn: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -91,6 +119,7 @@ class CacheTable(Protocol):
     dumps: Callable[[Any], bytes]
     cache: dict[Any, Any]
     dirty: dict[Any, bytes]
+    staged: dict[Any, bytes]
 
 
 class FrozenTable:
@@ -103,9 +132,12 @@ class FrozenTable:
         values: key -> cached value (``ABSENT``: no value).
         dirty: key -> key-group prefix, the keys not yet in RocksDB.
         serialized: key -> value bytes of dirty keys whose object the task took over.
+        staged: the state's restored-but-unread entries (shared with the live state): a
+            key written to RocksDB leaves it.
     """
 
-    __slots__ = ("dirty", "dumps", "name", "operator_uid", "serialized", "sid", "values")
+    __slots__ = ("dirty", "dumps", "held_back", "name", "operator_uid", "serialized", "sid",
+                 "staged", "values")
 
     def __init__(self, table: CacheTable, operator_uid: str | None) -> None:
         self.name = table.name
@@ -113,8 +145,11 @@ class FrozenTable:
         self.dumps = table.dumps
         self.values = table.cache
         self.dirty = table.dirty
+        self.staged = table.staged
         self.serialized: dict[Any, bytes] = {}
         self.operator_uid = operator_uid
+        # dirty keys of mutable values the refill left here (None: refill not finished)
+        self.held_back: list[Any] | None = None
 
     def serialize(self, key: Any, value: Any) -> bytes:
         """``value`` of ``key`` as bytes.
@@ -137,8 +172,8 @@ class FrozenTable:
             StateSerializationError: if the serializer refuses the value.
         """
         value = self.values.get(key, MISS)
-        if value is not MISS and value is not ABSENT and key in self.dirty \
-                and key not in self.serialized:
+        if value is not MISS and value is not ABSENT and type(value) not in IMMUTABLE \
+                and key in self.dirty and key not in self.serialized:
             self.serialized[key] = self.serialize(key, value)
         return value
 
@@ -177,9 +212,9 @@ class Generation:
             for key, kgb in ft.dirty.items():
                 yield ft, key, kgb
 
-    def persist(self, db: Rdict, encode: Callable[[Any], bytes], limit: int) -> bool:
-        """Write up to ``limit`` more dirty entries to ``db`` in one ``WriteBatch``; return
-        whether all are written.
+    def persist(self, db: Rdict, encode: Callable[[Any], bytes], budget: float) -> bool:
+        """Write more dirty entries to ``db`` in one ``WriteBatch``, for about ``budget``
+        seconds (at least :data:`CLOCK_EVERY` entries); return whether all are written.
 
         Raises:
             StateSerializationError: if a serializer refuses a value; the generation then
@@ -192,21 +227,28 @@ class Generation:
             return True
         wb = WriteBatch(raw_mode=True)
         n = 0
+        now = clock
+        # writing the batch costs about as much as building it (memtable inserts, ~1 us per
+        # entry, holding the GIL): half the budget for each
+        deadline = now() + budget / 2
+        every = CLOCK_EVERY
         try:
             for ft, key, kgb in self._entries:
+                if ft.staged:
+                    ft.staged.pop(key, None)  # RocksDB gets a newer value
                 data = ft.serialized.get(key)
                 if data is None:
                     value = ft.values[key]
                     if value is ABSENT:
                         wb.delete(kgb + ft.sid + encode(key))
                         n += 1
-                        if n >= limit:
+                        if not n % every and now() >= deadline:
                             break
                         continue
                     data = ft.serialize(key, value)
                 wb.put(kgb + ft.sid + encode(key), data)
                 n += 1
-                if n >= limit:
+                if not n % every and now() >= deadline:
                     break
             else:
                 self.persisted = True
@@ -282,8 +324,8 @@ class GenerationQueue:
 
     async def _complete(self, g: Generation) -> None:
         """Local phase of ``g``: chunks of writes on the event loop, then the thread job."""
-        while not g.retired and not g.persist(self._db(), self._encode(), CHUNK_ENTRIES):
-            await asyncio.sleep(0)  # the task runs between two chunks
+        while not g.retired and not g.persist(self._db(), self._encode(), STEP_SECONDS):
+            await asyncio.sleep(0)  # the task runs between two steps
         if g.retired:  # the task drained it meanwhile
             return
         if g.local is not None and g.job is None:
@@ -326,7 +368,7 @@ class GenerationQueue:
             StateSerializationError: if a frozen value cannot be serialized.
         """
         for g in list(self.pending):
-            while not g.persist(self._db(), self._encode(), 1 << 30):
+            while not g.persist(self._db(), self._encode(), float("inf")):
                 pass
             if g.local is not None and g.job is None:
                 done: Future[None] = Future()

@@ -13,11 +13,23 @@ Handles of other backends (heap) are read as key-group streams from the reader r
 their ``backend`` (:func:`reactive.state.key_group_stream.read_key_groups`), again only the
 key groups of this instance's range, and written key by key: values of custom-serialized
 states are that serializer's bytes already, the others are pickled.
+
+Last, when the restored state fits in the write-back cache, it is staged for the cache (one
+sequential scan of the range, :meth:`RocksDBRestoreOperation._warm_cache`): each state's
+``staged`` dict maps the decoded keys to their stored bytes, and a key's first access takes
+its value from there instead of a random RocksDB read (a few us each, against a fresh job's
+cheap miss on an empty database: a restarted job ran at 0.7 of a fresh one). Staging rather
+than filling the cache keeps the cache in first-access order, hot keys first, as a fresh
+job's (filled in key order, the restored cache's lookups ran measurably slower). The scan
+also fills the key-group memo of ``set_current_key``. Restore runs in a worker thread (the
+runtime's ``in_thread``), so the scan does not hold the event loop beyond the GIL's switch
+interval.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -35,7 +47,7 @@ from reactive.state.key_group_stream import (
 
 from .db import BACKEND, check_handle, materialize, open_db
 from .keys import key_group_bounds, key_group_prefix, key_group_upper_bound
-from .state import WriteBackCache, pickle_dumps
+from .state import StateTable, WriteBackCache, pickle_dumps
 
 __all__ = ["RocksDBRestoreOperation"]
 
@@ -124,6 +136,52 @@ class RocksDBRestoreOperation:
                     )
                 if table.descriptor is None:
                     table.custom = name in custom
+        self._warm_cache(decoder)
+
+    def _warm_cache(self, decode: Callable[[bytes], Any]) -> None:
+        """Stage the restored entries of this instance's range for the write-back cache
+        (:attr:`.state.StateTable.staged`, values as stored: a custom serializer's
+        deserializer is known only once a descriptor binds the state), if the database
+        holds at most as many as the caches of its states do (RocksDB's key-count
+        estimate); else leave them in RocksDB: a sample of a larger state in key order
+        would mostly miss the hot keys.
+        """
+        s = self.states
+        tables: dict[bytes, StateTable] = {t.sid: t for t in s._tables.values()
+                                           if not t.cache and not t.staged}
+        if not tables:
+            return
+        db = s._db
+        estimate = db.property_int_value("rocksdb.estimate-num-keys")
+        if estimate is None or estimate > s.cache_entries * len(tables):
+            return
+        lower, upper = key_group_bounds(self.key_group_range.start, self.key_group_range.end)
+        limit = s.cache_entries
+        # the estimate may be off (overwrites, range deletions): never scan past twice the
+        # capacity
+        budget = 2 * limit * len(tables)
+        # the key-group memo of set_current_key too: the stored key starts with its key
+        # group, in this instance's range (the fresh job computes it on each first sight)
+        memo = s._kgb_memo
+        memo_room = s.kgb_memo_size - len(memo)
+        try:
+            for n, (k, v) in enumerate(db.items(from_key=lower)):
+                k = cast(bytes, k)  # raw mode: keys and values are bytes
+                if n >= budget or (upper is not None and k >= upper):
+                    break
+                table = tables.get(k[2:6])
+                if table is None or len(table.staged) >= limit:
+                    continue
+                key = decode(k[6:])
+                table.staged[key] = cast(bytes, v)
+                if memo_room > 0 and key not in memo:
+                    memo[key] = k[:2]
+                    memo_room -= 1
+        except Exception:
+            # a value that does not load here (its class not importable yet ...) fails
+            # when the task reads it, if ever: warming is only an optimization
+            for table in tables.values():
+                table.staged.clear()
 
     def _overlap(self, handle: dict[str, Any]) -> int:
         """Number of key groups ``handle`` holds that this instance owns."""

@@ -5,14 +5,27 @@ A RocksDB get + put per record costs microseconds from Python, so each instance 
 bounded *write-back cache* of deserialized values per state (:class:`StateTable`). Reads hit
 the cache first (:meth:`WriteBackCache._load` on a miss: the frozen generations of pending
 snapshots, then RocksDB); writes only mark the entry dirty (:meth:`WriteBackCache._store`).
-Dirty entries go to RocksDB in one ``WriteBatch`` (:meth:`WriteBackCache._flush_dirty`) when
-there are ``write_batch_entries`` of them, when the cache overflows ``cache_entries`` (it is
-then emptied), and before ``keys()``. A snapshot freezes the cache instead
-(:meth:`WriteBackCache._freeze`, :mod:`.generations`): while a frozen generation is not yet in
-RocksDB nothing newer is written there, and the cache grows up to ``2 * cache_entries``
-entries per state before the task writes the pending generations itself. A value its
-serializer refuses fails that write with :class:`~reactive.errors.StateSerializationError`
-naming the operator, the state and the key.
+
+Every piece of this work that runs on the task is bounded by time, not by entry count
+(:data:`.generations.STEP_SECONDS`, a few ms), since it holds the event loop that an
+application may share (issue 21: an application task's p99 delay < 10 ms):
+
+- once a state has ``write_batch_entries`` dirty keys, each further write out writes the
+  oldest dirty entries in one ``WriteBatch`` for one step (:meth:`WriteBackCache._write_dirty`);
+  they stay cached, clean;
+- once the cache holds ``cache_entries`` keys, a new key first evicts the oldest entries (a
+  64th of the capacity at most; :meth:`WriteBackCache._evict`), writing the dirty ones among
+  them first;
+- a snapshot freezes the cache in O(1) (:meth:`WriteBackCache._freeze`,
+  :mod:`.generations`) and its asynchronous part copies the frozen entries back in steps
+  (:meth:`WriteBackCache._refill`): the hot keys stay cached across checkpoints. While a
+  frozen generation is not yet in RocksDB nothing newer is written there, and the cache
+  grows up to ``2 * cache_entries`` entries per state before the task writes the pending
+  generations itself (back-pressure).
+
+Only ``keys()`` writes every dirty entry at once. A value its serializer refuses fails that
+write with :class:`~reactive.errors.StateSerializationError` naming the operator, the state
+and the key.
 
 Every state kind stores one value per key (:mod:`.keys`): list and map state are serialized
 as a whole by their descriptor's serializer (pickle by default).
@@ -20,8 +33,10 @@ as a whole by their descriptor's serializer (pickle by default).
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 from collections.abc import Callable, Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +53,20 @@ from reactive.state.descriptors import (
 )
 
 from .generations import ABSENT as _ABSENT
+from .generations import IMMUTABLE as _IMMUTABLE
 from .generations import MISS as _MISS
-from .generations import FrozenTable, Generation, GenerationQueue
+from .generations import FrozenTable, Generation, GenerationQueue, step_budget
 from .keys import state_id
 
-__all__ = ["StateTable", "WriteBackCache", "create_state", "pickle_dumps"]
+__all__ = ["REFILL_CHUNK", "StateTable", "WriteBackCache", "create_state", "pickle_dumps"]
+
+# dirty values the current generation may share with a frozen one: immutable ones, and
+# ABSENT (a bare object)
+_SHAREABLE = _IMMUTABLE | {object}
+
+#: entries copied per step when the cache is refilled from a frozen generation (C-level
+#: dict updates, ~50-100 ns per entry: about a millisecond of loop time)
+REFILL_CHUNK = 16_384
 
 
 def pickle_dumps(value: Any) -> bytes:
@@ -59,7 +83,7 @@ class StateTable:
     """
 
     __slots__ = ("cache", "custom", "descriptor", "dirty", "dumps", "kind", "loads", "name",
-                 "sid")
+                 "sid", "staged")
 
     def __init__(self, name: str, kind: str | None) -> None:
         self.name = name
@@ -72,6 +96,11 @@ class StateTable:
         self.dirty: dict[Any, bytes] = {}
         self.dumps: Callable[[Any], bytes] = pickle_dumps
         self.loads: Callable[[bytes], Any] = pickle.loads
+        # key -> its stored bytes as restored, for keys not read or written since the
+        # restore (:mod:`.restore` stages the state when it fits in the cache): a cache miss
+        # takes them from here instead of a RocksDB read; every write of a key to RocksDB
+        # drops its entry (never replaced: frozen generations share it)
+        self.staged: dict[Any, bytes] = {}
 
     def bind(self, descriptor: StateDescriptor) -> None:
         """Use ``descriptor``'s serializer (and kind, if none was known)."""
@@ -92,16 +121,19 @@ class WriteBackCache:
 
     Args:
         db: the instance's database.
-        cache_entries: cached keys per state before the cache is emptied.
+        cache_entries: cached keys per state before the oldest clean ones are evicted.
         write_batch_entries: dirty keys per state before they are written to RocksDB.
         encode_key: key -> stored key bytes.
         operator_uid: the operator's uid, named in errors (None: unnamed).
 
     Attributes:
         current_key: the key state calls are scoped to.
+        kgb_memo_size: keys memoized with their key group before the memo is emptied.
         _kgb: its key group's 2-byte prefix (None before any key is set).
         _gens: the frozen generations of pending snapshots (:mod:`.generations`).
     """
+
+    kgb_memo_size = 200_000
 
     def __init__(self, db: Rdict, cache_entries: int, write_batch_entries: int,
                  encode_key: Callable[[Any], bytes], operator_uid: str | None) -> None:
@@ -115,6 +147,10 @@ class WriteBackCache:
         self.operator_uid = operator_uid
         self.current_key: Any = None
         self._kgb: bytes | None = None
+        # key -> its key group's 2-byte prefix, for keys known to be in this instance's
+        # range (the keyed backend's set_current_key; a restore fills it with the keys it
+        # warms the cache with): a known key costs one dict hit
+        self._kgb_memo: dict[Any, bytes] = {}
         self._tables: dict[str, StateTable] = {}
         self._gens = GenerationQueue(lambda: self._db, lambda: self._encode_key,
                                      self._retired)
@@ -159,7 +195,9 @@ class WriteBackCache:
             if value is not _MISS:
                 break
         if value is _MISS:
-            raw = self._db.get(kgb + table.sid + self._encode_key(key))
+            raw = table.staged.pop(key, None) if table.staged else None
+            if raw is None:
+                raw = self._db.get(kgb + table.sid + self._encode_key(key))
             value = _ABSENT if raw is None else table.loads(raw)
         if len(table.cache) >= self.cache_entries:
             self._evict(table)
@@ -168,33 +206,95 @@ class WriteBackCache:
 
     def _store(self, table: StateTable, key: Any, value: Any) -> None:
         """Write-back: cache ``value`` (``_ABSENT`` deletes) and mark it dirty."""
-        kgb = self._require_key()
-        if key not in table.cache and len(table.cache) >= self.cache_entries:
-            self._evict(table)
-        table.cache[key] = value
+        kgb = self._kgb
+        if kgb is None:
+            kgb = self._require_key()  # raises
+        cache = table.cache
+        cache[key] = value
         dirty = table.dirty
         dirty[key] = kgb
-        if len(dirty) >= self.write_batch_entries:
-            self._flush_dirty(table)
+        if len(cache) > self.cache_entries or len(dirty) >= self.write_batch_entries:
+            self._make_room(table)
 
-    def _may_write(self, table: StateTable) -> bool:
-        """Whether ``table``'s dirty entries may go to RocksDB now: no generation is
-        pending, or the cache outgrew the pending bound (then drain the generations)."""
-        if not self._gens.pending:
-            return True
-        if len(table.cache) < self._pending_limit:
-            return False
-        self._gens.drain()
-        return True
+    def _make_room(self, table: StateTable) -> None:
+        """After a write: evict when the cache outgrew ``cache_entries``; write a step of
+        the oldest dirty entries when there are ``write_batch_entries`` of them and no
+        generation is pending.
+
+        Raises:
+            StateSerializationError: if a dirty value's serializer refuses it.
+        """
+        if len(table.cache) > self.cache_entries:
+            self._evict(table)
+        if len(table.dirty) >= self.write_batch_entries and not self._gens.pending:
+            self._write_dirty(table)
 
     def _evict(self, table: StateTable) -> None:
-        if self._may_write(table):
-            self._flush_dirty(table)
-            table.cache.clear()
+        """Make room in a full cache (before a load, or after a write): drop its oldest
+        entries (at most a 64th of the
+        capacity, and at most one step's worth of writing: :data:`.generations.STEP_SECONDS`),
+        writing the dirty ones among them to RocksDB first in one ``WriteBatch``.
+
+        While a generation is pending nothing may be written to RocksDB: the cache then
+        grows, and past the pending bound the task finishes the pending generations
+        (back-pressure, :meth:`.generations.GenerationQueue.drain`).
+
+        Raises:
+            StateSerializationError: if a dirty value's serializer refuses it (nothing is
+                dropped then).
+        """
+        cache = table.cache
+        if self._gens.pending:
+            if len(cache) < self._pending_limit:
+                return
+            self._gens.drain()
+        dirty = table.dirty
+        want = max(1, self.cache_entries >> 6)
+        victims = []
+        wb: WriteBatch | None = None
+        clock, step, _ = step_budget()
+        deadline = clock() + step / 2
+        for key in cache:  # insertion order: the oldest first
+            victims.append(key)
+            kgb = dirty.get(key)
+            if kgb is not None:
+                if wb is None:
+                    wb = WriteBatch(raw_mode=True)
+                self._put(wb, table, key, kgb, cache[key])
+                if not len(victims) % 16 and clock() >= deadline:
+                    break
+            if len(victims) >= want:
+                break
+        if wb is not None:
+            self._db.write(wb)
+        for key in victims:
+            del cache[key]
+            dirty.pop(key, None)
+
+    def _put(self, wb: WriteBatch, table: StateTable, key: Any, kgb: bytes,
+             value: Any) -> None:
+        """Add ``key``'s ``value`` (``_ABSENT``: a delete) to ``wb``.
+
+        Raises:
+            StateSerializationError: if the serializer refuses the value.
+        """
+        stored = kgb + table.sid + self._encode_key(key)
+        if table.staged:
+            table.staged.pop(key, None)  # RocksDB gets a newer value
+        if value is _ABSENT:
+            wb.delete(stored)
+            return
+        try:
+            data = table.dumps(value)
+        except Exception as exc:
+            raise StateSerializationError(self.operator_uid or "?", table.name, key,
+                                          exc) from exc
+        wb.put(stored, data)
 
     def _freeze(self, checkpoint_id: int, local: Path | None) -> Generation:
-        """Synchronous part of a snapshot: the current cache of every state becomes a
-        frozen generation (O(number of states)); the states continue in empty dicts."""
+        """Synchronous part of a snapshot: the current cache of every state becomes a frozen
+        generation (O(number of states)); the states continue in empty dicts, refilled by
+        :meth:`_refill` in the asynchronous part."""
         tables = []
         for t in self._tables.values():
             if t.cache:
@@ -205,64 +305,127 @@ class WriteBackCache:
         self._gens.add(gen)
         return gen
 
+    async def _refill(self, gen: Generation) -> None:
+        """Asynchronous part, first step: copy ``gen``'s frozen entries back into the
+        current cache while ``gen`` is the newest generation and the cache has room, so the
+        hot keys do not each take the slow path (:meth:`_load`) after every checkpoint.
+
+        The copy is built aside in C-level chunks of :data:`REFILL_CHUNK` entries (yielding
+        to the loop between them), then merged in one step with the current cache, whose
+        (newer) values win, and swapped in. Dirty values of mutable types are left out: the
+        task may change a cached object in place, so only
+        :meth:`.generations.FrozenTable.promote` hands them over (serialized first), or
+        :meth:`_retired` once ``gen`` is in RocksDB. A key evicted from the current cache
+        meanwhile was clean there, so its value is the one ``gen`` holds (reads look at the
+        newest generation first): copying it back is harmless.
+        """
+        gens = self._gens
+        chunk = REFILL_CHUNK
+        for ft in list(gen.tables.values()):
+            values, dirty = ft.values, ft.dirty
+            copy: dict[Any, Any] = {}
+            items = iter(values.items())
+            # the types of the dirty values, so that the common case (ints, strings ...)
+            # needs no Python loop over the dirty keys
+            types: set[type] = set()
+            dirty_keys = iter(dirty)
+            done = False
+            while True:
+                if gens.closed or not gens.pending or gens.pending[-1] is not gen:
+                    return  # a newer generation shadows this one (or the backend is gone)
+                t = self._tables.get(ft.name)
+                if t is None:
+                    break
+                # the current generation's entries come on top (most of them are the
+                # frozen keys the task took back): the cache may exceed its bound by those
+                # until evictions bring it back
+                room = self.cache_entries - len(copy)
+                if done or room <= 0:
+                    # the last step: no await from here to the swap
+                    types.update(map(type, map(values.__getitem__, dirty_keys)))
+                    held = [] if types <= _SHAREABLE else [
+                        key for key in dirty
+                        if type(values[key]) not in _SHAREABLE and key in copy]
+                    for key in held:
+                        del copy[key]
+                    for key in ft.serialized:  # handed over already: the task owns them
+                        copy.pop(key, None)
+                    copy.update(t.cache)
+                    t.cache = copy
+                    ft.held_back = held
+                    break
+                copy.update(islice(items, min(room, chunk)))
+                done = len(copy) == len(values)  # distinct keys: all copied
+                types.update(map(type, map(values.__getitem__, islice(dirty_keys, chunk))))
+                if not done:
+                    await asyncio.sleep(0)  # the task runs between two steps
+
     def _retired(self, gen: Generation, last: bool) -> None:
-        """``gen`` is in RocksDB: keep its values cached where the current generation has
-        no newer ones, if it was the last frozen generation and the cache has room."""
+        """``gen`` is in RocksDB: if it was the last frozen generation, the dirty values of
+        mutable types that :meth:`_refill` held back and the task did not take return to
+        the cache as clean entries while there is room (were a newer generation pending,
+        they could shadow its values)."""
         if not last:
             return
         for ft in gen.tables.values():
             t = self._tables.get(ft.name)
-            if t is None or len(t.cache) + len(ft.values) > self.cache_entries:
+            if t is None or not ft.held_back:
                 continue
-            merged = ft.values | t.cache  # the current generation's values win
-            t.cache.clear()
-            t.cache.update(merged)
+            cache, values, serialized = t.cache, ft.values, ft.serialized
+            room = self.cache_entries - len(cache)
+            for key in ft.held_back:
+                if room <= 0:
+                    break
+                if key not in cache and key not in serialized:
+                    cache[key] = values[key]
+                    room -= 1
 
-    def _flush_dirty(self, only: StateTable | None = None) -> None:
-        """Write dirty cache entries to RocksDB in one WriteBatch (entries stay cached);
-        nothing while a frozen generation is pending and the cache is within its bound.
+    def _write_dirty(self, table: StateTable) -> None:
+        """Write the oldest dirty entries of ``table`` to RocksDB in one ``WriteBatch``, for
+        one step (:data:`.generations.STEP_SECONDS`); they stay cached, clean. Only when no
+        generation is pending.
 
         Raises:
             StateSerializationError: if a value's serializer refuses it (nothing of the
                 batch is written; the entries stay dirty).
         """
-        if only is not None:
-            if not self._may_write(only):
-                return
-        elif self._gens.pending:
-            self._gens.drain()
-        tables = [only] if only is not None else list(self._tables.values())
-        if not any(t.dirty for t in tables):
+        dirty = table.dirty
+        if not dirty:
             return
         wb = WriteBatch(raw_mode=True)
-        put = wb.put
-        delete = wb.delete
-        encode = self._encode_key
-        for t in tables:
-            if not t.dirty:
-                continue
-            sid = t.sid
-            cache = t.cache
-            dumps = t.dumps
-            for key, kgb in t.dirty.items():
-                value = cache.get(key, _ABSENT)
-                if value is _ABSENT:
-                    delete(kgb + sid + encode(key))
-                else:
-                    try:
-                        data = dumps(value)
-                    except Exception as exc:
-                        raise StateSerializationError(
-                            self.operator_uid or "?", t.name, key, exc) from exc
-                    put(kgb + sid + encode(key), data)
-        for t in tables:
-            t.dirty.clear()
+        put = self._put
+        cache = table.cache
+        clock, step, every = step_budget()
+        # writing the batch costs about as much as building it: half the step for each
+        deadline = clock() + step / 2
+        written = []
+        for key, kgb in dirty.items():
+            put(wb, table, key, kgb, cache.get(key, _ABSENT))
+            written.append(key)
+            if not len(written) % every and clock() >= deadline:
+                break
         self._db.write(wb)
+        for key in written:
+            del dirty[key]
+
+    def _flush_dirty(self) -> None:
+        """Write every dirty entry of every state to RocksDB (before ``keys()`` reads
+        RocksDB), after finishing the pending generations; blocking.
+
+        Raises:
+            StateSerializationError: if a value's serializer refuses it.
+        """
+        if self._gens.pending:
+            self._gens.drain()
+        for t in self._tables.values():
+            while t.dirty:
+                self._write_dirty(t)
 
     def _clear_cache(self) -> None:
         """Drop every cached and dirty entry (the instance is disposed)."""
         for t in self._tables.values():
             t.cache.clear()
+            t.staged.clear()
             t.dirty.clear()
 
 
@@ -312,11 +475,28 @@ class _ValueState(_CachedState, ValueState):
         self._default = default
 
     def value(self) -> Any:
-        v = self._get()
+        # _get inlined: the hot path of every keyed count
+        key = self._b.current_key
+        v = self._t.cache.get(key, _MISS)
+        if v is _MISS:
+            v = self._b._load(self._t, key)
         return self._default if v is _ABSENT else v
 
     def update(self, value: Any) -> None:
-        self._b._store(self._t, self._b.current_key, value)
+        # _store inlined (the hot path of every keyed count)
+        b = self._b
+        kgb = b._kgb
+        if kgb is None:
+            b._store(self._t, b.current_key, value)  # raises: no current key
+            return
+        t = self._t
+        key = b.current_key
+        cache = t.cache
+        cache[key] = value
+        dirty = t.dirty
+        dirty[key] = kgb
+        if len(cache) > b.cache_entries or len(dirty) >= b.write_batch_entries:
+            b._make_room(t)
 
 
 class _ListState(_CachedState, ListState):
