@@ -58,6 +58,7 @@ from ..state.backend import StateBackend
 from .execution_graph import ExecutionGraph, validate
 from .metrics import JobMetrics
 from .operators import maybe_await
+from .switch_interval import short_switch_interval
 from .task import StreamTask, TaskEnvironment
 
 if TYPE_CHECKING:
@@ -488,7 +489,8 @@ class Job:
         """Run the job; then end every results iterator (with the job's error, if any)."""
         error: BaseException | None = None
         try:
-            await self._run_all_attempts()
+            with short_switch_interval():  # worker threads get the GIL from a busy loop
+                await self._run_all_attempts()
         except asyncio.CancelledError:
             error = JobCancelledError(f"job {self.name!r} was cancelled")
             raise
