@@ -623,9 +623,7 @@ class WindowOperator(_EventTimeOperatorBase):
         except Exception as exc:
             if isinstance(exc, AssertionError):
                 raise
-            assert self.keyed_backend is not None
-            raise self.fail(f"timer {timestamp} of window [{window.start}, {window.end}) of "
-                            f"key {self.keyed_backend.current_key!r}", exc) from exc
+            raise self._timer_failed(timestamp, window, exc) from exc
         return out
 
     def on_event_time(self, timestamp: float, namespace: Any) -> list[Any]:
@@ -648,9 +646,7 @@ class WindowOperator(_EventTimeOperatorBase):
         except Exception as exc:
             if isinstance(exc, AssertionError):
                 raise
-            assert self.keyed_backend is not None
-            raise self.fail(f"timer {timestamp} of window [{window.start}, {end}) of key "
-                            f"{self.keyed_backend.current_key!r}", exc) from exc
+            raise self._timer_failed(timestamp, window, exc) from exc
         return out
 
     def _fire_and_clear(self, timestamp: float, namespace: Any) -> list[Any]:
@@ -672,10 +668,16 @@ class WindowOperator(_EventTimeOperatorBase):
         except Exception as exc:
             if isinstance(exc, AssertionError):
                 raise
-            assert self.keyed_backend is not None
-            raise self.fail(f"timer {timestamp} of window [{window.start}, {window.end}) of "
-                            f"key {self.keyed_backend.current_key!r}", exc) from exc
+            raise self._timer_failed(timestamp, window, exc) from exc
         return out
+
+    def _timer_failed(self, timestamp: float, window: TimeWindow,
+                      exc: BaseException) -> UserFunctionError:
+        """The error for ``exc`` raised while the timer at ``timestamp`` of ``window`` fired
+        for the current key (it names the timer, the window and the key)."""
+        assert self.keyed_backend is not None
+        return self.fail(f"timer {timestamp} of window [{window.start}, {window.end}) of "
+                         f"key {self.keyed_backend.current_key!r}", exc)
 
     def on_processing_time(self, timestamp: float, namespace: Any) -> list[Any]:
         return self._on_timer(timestamp, namespace, False)
