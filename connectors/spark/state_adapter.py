@@ -278,9 +278,12 @@ class SparkTimerService:
         row = self._timers.getValue((millis,))
         return [] if row is None else list(pickle.loads(row[0]))
 
-    def register_event_time_timer(self, timestamp: float, namespace: Any = None) -> None:
+    def register_event_time_timer(self, timestamp: float, namespace: Any = None, *,
+                                  new: bool = False) -> None:
         """Fire ``on_event_time(timestamp, namespace)`` for the current key once the
-        watermark is >= ``timestamp`` (no effect when that timer exists)."""
+        watermark is >= ``timestamp`` (no effect when that timer exists). ``new`` is the
+        runtime timer service's hint that no such timer exists (the window operator passes
+        it); here the timer row is read anyway, so it changes nothing."""
         millis = timer_millis(timestamp)
         pending = self._pending(millis)
         if (timestamp, namespace) in pending:
