@@ -176,19 +176,13 @@ class _CsvReader(FileSplitsReader):
                                  src.quote.encode() if src.quote else None)
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
-        while self._current < len(self.splits):
-            split = self.splits[self._current]
-            if split[1] < 0:
-                self._current += 1
-                continue
+        while (split := self._next_split()) is not None:
             if self._file is None:
                 self._open_split(split)
             assert self._blocks is not None and self._converter is not None
             block = self._blocks.next_block()
             if block is None:
-                self.close()
-                split[1] = -1
-                self._current += 1
+                self._finish_split(split)
                 continue
             offset, line, data = block
             records = self._converter.convert(split[0], offset, line, data)

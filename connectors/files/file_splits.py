@@ -41,6 +41,21 @@ class FileSplitsReader(SourceReader):
         self._current = 0  # index of the split being read
         self._file: Any = None
 
+    def _next_split(self) -> list[Any] | None:
+        """The split being read, skipping finished ones; None once every file is read."""
+        while self._current < len(self.splits):
+            split = self.splits[self._current]
+            if split[1] >= 0:
+                return split
+            self._current += 1
+        return None
+
+    def _finish_split(self, split: list[Any]) -> None:
+        """``split``'s file is read to its end: close it and mark the split finished."""
+        self.close()
+        split[1] = -1
+        self._current += 1
+
     def snapshot_state(self) -> list[Any]:
         return [list(s) for s in self.splits]
 

@@ -96,20 +96,13 @@ class _LineReader(FileSplitsReader):
         self.errors = errors
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
-        while self._current < len(self.splits):
-            split = self.splits[self._current]
-            if split[1] < 0:
-                self._current += 1
-                continue
+        while (split := self._next_split()) is not None:
             if self._file is None:
                 self._file = open(split[0], "rb")  # noqa: SIM115 - closed at end or close()
                 self._file.seek(split[1])
             lines = self._file.readlines(self.read_size)
             if not lines:
-                self._file.close()
-                self._file = None
-                split[1] = -1
-                self._current += 1
+                self._finish_split(split)
                 continue
             offset = split[1]
             try:
