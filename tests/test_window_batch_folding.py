@@ -25,6 +25,7 @@ from reactive.testing import OperatorTestHarness
 from reactive.time.timers import InternalTimerService
 from reactive.windowing.functions import window_result
 from reactive.windowing.window_operator import LateRecord
+from tests.conftest import paced
 from tests.test_windows import GatedInjector, SumAmount, TxnListSink, as_dict, batch_windows
 
 
@@ -63,7 +64,9 @@ async def test_tumbling_windows_exact_after_crash_and_recovery(tmp_path: Path):
     injector = GatedInjector(random.Random(4).sample(range(2_000, 16_000), 3), tmp_path)
     sink = TxnListSink()
     flow = Dataflow("crash-tumbling", parallelism=2, batch_size=300)
-    (flow.from_collection(data).uid("src").map(injector)
+    # paced: a checkpoint completes every 4,000 records, so the failures (which each wait
+    # for a new completed checkpoint) happen before the input ends on any machine
+    (flow.source(paced(data, every=4_000)).uid("src").map(injector)
          .assign_timestamps(lambda r: r[1], 10.0)
          .key_by(lambda r: r[0]).window(TumblingEventTimeWindows.of(60))
          .aggregate(SumAmount()).uid("windows").sink(sink))
