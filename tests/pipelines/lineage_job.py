@@ -84,13 +84,22 @@ def backend(name: str, checkpoints: str) -> Any:
     return RocksDBStateBackend(path=os.path.join(checkpoints, "_rocksdb"), incremental=True)
 
 
+PACE = 1_000
+"""Words between two waits of the input for a completed checkpoint."""
+
+
 async def main(args: argparse.Namespace) -> None:
     flow = Dataflow(JOB, parallelism=args.parallelism, batch_size=128)
-    items: list[Any] = words(args.records)
-    if args.stop_at:
-        # the input's end waits for a completed checkpoint: the stop-with-savepoint asked for
-        # at record ``stop_at`` always lands before the job finishes, however fast it runs
-        items.append(TestingSource.CHECKPOINT)
+    # every PACE words, and at the end, the input waits for a completed checkpoint: the
+    # stop-with-savepoint asked for at record ``stop_at`` lands within a few PACE of it,
+    # however fast the input is read, so a later run still has records to be killed at; the
+    # markers are in every run (positions index this list), not only in the stopped one
+    items: list[Any] = []
+    for i, word in enumerate(words(args.records)):
+        if i and i % PACE == 0:
+            items.append(TestingSource.CHECKPOINT)
+        items.append(word)
+    items.append(TestingSource.CHECKPOINT)
     (flow.source(TestingSource(items)).uid("words")
          .key_by(lambda w: w)
          .process(Count()).uid("count")
