@@ -112,6 +112,9 @@ class SubtaskCheckpointCoordinator:
         self.broadcast = broadcast
         self.is_closed = is_closed
         self.synchronous = False
+        # set when the newest asynchronous part has ended (acknowledged, declined or
+        # cancelled): the next part acknowledges only after it (see _async_part)
+        self._previous_part: asyncio.Event | None = None
 
     async def checkpoint_state(self, barrier: CheckpointBarrier, alignment: float) -> None:
         """Snapshot for ``barrier`` (synchronous part), forward it, start the asynchronous
@@ -147,12 +150,15 @@ class SubtaskCheckpointCoordinator:
             return
         sync = time.perf_counter() - t0
         await self.broadcast(barrier)
+        previous, ended = self._previous_part, asyncio.Event()
+        self._previous_part = ended
         if self.synchronous:
             # the barrier goes on first, so the tasks downstream drain and snapshot while
             # this one writes; this task reads nothing until its snapshot is written
-            await self._async_part(cid, captures, alignment, sync, in_task=True)
+            await self._async_part(cid, captures, alignment, sync, previous, ended,
+                                   in_task=True)
         else:
-            self.spawn(self._async_part(cid, captures, alignment, sync))
+            self.spawn(self._async_part(cid, captures, alignment, sync, previous, ended))
 
     async def _async_part(
         self,
@@ -160,14 +166,38 @@ class SubtaskCheckpointCoordinator:
         captures: list[_Capture],
         alignment: float,
         sync: float,
+        previous: asyncio.Event | None,
+        ended: asyncio.Event,
         in_task: bool = False,
     ) -> None:
         """Write the captured snapshot and acknowledge it (or decline the checkpoint).
 
+        Acknowledgements leave in checkpoint order: with several checkpoints in flight a
+        later part can finish writing first, and acknowledging it first could complete
+        checkpoint n+1 before n, which the coordinator then aborts as subsumed (a fully
+        written checkpoint lost, and a two-phase-commit sink committing n's transaction
+        with n+1's notification). Only the acknowledgement waits; the writing does not.
+
         Args:
+            previous: set when the task's previous asynchronous part has ended.
+            ended: set by this part when it ends, however it ends.
             in_task: run by the task itself (the synchronous baseline): the writing counts
                 as synchronous time and the asynchronous part as 0.
         """
+        try:
+            await self._write_and_acknowledge(cid, captures, alignment, sync, previous, in_task)
+        finally:
+            ended.set()
+
+    async def _write_and_acknowledge(
+        self,
+        cid: int,
+        captures: list[_Capture],
+        alignment: float,
+        sync: float,
+        previous: asyncio.Event | None,
+        in_task: bool,
+    ) -> None:
         coordinator = self.acknowledger
         assert coordinator is not None
         t0 = time.perf_counter()
@@ -217,6 +247,10 @@ class SubtaskCheckpointCoordinator:
         written = time.perf_counter() - t0
         stats = {"alignment": alignment, "sync": sync + written if in_task else sync,
                  "async": 0.0 if in_task else written, "size": float(size)}
+        if previous is not None:
+            # the files are written (and were complete when written): a close meanwhile
+            # does not change them
+            await previous.wait()
         await coordinator.acknowledge(cid, self.task, states, stats)
 
     async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
