@@ -80,6 +80,7 @@ _DECLINE_AT = int(os.environ.get("REACTIVE_TEST_DECLINE", "0"))
 # max_concurrent=1 the declined checkpoint is triggered after the previous one completed, so
 # no pre-commit of an earlier checkpoint comes after the source's decline)
 _DECLINE: dict[str, Any] = {"declined": False, "checkpoint": None}
+_CHUNK = 2_000  # records per checkpoint interval while the decline is set up
 
 
 def _tick(kind: str) -> None:
@@ -108,12 +109,16 @@ class _WordReader(_CollectionReader):
     snapshots = 0
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
-        # the checkpoint after the declined one must see records (so each instance has
-        # pending transactions of both): keep the last records back until the decline,
-        # however fast the input is read (barriers are injected between reads)
-        if (_DECLINE_AT and self.snapshots < _DECLINE_AT
-                and len(self.items) - self.position <= 2_000):
-            return []
+        # every sink instance must have records in the declined checkpoint's interval and
+        # in the next one's, however fast the input is read and however the loop hands
+        # over: until the source has snapshotted the checkpoint after the declined one, it
+        # reads at most _CHUNK more records per snapshot, and nothing more until the next
+        # barrier (barriers are injected between reads, so each chunk lands in its interval)
+        if _DECLINE_AT and self.snapshots <= _DECLINE_AT:
+            allowed = (self.snapshots + 1) * _CHUNK - self.position
+            if allowed <= 0:
+                return []
+            max_records = min(max_records, allowed)
         return await super().read_batch(max_records)
 
     def snapshot_state(self) -> list[Any]:
