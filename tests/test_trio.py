@@ -94,3 +94,26 @@ def test_cancelling_the_trio_scope_cancels_the_job(tmp_path):
 
     trio.run(main)
     assert state["cancelled"]
+
+
+def test_results_read_after_the_job_ended_are_all_there(tmp_path):
+    """``wait()`` ends the job's loop thread; the application may still be iterating the
+    results (or not have started): every record comes, then the end. The iterator used to
+    fetch each record from the job's loop, so it hung or failed once that loop was gone."""
+    words = zipf_words(3_000, 100, seed=4)
+    flow = Dataflow("trio-late-results", parallelism=2)
+    flow.from_collection(words).uid("src").key_by(lambda w: w).process(
+        failing_count(FailureInjector([]))).uid("count").sink(ListSink()).uid("counts")
+
+    async def main():
+        job = await flow.start(checkpoints=CheckpointConfig(interval=0.05,
+                                                            directory=str(tmp_path)))
+        results = job.results("counts")
+        first = await results.__anext__()  # one record while the job runs
+        await job.wait()
+        return [first] + [record async for record in results]
+
+    seen = collections.Counter(tuple(r) for r in trio.run(main))
+    counts = collections.Counter(words)
+    assert seen == collections.Counter((w, i) for w, c in counts.items()
+                                       for i in range(1, c + 1))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ..runtime.operators import maybe_await
@@ -22,6 +22,9 @@ from ..sinks import SinkWriter
 __all__ = ["CommittedResults"]
 
 _END = object()
+
+#: ``deliver(records, ended, error)``: see :meth:`CommittedResults.forward_to`
+Deliver = Callable[[list[Any], bool, "BaseException | None"], None]
 
 
 class CommittedResults(AsyncIterator[Any]):
@@ -39,6 +42,22 @@ class CommittedResults(AsyncIterator[Any]):
         self._ready: deque[Any] = deque()
         self._event = asyncio.Event()
         self._error: BaseException | None = None
+        self._deliver: Deliver | None = None
+
+    def forward_to(self, deliver: Deliver) -> None:
+        """Hand released records to ``deliver`` instead of keeping them for ``__anext__``
+        (an iterator of another event loop: :mod:`reactive.embedding.trio_host`). What was
+        released before goes first. Call it on the job's loop.
+
+        ``deliver(records, ended, error)`` runs on the job's loop for each release, and once
+        with ``ended=True`` (and the job's error, if it failed) when the job ended.
+        """
+        self._deliver = deliver
+        ready = [r for r in self._ready if r is not _END]
+        ended = len(ready) < len(self._ready)
+        self._ready.clear()
+        if ready or ended:
+            deliver(ready, ended, self._error)
 
     def wrap(self, writer: SinkWriter) -> SinkWriter:
         """The sink instance's writer, with its records also going to this iterator."""
@@ -46,6 +65,9 @@ class CommittedResults(AsyncIterator[Any]):
 
     def _release(self, records: list[Any]) -> None:
         if records:
+            if self._deliver is not None:
+                self._deliver(list(records), False, None)
+                return
             self._ready.extend(records)
             self._event.set()
 
@@ -53,6 +75,9 @@ class CommittedResults(AsyncIterator[Any]):
         """The job ended (with ``error`` when it failed): iteration stops after the records
         released so far."""
         self._error = error
+        if self._deliver is not None:
+            self._deliver([], True, error)
+            return
         self._ready.append(_END)
         self._event.set()
 

@@ -15,6 +15,7 @@ interval, so the application's timers keep running).
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import sys
@@ -187,33 +188,66 @@ class TrioJob:
         """As :meth:`reactive.Job.results`, iterated from trio.
 
         Call it right after ``start`` to see every record (it registers the iterator on the
-        job's loop before returning)."""
-        registered: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        job's loop before returning). The records are handed over to trio as the job
+        releases them, so iterating needs no call into the job's loop: the records and the
+        end are all there after :meth:`wait` ended that loop."""
+        import trio
+
+        results = _TrioResults(trio.lowlevel.current_trio_token())
+        registered: concurrent.futures.Future[None] = concurrent.futures.Future()
 
         def register() -> None:
             try:
-                registered.set_result(self.job.results(sink, committed))
+                self.job.results(sink, committed).forward_to(results.deliver)
+                registered.set_result(None)
             except BaseException as exc:
                 registered.set_exception(exc)
 
         self.host.loop.call_soon_threadsafe(register)
-        return _TrioResults(registered.result(), self.host.loop)
+        registered.result()
+        return results
 
 
 class _TrioResults(AsyncIterator[Any]):
-    def __init__(self, iterator: AsyncIterator[Any], loop: asyncio.AbstractEventLoop) -> None:
-        self.iterator = iterator
-        self.loop = loop
+    """The trio side of a results iterator: the job's loop thread hands records over
+    through the trio token; iterating reads them here."""
+
+    def __init__(self, token: Any) -> None:
+        import trio
+
+        self.token = token
+        self._ready: collections.deque[Any] = collections.deque()
+        self._ended = False
+        self._error: BaseException | None = None
+        self._arrived = trio.Event()
+
+    def deliver(self, records: list[Any], ended: bool, error: BaseException | None) -> None:
+        """On the job's loop thread: pass ``records`` (and the end) to the trio thread."""
+        import trio
+
+        with contextlib.suppress(trio.RunFinishedError):  # the application's run ended
+            self.token.run_sync_soon(self._arrive, records, ended, error)
+
+    def _arrive(self, records: list[Any], ended: bool, error: BaseException | None) -> None:
+        self._ready.extend(records)
+        if ended:
+            self._ended, self._error = True, error
+        self._arrived.set()
 
     def __aiter__(self) -> _TrioResults:
         return self
 
     async def __anext__(self) -> Any:
-        return await to_job_loop(self.loop, _next(self.iterator))
+        import trio
 
-
-async def _next(iterator: AsyncIterator[Any]) -> Any:
-    return await iterator.__anext__()
+        while not self._ready:
+            if self._ended:
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            self._arrived = trio.Event()
+            await self._arrived.wait()
+        return self._ready.popleft()
 
 
 async def start_under_trio(flow: Any, **options: Any) -> TrioJob:
