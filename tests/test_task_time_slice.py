@@ -73,3 +73,52 @@ async def test_the_application_runs_between_any_two_batches_of_a_backlogged_task
     # before the time slice, the keyed task drained its whole queue (one batch per source)
     # in one go
     assert ticks.most_between_ticks <= BATCH, ticks.most_between_ticks
+
+
+
+#: records SlowPerRecord processed since the application last ran, once the keyed task has
+#: measured its cost on two batches (WARM_UP records), and the most of them
+SLOW = Ticks()
+WARM_UP = 2 * 1024
+
+
+class SlowPerRecord(KeyedProcessFunction):
+    """Each record burns 1/100 of a time slice: a batch of 1024 takes about ten slices."""
+
+    def process_element(self, value: int, ctx: Any) -> list[int]:
+        end = time.perf_counter() + TIME_SLICE / 100
+        while time.perf_counter() < end:
+            pass
+        t = SLOW
+        t.ticks += 1  # here: records processed in all
+        t.since_tick += 1
+        if t.ticks > WARM_UP:
+            t.most_between_ticks = max(t.most_between_ticks, t.since_tick)
+        return [value]
+
+
+async def test_a_batch_that_takes_longer_than_a_time_slice_is_processed_in_slices() -> None:
+    """A batch is sized by its producer, not by what the chain costs: the keyed task slices
+    a batch whose records take longer than a time slice, and the application gets turns
+    within it (it used to wait for the whole batch: 1024 records here)."""
+    n = 8 * 1024
+    flow = Dataflow("slow", parallelism=1, batch_size=1024)
+    sink = ListSink()
+    (flow.from_collection(list(range(n)))
+         .key_by(lambda v: v % 7).process(SlowPerRecord()).uid("slow").sink(sink))
+    done = False
+
+    async def application() -> None:
+        while not done:
+            await asyncio.sleep(0)
+            SLOW.since_tick = 0
+
+    app = asyncio.create_task(application())
+    try:
+        await flow.run()
+    finally:
+        done = True
+        await app
+    assert sorted(sink.records) == list(range(n))
+    assert SLOW.ticks == n
+    assert SLOW.most_between_ticks <= 1024 // 4, SLOW.most_between_ticks

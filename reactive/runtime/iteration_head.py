@@ -166,8 +166,7 @@ class IterationHeadTask(StreamTask):
                             "end of input; loops cannot produce records then)")
                     self.head.log_feedback(item)
                     self._round_feedback += len(item)
-                await self._push(item, 0)
-                now = time.monotonic()
+                now = await self._push_input(item, False)
                 if now - last_flush >= timeout:
                     await self._flush()
                     last_flush = now

@@ -52,6 +52,10 @@ __all__ = ["TIME_SLICE", "StreamTask", "TaskEnvironment"]
 #: arriving; a yield costs ~10 us, so 2 ms slices cost < 1% of throughput
 TIME_SLICE = 0.002
 
+#: the fewest records a task processes between two yields of an input batch it slices (see
+#: :meth:`StreamTask._push_input`): below it the per-slice overhead would dominate
+MIN_SLICE = 16
+
 
 @dataclass
 class TaskEnvironment:
@@ -122,6 +126,9 @@ class StreamTask:
         self.chain = operators[start:end]
         self.records_in = 0
         self._last_yield = 0.0  # time.monotonic() when the task last let the loop run
+        # records of one input batch the chain processes within a TIME_SLICE, from the cost
+        # per record measured on the previous batches (see _push_input)
+        self._slice = env.batch_size
         self._ended = False
         self._closed = False
         self.watermark = float("-inf")
@@ -241,11 +248,7 @@ class StreamTask:
                 await maybe_await(item())
             elif type(item) is list:
                 self.records_in += len(item)
-                if two_input and second[idx]:
-                    await self._push_second(item)
-                else:
-                    await self._push(item, 0)
-                now = time.monotonic()
+                now = await self._push_input(item, two_input and second[idx])
                 if now - last_flush >= timeout:
                     await self._flush()
                     last_flush = now
@@ -291,6 +294,45 @@ class StreamTask:
         self._last_yield = time.monotonic()
 
     # ------------------------------------------------------------------ data path
+    async def _push_input(self, batch: list[Any], second: bool) -> float:
+        """Run an input batch through the chain, in slices of what the chain processes
+        within a :data:`TIME_SLICE`, letting the loop run between slices; returns
+        ``time.monotonic()`` at the end.
+
+        A batch is sized by its producer, not by the cost of this chain: 1024 records of a
+        RocksDB-backed keyed count take 5-10 ms, and the loop (the application sharing it,
+        timers, checkpoint parts) would wait that long. The cost per record is measured on
+        each batch (processing only, not the yields); a cheap chain's batches stay whole.
+        """
+        n = len(batch)
+        step = self._slice
+        start = time.monotonic()
+        if n <= step:
+            if second:
+                await self._push_second(batch)
+            else:
+                await self._push(batch, 0)
+            now = time.monotonic()
+            busy = now - start
+        else:
+            busy = 0.0
+            now = start
+            for i in range(0, n, step):
+                part = batch[i:i + step]
+                if second:
+                    await self._push_second(part)
+                else:
+                    await self._push(part, 0)
+                t = time.monotonic()
+                busy += t - now
+                now = t
+                if now - self._last_yield >= TIME_SLICE:
+                    await self.share_loop()
+                    now = self._last_yield
+        if busy > 0.0:
+            self._slice = max(MIN_SLICE, int(TIME_SLICE * n / busy))
+        return now
+
     async def _push(self, batch: list[Any], start: int) -> None:
         """Run ``batch`` through the chain from operator ``start``, then emit it."""
         chain = self.chain
