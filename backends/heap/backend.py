@@ -68,6 +68,11 @@ from .state import Table, create_state, descriptor_serializer
 __all__ = ["HeapKeyedStateBackend", "HeapStateBackend"]
 
 _KEY_CACHE_SIZE = 200_000  # keys whose key group is memoized per memo generation
+#: keys whose key group is remembered across memo generations (the first ones seen): the
+#: memo rolls at every checkpoint, and a key not set current in the last interval would
+#: otherwise be encoded and hashed again (W1: 375 k of 6 M records); bounded, since state of
+#: many millions of keys would double its memory for it
+_KNOWN_KEYS = 1_000_000
 
 
 class HeapKeyedStateBackend(KeyedStateBackend):
@@ -107,6 +112,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._idx_cache: dict[Any, int] = {}
         # the memo generation before (looked up on a miss before hashing the key)
         self._prev_cache: dict[Any, int] = {}
+        # key -> index for the first _KNOWN_KEYS keys hashed (never rolled)
+        self._known: dict[Any, int] = {}
         # keys added to _idx_cache per key-group index (how much of a key group is dirty)
         self._counts = [0] * self._n
         self._tables: dict[str, Table] = {}
@@ -128,6 +135,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         # new dicts, not cleared ones: snapshots may still read the old generations
         self._idx_cache = {}
         self._prev_cache = {}
+        self._known = {}
         self._counts = [0] * self._n
         self._log.reset()
 
@@ -164,10 +172,46 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self.current_key = key
         self._idx = idx
 
+    def _watching_one(self, snap: HeapSnapshot) -> Callable[[Any], None]:
+        """:meth:`_set_current_key_watching` for the usual case of one snapshot in flight,
+        with the snapshot's check for a key it already captured inlined: while a paced
+        snapshot is written (most of a 1 s interval on W1) every record goes through it."""
+        captured = snap.captured
+        touch = snap.touch
+        index_of = self._index_of
+
+        def set_current_key(key: Any) -> None:
+            try:
+                idx = self._idx_cache.get(key)
+            except TypeError:
+                raise unhashable_key_error(key, self.operator_uid) from None
+            if idx is None:
+                idx = index_of(key)
+            if idx >= snap.next_idx:
+                cap = captured.get(idx)
+                if cap is None or key not in cap:
+                    touch(key, idx)
+            self.current_key = key
+            self._idx = idx
+
+        return set_current_key
+
+    def _watch(self) -> None:
+        # shadows the class's method while snapshots are written (see the module docstring)
+        watching = self._watching
+        if not watching:
+            del self.set_current_key
+        elif len(watching) == 1:
+            self.set_current_key = self._watching_one(watching[0])  # type: ignore[method-assign,assignment]
+        else:
+            self.set_current_key = self._set_current_key_watching  # type: ignore[method-assign]
+
     def _index_of(self, key: Any) -> int:
         """The memo miss: the key group index from the previous generation or the key's
         bytes, then memoized (rolling a full memo into the changelog when incremental)."""
-        idx = self._prev_cache.get(key)
+        idx = self._known.get(key)
+        if idx is None:
+            idx = self._prev_cache.get(key)
         if idx is None:
             try:
                 data = self._encode_key(key)
@@ -180,6 +224,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                     f"instance's range {self.key_group_range.to_list()}: is the key selector "
                     "deterministic?"
                 )
+            if len(self._known) < _KNOWN_KEYS:
+                self._known[key] = idx
         cache = self._idx_cache
         if len(cache) >= _KEY_CACHE_SIZE:
             self._log.roll(cache, self._counts)  # its keys stay dirty
@@ -261,15 +307,13 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         if self._idx < self._n:
             snap.touch(self.current_key, self._idx)
         self._watching.append(snap)
-        # shadows the class's method until the last watching snapshot is released
-        self.set_current_key = self._set_current_key_watching  # type: ignore[method-assign]
+        self._watch()
         return snap
 
     def _release(self, snap: HeapSnapshot) -> None:
         if snap in self._watching:
             self._watching.remove(snap)
-            if not self._watching:
-                del self.set_current_key
+            self._watch()
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed: incremental snapshots build on it from now

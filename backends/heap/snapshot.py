@@ -249,6 +249,8 @@ class HeapSnapshot(KeyedStateSnapshot):
 
     Attributes:
         next_idx: key groups below this index are written: touches of them are ignored.
+        captured: key group index -> key -> the key's captured entries (None: unchanged
+            since the snapshot's base); a key in it needs no :meth:`touch` any more.
         failure: set when a capture met a value that cannot be serialized.
         pacer: the asynchronous part's pacing (its ``busy`` and ``paused`` seconds tell
             how long it serialized and how long it let the tasks run).
@@ -276,7 +278,7 @@ class HeapSnapshot(KeyedStateSnapshot):
         self.next_idx = 0
         self.failure: StateSerializationError | None = None
         self._discarded = False
-        self._captured: dict[int, dict[Any, dict[str, Any] | None]] = {}
+        self.captured: dict[int, dict[Any, dict[str, Any] | None]] = {}
         self._chunk = 1 << 14
         self._per_entry = _PER_ENTRY  # measured seconds per entry pickled
         self.pacer = LoopShare(SHARE if share is None else share, PIECE, patience=PATIENCE)
@@ -289,9 +291,9 @@ class HeapSnapshot(KeyedStateSnapshot):
 
         On the data path (once per record while the key group waits): a repeated key costs
         two dict lookups."""
-        cap = self._captured.get(idx)
+        cap = self.captured.get(idx)
         if cap is None:
-            cap = self._captured[idx] = {}
+            cap = self.captured[idx] = {}
         elif key in cap:
             return
         full = self.plan.full
@@ -337,7 +339,7 @@ class HeapSnapshot(KeyedStateSnapshot):
     def _overrides(self, idx: int, keys: list[Any]) -> tuple[list[Any], dict[str, Any]]:
         """The ``"k"`` frame's keys and states for ``keys`` of key group index ``idx``:
         captured values where a capture exists, else the live ones."""
-        cap = self._captured.get(idx)
+        cap = self.captured.get(idx)
         op = self.ctx.operator_uid
         states: dict[str, dict[Any, Any]] = {}
         live = keys if not cap else [k for k in keys if cap.get(k) is None]
@@ -400,7 +402,7 @@ class HeapSnapshot(KeyedStateSnapshot):
                                partial(_pair_entries, name, ks, vs), op))
                 self._adapt(time.perf_counter() - t0, len(ks))
                 await self._tick(out)
-        cap = self._captured.get(idx)
+        cap = self.captured.get(idx)
         if cap:
             keys, states = self._overrides(idx, [k for k, e in cap.items() if e is not None])
             if keys:
@@ -496,7 +498,7 @@ class HeapSnapshot(KeyedStateSnapshot):
                 self._check()
                 # written: later touches of this key group need no capture
                 self.next_idx = idx + 1
-                self._captured.pop(idx, None)
+                self.captured.pop(idx, None)
                 await self._tick(out)
             self._release(self)
             self._check()
@@ -514,7 +516,7 @@ class HeapSnapshot(KeyedStateSnapshot):
             raise
         finally:
             self._release(self)
-            self._captured.clear()
+            self.captured.clear()
         if self._on_written is not None:
             self._on_written(ctx.checkpoint_id, chains)
         return self._handle(chains, ref if writer.size else None)
@@ -550,5 +552,5 @@ class HeapSnapshot(KeyedStateSnapshot):
         fails at its next piece."""
         self._discarded = True
         self._release(self)
-        self._captured.clear()
+        self.captured.clear()
         self._garbage = None
