@@ -428,8 +428,8 @@ class HeapSnapshot(KeyedStateSnapshot):
     async def _dirty_by_group(self, out: _Out) -> dict[int, list[Any]]:
         """The dirty keys of the key groups written as deltas, per key-group index."""
         full = self.plan.full
-        if full is None:
-            return {}
+        if full is None or len(full) >= self.n:
+            return {}  # every key group is written in full: no delta needs its keys
         by: dict[int, list[Any]] = {}
         seen: set[Any] = set()
         for gen in self.plan.dirty:  # closed generations: nobody changes them
