@@ -11,10 +11,12 @@ waiting thread's clock, the loop thread retakes the GIL before the waiter wakes 
 waiter never gets to ask. Measured on W1: a thread doing a 1 MB file write waited 2.2 s for
 the GIL (a snapshot whose work took 40 ms took 2.4 s), and a thread sleeping 1 ms woke up to
 1.6 s late. With an interval shorter than the time slice the waiter asks before the next
-release and gets the GIL within about one interval (1 ms: the longest wake-up delay of that
-thread fell to ~0.3 s, and a snapshot completes every interval; 0.5 ms cut it to 40 ms but
-changed the interleaving of commits and checkpoints enough to break a test's set-up of a
-declined checkpoint, so the gentler value is kept).
+release and gets the GIL within about one interval. 0.5 ms: a snapshot file's close (write,
+fsync, rename) in the writer thread takes ~10 ms while W1 runs, against 0.27-1.7 s at 1 ms
+(where the loop's polls still came often enough to starve it), and a probe thread's longest
+wake-up delay is ~40 ms. (1 ms was used for a while, because 0.5 ms broke a test's set-up of
+a declined checkpoint; that set-up depended on how fast the input was read, and now paces
+its input by snapshots.)
 
 The interval is process-wide: the first running job sets it (if it is longer), the last one
 to end restores the previous value. A thread that wants the GIL costs the loop a switch per
@@ -30,7 +32,7 @@ from collections.abc import Iterator
 
 __all__ = ["SWITCH_INTERVAL", "short_switch_interval"]
 
-SWITCH_INTERVAL = 0.001
+SWITCH_INTERVAL = 0.0005
 """Seconds: the GIL switch interval while a job runs (CPython's default is 0.005)."""
 
 _lock = threading.Lock()
