@@ -1,7 +1,7 @@
 """W1: keyed count of Zipf(1.1) keys, without and with checkpoints, against a bare loop.
 
     python -m bench.w1 [--records 6000000] [--vocabulary 100000] [--parallelism 1]
-                       [--png bench/results/w1.png | --no-png]
+                       [--repeats 3] [--png bench/results/w1.png | --no-png]
 
 Runs in one process, in this order: a bare Python loop counting the same keys (the
 baseline), the pipeline ``from_collection -> key_by -> KeyedProcessFunction count ->
@@ -11,9 +11,14 @@ returning a list per record. A second baseline row times only the calls the pipe
 makes per record (key selector, ``set_current_key``, the function with its state ``value`` /
 ``update`` and ``out.append``) in a plain loop: what a runtime calling Python per record
 cannot beat. Prints records/s, the ratios to the bare loop and to the run without
-checkpoints, and per checkpoint the alignment, synchronous part, asynchronous part (ms)
-and bytes. The ratios are also drawn as a bar chart PNG (``--png``; skipped, with a line
-saying so, when matplotlib, the ``plot`` extra, is missing).
+checkpoints, and per checkpoint (of the last run with checkpoints) the alignment,
+synchronous part, asynchronous part (ms) and bytes. Each row runs ``--repeats`` times,
+interleaved with the others (min / median / max; ratios of medians). Records per CPU second
+(``time.process_time``, every thread of the process) are reported too: on a shared machine
+the wall-clock rates of one invocation varied by up to 2x (the bare loop 4.7-10 M/s), and
+CPU time is much less sensitive to what the neighbours do. The ratios are also drawn as a
+bar chart PNG (``--png``; skipped, with a line saying so, when matplotlib, the ``plot``
+extra, is missing).
 """
 
 from __future__ import annotations
@@ -55,9 +60,13 @@ MIN_SECONDS = 2.0
 timing noise does not dominate the ratios."""
 
 
-def bare_loop(keys: list[str]) -> float:
-    """Records/s of a plain dict count over the keys (repeated for >= MIN_SECONDS)."""
-    done, t = 0, time.perf_counter()
+Rates = tuple[float, float]
+"""(records per wall-clock second, records per CPU second) of one run."""
+
+
+def bare_loop(keys: list[str]) -> Rates:
+    """Rates of a plain dict count over the keys (repeated for >= MIN_SECONDS)."""
+    done, t, c = 0, time.perf_counter(), time.process_time()
     while True:
         counts: dict[str, int] = {}
         get = counts.get
@@ -66,11 +75,11 @@ def bare_loop(keys: list[str]) -> float:
         done += len(keys)
         elapsed = time.perf_counter() - t
         if elapsed >= MIN_SECONDS:
-            return done / elapsed
+            return done / elapsed, done / (time.process_time() - c)
 
 
-def per_record_calls(keys: list[str], batch_size: int = 1024) -> float:
-    """Records/s of the calls the pipeline makes per record and nothing else: key selector,
+def per_record_calls(keys: list[str], batch_size: int = 1024) -> Rates:
+    """Rates of the calls the pipeline makes per record and nothing else: key selector,
     ``set_current_key`` on a heap backend, ``CollectingCount.process_element`` (state
     ``value`` and ``update``, ``out.append``), in a plain loop over batches. The ceiling for
     any runtime that calls a Python function with Python state per record."""
@@ -87,7 +96,7 @@ def per_record_calls(keys: list[str], batch_size: int = 1024) -> float:
     process = fn.process_element
     set_key = backend.set_current_key
     key_of = (lambda w: w)  # noqa: E731 - the pipeline's key selector
-    done, t = 0, time.perf_counter()
+    done, t, c = 0, time.perf_counter(), time.process_time()
     while True:
         for i in range(0, len(keys), batch_size):
             out: list[Any] = []
@@ -97,19 +106,19 @@ def per_record_calls(keys: list[str], batch_size: int = 1024) -> float:
         done += len(keys)
         elapsed = time.perf_counter() - t
         if elapsed >= MIN_SECONDS:
-            return done / elapsed
+            return done / elapsed, done / (time.process_time() - c)
 
 
 async def pipeline(keys: list[str], parallelism: int, interval: float | None,
                    directory: str, fn: KeyedProcessFunction | None = None
-                   ) -> tuple[float, Any]:
+                   ) -> tuple[Rates, Any]:
     flow = Dataflow("w1", parallelism=parallelism, max_parallelism=128)
     (flow.from_collection(keys).key_by(lambda w: w).process(fn or Count()).uid("count")
          .sink(DiscardingSink()))
     config = CheckpointConfig(interval=interval, directory=directory) if interval else None
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     job = await flow.run(checkpoints=config)
-    return len(keys) / (time.perf_counter() - t), job
+    return (len(keys) / (time.perf_counter() - t), len(keys) / (time.process_time() - c)), job
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -118,6 +127,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--vocabulary", type=int, default=100_000)
     p.add_argument("--parallelism", type=int, default=1)
     p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--png", default=str(RESULTS / "w1.png"),
                    help="bar chart of the ratios (default: %(default)s)")
     p.add_argument("--no-png", dest="png", action="store_const", const=None,
@@ -126,26 +136,41 @@ def main(argv: list[str] | None = None) -> str:
     keys = zipf_keys(args.records, args.vocabulary)
     from reactive.runtime.loop import run_coroutine
 
-    bare = bare_loop(keys)
-    calls = per_record_calls(keys)
-    with tempfile.TemporaryDirectory() as d:
-        plain, _ = run_coroutine(pipeline(keys, args.parallelism, None, d))
-        chk_rate, job = run_coroutine(pipeline(keys, args.parallelism, args.interval, d))
-    with tempfile.TemporaryDirectory() as d:
-        out_rate, _ = run_coroutine(pipeline(keys, args.parallelism, args.interval, d,
-                                             CollectingCount()))
+    names = ["bare Python loop", "the per-record calls alone (no runtime)",
+             "pipeline, no checkpoints", f"pipeline, checkpoints every {args.interval:g} s",
+             f"pipeline, `out` collector, checkpoints every {args.interval:g} s"]
+    runs: dict[str, list[Rates]] = {name: [] for name in names}
+    job: Any = None
+    for _ in range(args.repeats):
+        runs[names[0]].append(bare_loop(keys))
+        runs[names[1]].append(per_record_calls(keys))
+        with tempfile.TemporaryDirectory() as d:
+            rates, _ = run_coroutine(pipeline(keys, args.parallelism, None, d))
+            runs[names[2]].append(rates)
+            rates, job = run_coroutine(pipeline(keys, args.parallelism, args.interval, d))
+            runs[names[3]].append(rates)
+        with tempfile.TemporaryDirectory() as d:
+            rates, _ = run_coroutine(pipeline(keys, args.parallelism, args.interval, d,
+                                              CollectingCount()))
+            runs[names[4]].append(rates)
     done = job.metrics.completed_checkpoints
+    wall = {n: statistics.median(r[0] for r in runs[n]) for n in names}
+    cpu = {n: statistics.median(r[1] for r in runs[n]) for n in names}
+
+    def spread(n: str) -> str:
+        rates = sorted(r[0] for r in runs[n])
+        return " / ".join(f"{v / 1e3:,.0f}k" for v in (rates[0], wall[n], rates[-1]))
+
     print(f"W1: {args.records:,} Zipf(1.1) keys over {args.vocabulary:,} words, "
-          f"parallelism {args.parallelism}, checkpoints every {args.interval} s")
+          f"parallelism {args.parallelism}, checkpoints every {args.interval} s, "
+          f"{args.repeats} repeats (min / median / max)")
+    bare, plain = names[0], names[2]
     table = print_table(
-        ["run", "records/s", "vs bare loop", "vs no checkpoints"],
-        [["bare Python loop", bare, 1.0, "-"],
-         ["the per-record calls alone (no runtime)", calls, calls / bare, "-"],
-         ["pipeline, no checkpoints", plain, plain / bare, 1.0],
-         [f"pipeline, checkpoints every {args.interval:g} s", chk_rate, chk_rate / bare,
-          chk_rate / plain],
-         [f"pipeline, `out` collector, checkpoints every {args.interval:g} s", out_rate,
-          out_rate / bare, out_rate / plain]],
+        ["run", "records/s", "vs bare loop", "vs no checkpoints", "records per CPU s",
+         "CPU: vs bare loop", "CPU: vs no checkpoints"],
+        [[n, spread(n), wall[n] / wall[bare],
+          "-" if i < 2 else wall[n] / wall[plain], cpu[n], cpu[n] / cpu[bare],
+          "-" if i < 2 else cpu[n] / cpu[plain]] for i, n in enumerate(names)],
     )
     print()
     if args.png:
