@@ -61,8 +61,12 @@ def _operator(gates: dict[int, asyncio.Future[None]]) -> Any:
     )
 
 
-async def _coordinator(tmp_path: Path, gates: dict[int, asyncio.Future[None]],
-                       acks: Acks) -> tuple[SubtaskCheckpointCoordinator, list[asyncio.Task[None]]]:
+async def _two_in_flight(tmp_path: Path) -> tuple[dict[int, asyncio.Future[None]], Acks,
+                                                  list[asyncio.Task[None]]]:
+    """Checkpoints 1 and 2 taken at one task, both asynchronous parts waiting on their gate."""
+    loop = asyncio.get_running_loop()
+    gates: dict[int, asyncio.Future[None]] = {1: loop.create_future(), 2: loop.create_future()}
+    acks = Acks()
     parts: list[asyncio.Task[None]] = []
 
     async def broadcast(event: Any) -> None:
@@ -72,24 +76,21 @@ async def _coordinator(tmp_path: Path, gates: dict[int, asyncio.Future[None]],
         SimpleNamespace(task_id="count (1/1)", subtask=0), [_operator(gates)],
         CheckpointStorage(tmp_path, "job"), acks,
         lambda coro: parts.append(asyncio.ensure_future(coro)), broadcast, lambda: False)
-    return coordinator, parts
+    for cid in (1, 2):
+        await coordinator.checkpoint_state(CheckpointBarrier(cid, 0.0, "checkpoint"), 0.0)
+    return gates, acks, parts
 
 
-async def _settle(parts: list[asyncio.Task[None]]) -> None:
+async def _settle() -> None:
     # every spawned part runs until it waits on something the test has not released
     for _ in range(5):
         await asyncio.sleep(0)
 
 
 async def test_a_later_checkpoint_that_finishes_writing_first_is_acknowledged_second(tmp_path):
-    loop = asyncio.get_running_loop()
-    gates = {1: loop.create_future(), 2: loop.create_future()}
-    acks = Acks()
-    coordinator, parts = await _coordinator(tmp_path, gates, acks)
-    for cid in (1, 2):
-        await coordinator.checkpoint_state(CheckpointBarrier(cid, 0.0, "checkpoint"), 0.0)
+    gates, acks, parts = await _two_in_flight(tmp_path)
     gates[2].set_result(None)
-    await _settle(parts)
+    await _settle()
     assert acks.events == []  # 2 is written, but waits for 1
     gates[1].set_result(None)
     await asyncio.gather(*parts)
@@ -97,12 +98,7 @@ async def test_a_later_checkpoint_that_finishes_writing_first_is_acknowledged_se
 
 
 async def test_a_declined_earlier_checkpoint_releases_the_later_one(tmp_path):
-    loop = asyncio.get_running_loop()
-    gates = {1: loop.create_future(), 2: loop.create_future()}
-    acks = Acks()
-    coordinator, parts = await _coordinator(tmp_path, gates, acks)
-    for cid in (1, 2):
-        await coordinator.checkpoint_state(CheckpointBarrier(cid, 0.0, "checkpoint"), 0.0)
+    gates, acks, parts = await _two_in_flight(tmp_path)
     gates[2].set_result(None)
     gates[1].set_exception(OSError("disk full"))
     await asyncio.gather(*parts)
@@ -110,13 +106,8 @@ async def test_a_declined_earlier_checkpoint_releases_the_later_one(tmp_path):
 
 
 async def test_a_cancelled_earlier_part_releases_the_later_one(tmp_path):
-    loop = asyncio.get_running_loop()
-    gates = {1: loop.create_future(), 2: loop.create_future()}
-    acks = Acks()
-    coordinator, parts = await _coordinator(tmp_path, gates, acks)
-    for cid in (1, 2):
-        await coordinator.checkpoint_state(CheckpointBarrier(cid, 0.0, "checkpoint"), 0.0)
-    await _settle(parts)
+    gates, acks, parts = await _two_in_flight(tmp_path)
+    await _settle()
     parts[0].cancel()
     gates[2].set_result(None)
     await asyncio.gather(*parts, return_exceptions=True)

@@ -46,15 +46,9 @@ class Busy(KeyedProcessFunction):
         return [value]
 
 
-async def test_the_application_runs_between_any_two_batches_of_a_backlogged_task() -> None:
-    ticks = TICKS
-    flow = Dataflow("busy", parallelism=1, batch_size=BATCH)
-    sink = ListSink()
-    # four source tasks each queue a batch for the keyed task per round of the loop: a
-    # backlog the keyed task never fully drains while the sources run
-    sources = [flow.from_collection(list(range(i, 200, 4))) for i in range(4)]
-    (sources[0].union(*sources[1:])
-         .key_by(lambda v: v % 7).process(Busy()).uid("busy").sink(sink))
+async def run_beside_application(flow: Dataflow, ticks: Ticks) -> None:
+    """Run ``flow`` while an application task on the same loop takes every turn it gets,
+    counting its turns and resetting ``ticks.since_tick`` at each."""
     done = False
 
     async def application() -> None:
@@ -69,16 +63,28 @@ async def test_the_application_runs_between_any_two_batches_of_a_backlogged_task
     finally:
         done = True
         await app
+
+
+async def test_the_application_runs_between_any_two_batches_of_a_backlogged_task() -> None:
+    ticks = TICKS
+    flow = Dataflow("busy", parallelism=1, batch_size=BATCH)
+    sink = ListSink()
+    # four source tasks each queue a batch for the keyed task per round of the loop: a
+    # backlog the keyed task never fully drains while the sources run
+    sources = [flow.from_collection(list(range(i, 200, 4))) for i in range(4)]
+    (sources[0].union(*sources[1:])
+         .key_by(lambda v: v % 7).process(Busy()).uid("busy").sink(sink))
+    await run_beside_application(flow, ticks)
     assert sorted(sink.records) == list(range(200))
     # before the time slice, the keyed task drained its whole queue (one batch per source)
     # in one go
     assert ticks.most_between_ticks <= BATCH, ticks.most_between_ticks
 
 
-
 #: records SlowPerRecord processed since the application last ran, once the keyed task has
 #: measured its cost on two batches (WARM_UP records), and the most of them
 SLOW = Ticks()
+SLOW_RECORDS = [0]  # records SlowPerRecord processed in all
 WARM_UP = 2 * 1024
 
 
@@ -90,9 +96,9 @@ class SlowPerRecord(KeyedProcessFunction):
         while time.perf_counter() < end:
             pass
         t = SLOW
-        t.ticks += 1  # here: records processed in all
+        SLOW_RECORDS[0] += 1
         t.since_tick += 1
-        if t.ticks > WARM_UP:
+        if SLOW_RECORDS[0] > WARM_UP:
             t.most_between_ticks = max(t.most_between_ticks, t.since_tick)
         return [value]
 
@@ -106,19 +112,7 @@ async def test_a_batch_that_takes_longer_than_a_time_slice_is_processed_in_slice
     sink = ListSink()
     (flow.from_collection(list(range(n)))
          .key_by(lambda v: v % 7).process(SlowPerRecord()).uid("slow").sink(sink))
-    done = False
-
-    async def application() -> None:
-        while not done:
-            await asyncio.sleep(0)
-            SLOW.since_tick = 0
-
-    app = asyncio.create_task(application())
-    try:
-        await flow.run()
-    finally:
-        done = True
-        await app
+    await run_beside_application(flow, SLOW)
     assert sorted(sink.records) == list(range(n))
-    assert SLOW.ticks == n
+    assert SLOW_RECORDS[0] == n
     assert SLOW.most_between_ticks <= 1024 // 4, SLOW.most_between_ticks

@@ -18,6 +18,7 @@ statistics count the whole snapshot as its synchronous part.
 from __future__ import annotations
 
 import asyncio
+import functools
 import pickle
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -155,10 +156,11 @@ class SubtaskCheckpointCoordinator:
         if self.synchronous:
             # the barrier goes on first, so the tasks downstream drain and snapshot while
             # this one writes; this task reads nothing until its snapshot is written
-            await self._async_part(cid, captures, alignment, sync, previous, ended,
-                                   in_task=True)
+            await _setting_when_done(ended, functools.partial(
+                self._async_part, cid, captures, alignment, sync, previous, in_task=True))
         else:
-            self.spawn(self._async_part(cid, captures, alignment, sync, previous, ended))
+            self.spawn(_setting_when_done(ended, functools.partial(
+                self._async_part, cid, captures, alignment, sync, previous)))
 
     async def _async_part(
         self,
@@ -167,7 +169,6 @@ class SubtaskCheckpointCoordinator:
         alignment: float,
         sync: float,
         previous: asyncio.Event | None,
-        ended: asyncio.Event,
         in_task: bool = False,
     ) -> None:
         """Write the captured snapshot and acknowledge it (or decline the checkpoint).
@@ -179,25 +180,11 @@ class SubtaskCheckpointCoordinator:
         with n+1's notification). Only the acknowledgement waits; the writing does not.
 
         Args:
-            previous: set when the task's previous asynchronous part has ended.
-            ended: set by this part when it ends, however it ends.
+            previous: set when the task's previous asynchronous part has ended (see
+                :func:`_setting_when_done`).
             in_task: run by the task itself (the synchronous baseline): the writing counts
                 as synchronous time and the asynchronous part as 0.
         """
-        try:
-            await self._write_and_acknowledge(cid, captures, alignment, sync, previous, in_task)
-        finally:
-            ended.set()
-
-    async def _write_and_acknowledge(
-        self,
-        cid: int,
-        captures: list[_Capture],
-        alignment: float,
-        sync: float,
-        previous: asyncio.Event | None,
-        in_task: bool,
-    ) -> None:
         coordinator = self.acknowledger
         assert coordinator is not None
         t0 = time.perf_counter()
@@ -262,3 +249,13 @@ class SubtaskCheckpointCoordinator:
         """Mailbox action: checkpoint ``checkpoint_id`` was aborted."""
         for op in self.operators:
             await maybe_await(op.notify_checkpoint_aborted(checkpoint_id))
+
+
+async def _setting_when_done(ended: asyncio.Event,
+                             part: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run an asynchronous part, then set ``ended`` however it ended (acknowledged,
+    declined, failed or cancelled): the task's next part acknowledges after it."""
+    try:
+        await part()
+    finally:
+        ended.set()
