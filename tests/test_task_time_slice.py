@@ -116,3 +116,34 @@ async def test_a_batch_that_takes_longer_than_a_time_slice_is_processed_in_slice
     assert sorted(sink.records) == list(range(n))
     assert SLOW_RECORDS[0] == n
     assert SLOW.most_between_ticks <= 1024 // 4, SLOW.most_between_ticks
+
+
+class SlowSinkPerRecord(KeyedProcessFunction):
+    """20 us of CPU per record: the tasks upstream wait for room in its input channel."""
+
+    def process_element(self, value: int, ctx: Any) -> list[int]:
+        end = time.perf_counter() + 20e-6
+        while time.perf_counter() < end:
+            pass
+        return [value]
+
+
+async def test_a_task_waiting_for_room_downstream_keeps_its_batches_whole() -> None:
+    """Waiting for room in a full output channel is not the chain's cost: a cheap task in
+    front of a slow one keeps its batches whole (it used to count the wait as its own cost
+    and cut its batches into slices of ~100 records, each paying the per-batch overheads)."""
+    n = 20_000
+    flow = Dataflow("behind", parallelism=1, batch_size=256)
+    sink = ListSink()
+    (flow.from_collection(list(range(n))).key_by(lambda v: v % 97).map(lambda v: v + 1)
+         .key_by(lambda v: v % 13).process(SlowSinkPerRecord()).uid("slow").sink(sink))
+    job = await flow.start()
+    smallest = None
+    while job.status in ("created", "running"):  # sample the cheap task's slice meanwhile
+        for task in job._tasks:
+            if task.name == "map":
+                smallest = task._slice if smallest is None else min(smallest, task._slice)
+        await asyncio.sleep(0)
+    await job.wait()
+    assert sorted(sink.records) == list(range(1, n + 1))
+    assert smallest is not None and smallest >= 256, smallest
