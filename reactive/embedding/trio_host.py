@@ -4,10 +4,12 @@ The runtime is written for asyncio (its hot path relies on asyncio's cheap ``*_n
 queues and tasks). A trio application runs it through a bridge: the job gets its own asyncio
 event loop (uvloop when installed) on a dedicated thread, and every call the application
 makes from trio (``await flow.run()``, ``await flow.start()``, pushing into a
-:class:`~reactive.PushSource`, iterating results, querying state, stopping) is scheduled on
-that loop with ``asyncio.run_coroutine_threadsafe`` and awaited in trio through the trio
-token (``run_sync_soon``), so trio never blocks and its cancellation cancels the call in the
-job's loop. Checkpoints, state backends and restarts run unchanged inside the job's loop;
+:class:`~reactive.PushSource`, querying state, stopping) is scheduled on that loop with
+``asyncio.run_coroutine_threadsafe`` and awaited in trio through the trio token
+(``run_sync_soon``), so trio never blocks and its cancellation cancels the call in the job's
+loop. Results go the other way: the job's loop hands each release of records (and the end)
+to the trio thread through the token, so iterating them never needs the job's loop, which
+ends with the job. Checkpoints, state backends and restarts run unchanged inside the job's loop;
 the two loops share the process (and the GIL: the job's thread yields it every switch
 interval, so the application's timers keep running).
 """
