@@ -207,8 +207,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             self.set_current_key = self._set_current_key_watching  # type: ignore[method-assign]
 
     def _index_of(self, key: Any) -> int:
-        """The memo miss: the key group index from the previous generation or the key's
-        bytes, then memoized (rolling a full memo into the changelog when incremental)."""
+        """The memo miss: the key group index from the long-lived memo of the first keys,
+        the previous generation, or the key's bytes, then memoized (rolling a full memo into
+        the changelog when incremental)."""
         idx = self._known.get(key)
         if idx is None:
             idx = self._prev_cache.get(key)

@@ -307,36 +307,28 @@ class StreamTask:
         each batch: processing only, not the yields, nor the waits for room in a full output
         channel (a backpressured task would otherwise see its own cost grow and cut its
         batches into ever smaller slices, each one paying the per-batch overheads; measured:
-        slices of 69-127 records behind a slow sink). A sink's writing counts as processing
+        slices of 68-127 records behind a slow task). A sink's writing counts as processing
         (most of it is, and a sink cannot tell its computing from its waiting). A cheap
         chain's batches stay whole.
         """
         n = len(batch)
         step = self._slice
         waited = self._waited
-        start = time.monotonic()
-        if n <= step:
+        busy = 0.0
+        now = time.monotonic()
+        for i in range(0, n, step):
+            part = batch if step >= n else batch[i:i + step]
             if second:
-                await self._push_second(batch)
+                await self._push_second(part)
             else:
-                await self._push(batch, 0)
-            now = time.monotonic()
-            busy = now - start
-        else:
-            busy = 0.0
-            now = start
-            for i in range(0, n, step):
-                part = batch[i:i + step]
-                if second:
-                    await self._push_second(part)
-                else:
-                    await self._push(part, 0)
-                t = time.monotonic()
-                busy += t - now
-                now = t
-                if now - self._last_yield >= TIME_SLICE:
-                    await self.share_loop()
-                    now = self._last_yield
+                await self._push(part, 0)
+            t = time.monotonic()
+            busy += t - now
+            now = t
+            # after the last slice the caller decides (it also flushes on a timeout)
+            if i + step < n and now - self._last_yield >= TIME_SLICE:
+                await self.share_loop()
+                now = self._last_yield
         busy -= self._waited - waited
         if busy > 0.0:
             self._slice = max(MIN_SLICE, int(TIME_SLICE * n / busy))
