@@ -208,9 +208,12 @@ async def run_model(steps: list[tuple[Any, ...]], job_dir: Path,
 
 @pytest.fixture
 def tiny_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The writer yields after every chunk, so the steps interleave with its pieces."""
+    """The writer yields after every chunk, so the steps interleave with its pieces; the
+    snapshot's memo of keys seen clears itself every few keys (touched again, a captured
+    key must keep its capture from before)."""
     monkeypatch.setattr(heap_snapshot, "PIECE", 0.0)
     monkeypatch.setattr(heap_snapshot, "_MIN_CHUNK", 2)
+    monkeypatch.setattr(heap_snapshot, "_SEEN_MAX", 3)
 
 
 @settings(max_examples=40, deadline=None,

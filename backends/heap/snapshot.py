@@ -80,6 +80,8 @@ _PER_ENTRY = 5e-7  # seconds per entry assumed before any measurement (scattered
 # values that nothing can change in place: a capture keeps a reference
 _IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None), complex})
 _MISSING = object()
+# keys :attr:`HeapSnapshot.seen` holds at most (~20 MB): bounds a long snapshot's memory
+_SEEN_MAX = 1 << 18
 
 
 class Frozen:
@@ -124,7 +126,8 @@ def capture_entries(tables: Iterable[tuple[str, Table]], idx: int, key: Any,
         value = table.maps[idx].get(key, _MISSING)
         if value is _MISSING:
             continue
-        ser = _serializer(table)
+        # _serializer(table) inlined: a capture is on the data path
+        ser = None if table.serialized else getattr(table.descriptor, "serializer", None)
         if ser is not None:
             value = _serialize(ser, value, operator, name, key)
         elif type(value) not in _IMMUTABLE:
@@ -251,6 +254,10 @@ class HeapSnapshot(KeyedStateSnapshot):
         next_idx: key groups below this index are written: touches of them are ignored.
         captured: key group index -> key -> the key's captured entries (None: unchanged
             since the snapshot's base); a key in it needs no :meth:`touch` any more.
+        seen: the keys :meth:`touch` was called with (it clears itself at
+            :data:`_SEEN_MAX` keys): one dict lookup per record tells the backend's
+            watching ``set_current_key`` that a key needs no :meth:`touch`, where the
+            key-group check and the lookup in :attr:`captured` took three steps.
         failure: set when a capture met a value that cannot be serialized.
         pacer: the asynchronous part's pacing (its ``busy`` and ``paused`` seconds tell
             how long it serialized and how long it let the tasks run).
@@ -279,6 +286,7 @@ class HeapSnapshot(KeyedStateSnapshot):
         self.failure: StateSerializationError | None = None
         self._discarded = False
         self.captured: dict[int, dict[Any, dict[str, Any] | None]] = {}
+        self.seen: dict[Any, None] = {}
         self._chunk = 1 << 14
         self._per_entry = _PER_ENTRY  # measured seconds per entry pickled
         self.pacer = LoopShare(SHARE if share is None else share, PIECE, patience=PATIENCE)
@@ -289,15 +297,27 @@ class HeapSnapshot(KeyedStateSnapshot):
         """The task sets ``key`` (of key group index ``idx``, not yet written) current and
         may change its state: capture its values first if the snapshot needs them.
 
-        On the data path (once per record while the key group waits): a repeated key costs
-        two dict lookups."""
+        Called once per key and snapshot (a key in :attr:`seen` is not touched again), and
+        for a key of a key group already written (nothing to capture)."""
+        seen = self.seen
+        if len(seen) >= _SEEN_MAX:
+            seen.clear()  # keys seen again are touched again: idempotent
+        seen[key] = None
+        if idx < self.next_idx:
+            return
         cap = self.captured.get(idx)
         if cap is None:
             cap = self.captured[idx] = {}
         elif key in cap:
             return
         full = self.plan.full
-        if full is None or idx in full or any(key in gen for gen in self.plan.dirty):
+        needed = full is None or idx in full
+        if not needed:
+            for gen in self.plan.dirty:  # a loop, not any(): no generator per touch
+                if key in gen:
+                    needed = True
+                    break
+        if needed:
             try:
                 cap[key] = capture_entries(self.tables, idx, key, self.ctx.operator_uid)
             except StateSerializationError as exc:
@@ -517,6 +537,7 @@ class HeapSnapshot(KeyedStateSnapshot):
         finally:
             self._release(self)
             self.captured.clear()
+            self.seen.clear()
         if self._on_written is not None:
             self._on_written(ctx.checkpoint_id, chains)
         return self._handle(chains, ref if writer.size else None)
