@@ -375,6 +375,74 @@ async def test_touching_a_key_copies_that_key_only(tmp_path: Path, incremental: 
     assert {k: pickle.loads(v) for k, v in got.items()} == {k: k for k in range(5000)}
 
 
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_values_changed_after_the_barrier_stay_out_while_and_after_it_freezes(
+        tiny_pieces: None, tmp_path: Path, incremental: bool) -> None:
+    """Before it serializes, the asynchronous part takes what it writes out of reach of the
+    records: the changed keys of delta key groups (captured as it sorts them by key group)
+    and the dicts of key groups written in full (copied), when their values are immutable;
+    those groups need no copy-on-write afterwards. A key group with a mutable value stays
+    under copy-on-write. Changes made before the writing starts, while it prepares and while
+    it writes, in place or not, never reach the snapshot: in the first checkpoint (every
+    group in full) and in the next (deltas)."""
+    kb = HeapKeyedStateBackend(KeyGroupRange(0, 127), 128, operator_uid="op",
+                               incremental=incremental)
+    counts: ValueState = kb.get_state(ValueStateDescriptor("n", default=0))  # type: ignore[assignment]
+    lists: ValueState = kb.get_state(ValueStateDescriptor("l"))  # type: ignore[assignment]
+    keys = [f"k{i}" for i in range(2000)]
+    model: dict[str, dict[str, Any]] = {"n": {}, "l": {}}  # what the states hold
+
+    def count(key: str, x: int) -> None:
+        kb.set_current_key(key)
+        counts.update(counts.value() + x)
+        model["n"][key] = model["n"].get(key, 0) + x
+
+    def append(key: str, x: int) -> None:
+        kb.set_current_key(key)
+        v = lists.value() or []
+        v.append(x)  # in place, then written back (the documented pattern)
+        lists.update(v)
+        model["l"][key] = [*model["l"].get(key, []), x]
+
+    for k in keys:
+        count(k, 1)
+    append("m", 1)
+    append("late", 1)
+    late_group = kb._idx  # the key group index of "late"
+    assert late_group < 100  # the snapshot goes on after writing it
+    job_dir = tmp_path / "job"
+
+    async def checkpoint(cid: int) -> None:
+        kb.set_current_key(keys[1])  # not "late": the key current at the barrier is captured
+        expected = copy.deepcopy(model)
+        snap = kb.snapshot(SnapshotContext(cid, job_dir, job_dir / f"chk-{cid}",
+                                           job_dir / "shared", "op", 0))
+        for k in keys[:100:5]:  # before the writing starts: copied on write
+            count(k, 100)
+        task = asyncio.ensure_future(snap.write())
+        steps = late_changes = 0
+        while not task.done():
+            steps += 1
+            for k in keys[steps % 7:140:7]:  # a few keys per key group: deltas next time
+                count(k, 1)
+            append("m", steps)  # from the start: copied on write
+            # first touched once the snapshot went past its key group: it must have
+            # written the list by then, since a copy of the group would share the list
+            if snap.next_idx > late_group:
+                append("late", steps)
+                late_changes += 1
+            await asyncio.sleep(0)
+        assert steps > 10 and late_changes > 0  # the changes interleaved with the writing
+        assert read_heap_snapshot(task.result(), job_dir) == expected
+
+    await checkpoint(1)
+    kb.notify_checkpoint_complete(1)
+    for k in keys[::20]:  # changed since checkpoint 1: checkpoint 2 writes deltas
+        count(k, 1000)
+    append("late", -1)
+    await checkpoint(2)
+
+
 async def test_the_current_key_at_the_barrier_is_captured(tmp_path: Path) -> None:
     """A change without a new set_current_key (the key current at the barrier) does not
     leak into the snapshot, and reaches the next one."""

@@ -30,7 +30,15 @@
   written yet is touched, the snapshot captures that key's values in every state (immutable
   scalars by reference, anything else pickled, custom serializers' bytes), O(1) per touch.
   The writer uses a captured value instead of the live one, so the snapshot holds exactly
-  the state as of the barrier, even though values are mutated in place later.
+  the state as of the barrier, even though values are mutated in place later;
+- *the freeze* (before serializing, paced like it): the walk that sorts the changed keys
+  by key group captures those whose values are immutable scalars, and the dicts of the key
+  groups written in full are copied (``dict(d)``) while their values are immutable; the
+  key groups so taken need no copy-on-write (:attr:`HeapSnapshot.next_idx` passes them),
+  and once all are, the backend stops watching. A record then pays copy-on-write only
+  while the snapshot prepares, not while it serializes, and the capture work is the
+  snapshot's paced work instead of a cost on the records. A key group with another value
+  (a list, a dict: it could change in place) stays under copy-on-write per key.
 
 This is the per-entry analogue of Flink's ``CopyOnWriteStateTable`` (thesis section 4.5.1):
 the task never serializes a whole key group inline. A state mutation always follows a
@@ -58,7 +66,8 @@ from .format import DELTA, FULL, encode_frame, heap_v2_handle
 from .pacing import LoopShare
 from .state import Table, descriptor_serializer
 
-__all__ = ["PATIENCE", "PIECE", "SHARE", "Frozen", "HeapSnapshot", "capture_entries", "safe_name"]
+__all__ = ["FREEZE_MAX", "PATIENCE", "PIECE", "SHARE", "Frozen", "HeapSnapshot",
+           "capture_entries", "safe_name"]
 
 #: seconds of serialization on the event loop between two yields to the tasks
 PIECE = 0.001
@@ -82,6 +91,9 @@ _IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None), complex})
 _MISSING = object()
 # keys :attr:`HeapSnapshot.seen` holds at most (~20 MB): bounds a long snapshot's memory
 _SEEN_MAX = 1 << 18
+#: entries the freeze copies at most (~50-100 MB of dict tables; the values are shared):
+#: key groups beyond stay under copy-on-write per key
+FREEZE_MAX = 1 << 20
 
 
 class Frozen:
@@ -287,6 +299,11 @@ class HeapSnapshot(KeyedStateSnapshot):
         self._discarded = False
         self.captured: dict[int, dict[Any, dict[str, Any] | None]] = {}
         self.seen: dict[Any, None] = {}
+        # key group index -> state name -> the group's entries (delta groups: its changed
+        # keys) copied by the freeze
+        self._frozen: dict[int, dict[str, dict[Any, Any]]] = {}
+        # delta key groups with a changed key that _dirty_by_group could not capture
+        self._uncaptured: set[int] = set()
         self._chunk = 1 << 14
         self._per_entry = _PER_ENTRY  # measured seconds per entry pickled
         self.pacer = LoopShare(SHARE if share is None else share, PIECE, patience=PATIENCE)
@@ -363,8 +380,9 @@ class HeapSnapshot(KeyedStateSnapshot):
         op = self.ctx.operator_uid
         states: dict[str, dict[Any, Any]] = {}
         live = keys if not cap else [k for k in keys if cap.get(k) is None]
+        frozen = self._frozen.get(idx)
         for name, t in self.tables:
-            d = t.maps[idx]
+            d = t.maps[idx] if frozen is None else frozen.get(name)
             if not d:
                 continue
             ser = _serializer(t)
@@ -392,8 +410,9 @@ class HeapSnapshot(KeyedStateSnapshot):
         op = self.ctx.operator_uid
         header = (FULL, self._serialized_names())
         begun = False
+        frozen = self._frozen.get(idx)
         for name, table in self.tables:
-            d = table.maps[idx]
+            d = table.maps[idx] if frozen is None else frozen.get(name)
             if not d:
                 continue
             if not begun:
@@ -445,11 +464,58 @@ class HeapSnapshot(KeyedStateSnapshot):
             await self._tick(out)
         return out.end(DELTA)
 
+    async def _freeze(self, out: _Out) -> None:
+        """Pass the key groups, in ascending order, whose written entries can no longer
+        change: a delta group whose changed keys :meth:`_dirty_by_group` captured, and a
+        group written in full whose dict, copied (``dict(d)``, one C-level call per state),
+        holds only immutable scalars (:data:`_IMMUTABLE`). A passed group needs no
+        copy-on-write (:attr:`next_idx`); once every group is passed the backend stops
+        watching, and the records no longer pay a check per ``set_current_key`` while the
+        snapshot is serialized at its paced share.
+
+        Stops at the first group holding another value (its entries could change in place;
+        it and the groups after it stay under copy-on-write per key) or after
+        :data:`FREEZE_MAX` copied entries. Keys captured before their group was passed keep
+        their captures, which the writer applies over the copy. Paced like the writing
+        (:attr:`pacer`).
+        """
+        full = self.plan.full
+        budget = FREEZE_MAX
+        immutable = _IMMUTABLE.issuperset
+        for idx in range(self.next_idx, self.n):
+            if full is None or idx in full:
+                group: dict[str, dict[Any, Any]] = {}
+                for name, table in self.tables:
+                    d = table.maps[idx]
+                    if not d:
+                        continue
+                    copy = dict(d)
+                    budget -= len(copy)
+                    if budget < 0 or not immutable(map(type, copy.values())):
+                        return
+                    group[name] = copy
+                self._frozen[idx] = group
+            elif idx in self._uncaptured:
+                return
+            self.next_idx = idx + 1
+            await self._tick(out)
+
     async def _dirty_by_group(self, out: _Out) -> dict[int, list[Any]]:
-        """The dirty keys of the key groups written as deltas, per key-group index."""
+        """The dirty keys of the key groups written as deltas, per key-group index.
+
+        Captures each of them on the way (its values as they are now: a key not touched
+        since the barrier still holds its value of the barrier) when every value of the
+        key is an immutable scalar and no state has a custom serializer; the key groups
+        left with an uncaptured key go to :attr:`_uncaptured`. So the copy-on-write of
+        the changed keys is paced work of the snapshot, not a cost on the records."""
         full = self.plan.full
         if full is None or len(full) >= self.n:
             return {}  # every key group is written in full: no delta needs its keys
+        plain = [(name, t.maps) for name, t in self.tables]
+        if any(_serializer(t) is not None for _, t in self.tables):
+            plain = []
+        captured = self.captured
+        uncaptured = self._uncaptured
         by: dict[int, list[Any]] = {}
         seen: set[Any] = set()
         for gen in self.plan.dirty:  # closed generations: nobody changes them
@@ -463,6 +529,22 @@ class HeapSnapshot(KeyedStateSnapshot):
                     if group is None:
                         group = by[idx] = []
                     group.append(key)
+                    cap = captured.get(idx)
+                    if cap is None:
+                        cap = captured[idx] = {}
+                    if key not in cap:
+                        entries: dict[str, Any] | None = {} if plain else None
+                        for name, maps in plain:
+                            value = maps[idx].get(key, _MISSING)
+                            if value is not _MISSING:
+                                if type(value) not in _IMMUTABLE:
+                                    entries = None
+                                    break
+                                entries[name] = value  # type: ignore[index]
+                        if entries is None:
+                            uncaptured.add(idx)
+                        else:
+                            cap[key] = entries
                 if n & 4095 == 0:
                     await self._tick(out)
         return by
@@ -505,8 +587,13 @@ class HeapSnapshot(KeyedStateSnapshot):
             self.pacer.start()
             self._garbage = None
             dirty = await self._dirty_by_group(out)
+            await self._freeze(out)
+            frozen_below = self.next_idx
+            if frozen_below >= self.n:
+                self._release(self)  # nothing left to copy on write
             for idx in range(self.n):
-                self.next_idx = idx
+                if idx >= frozen_below:
+                    self.next_idx = idx
                 if full is None or idx in full:
                     chains.append(GroupChain.full(await self._write_full(idx, out)))
                 else:
@@ -517,8 +604,9 @@ class HeapSnapshot(KeyedStateSnapshot):
                                   chain.with_delta(await self._write_delta(idx, keys, out)))
                 self._check()
                 # written: later touches of this key group need no capture
-                self.next_idx = idx + 1
+                self.next_idx = max(self.next_idx, idx + 1)
                 self.captured.pop(idx, None)
+                self._frozen.pop(idx, None)
                 await self._tick(out)
             self._release(self)
             self._check()
@@ -538,6 +626,7 @@ class HeapSnapshot(KeyedStateSnapshot):
             self._release(self)
             self.captured.clear()
             self.seen.clear()
+            self._frozen.clear()
         if self._on_written is not None:
             self._on_written(ctx.checkpoint_id, chains)
         return self._handle(chains, ref if writer.size else None)
@@ -574,4 +663,5 @@ class HeapSnapshot(KeyedStateSnapshot):
         self._discarded = True
         self._release(self)
         self.captured.clear()
+        self._frozen.clear()
         self._garbage = None
