@@ -375,16 +375,20 @@ async def test_touching_a_key_copies_that_key_only(tmp_path: Path, incremental: 
     assert {k: pickle.loads(v) for k, v in got.items()} == {k: k for k in range(5000)}
 
 
+@pytest.mark.parametrize("freeze_max", [None, 50], ids=["freeze-all", "freeze-50"])
 @pytest.mark.parametrize("incremental", [False, True])
 async def test_values_changed_after_the_barrier_stay_out_while_and_after_it_freezes(
-        tiny_pieces: None, tmp_path: Path, incremental: bool) -> None:
+        tiny_pieces: None, tmp_path: Path, incremental: bool, freeze_max: int | None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Before it serializes, the asynchronous part takes what it writes out of reach of the
     records: the changed keys of delta key groups (captured as it sorts them by key group)
     and the dicts of key groups written in full (copied), when their values are immutable;
     those groups need no copy-on-write afterwards. A key group with a mutable value stays
     under copy-on-write. Changes made before the writing starts, while it prepares and while
     it writes, in place or not, never reach the snapshot: in the first checkpoint (every
-    group in full) and in the next (deltas)."""
+    group in full) and in the next (deltas); also when the freeze's budget ends it early."""
+    if freeze_max is not None:
+        monkeypatch.setattr(heap_snapshot, "FREEZE_MAX", freeze_max)
     kb = HeapKeyedStateBackend(KeyGroupRange(0, 127), 128, operator_uid="op",
                                incremental=incremental)
     counts: ValueState = kb.get_state(ValueStateDescriptor("n", default=0))  # type: ignore[assignment]

@@ -91,8 +91,8 @@ _IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None), complex})
 _MISSING = object()
 # keys :attr:`HeapSnapshot.seen` holds at most (~20 MB): bounds a long snapshot's memory
 _SEEN_MAX = 1 << 18
-#: entries the freeze copies at most (~50-100 MB of dict tables; the values are shared):
-#: key groups beyond stay under copy-on-write per key
+#: entries the freeze captures or copies at most (~50-100 MB; the values are shared): key
+#: groups beyond stay under copy-on-write per key
 FREEZE_MAX = 1 << 20
 
 
@@ -304,6 +304,7 @@ class HeapSnapshot(KeyedStateSnapshot):
         self._frozen: dict[int, dict[str, dict[Any, Any]]] = {}
         # delta key groups with a changed key that _dirty_by_group could not capture
         self._uncaptured: set[int] = set()
+        self._budget = FREEZE_MAX  # entries the freeze may still capture or copy
         self._chunk = 1 << 14
         self._per_entry = _PER_ENTRY  # measured seconds per entry pickled
         self.pacer = LoopShare(SHARE if share is None else share, PIECE, patience=PATIENCE)
@@ -480,7 +481,7 @@ class HeapSnapshot(KeyedStateSnapshot):
         (:attr:`pacer`).
         """
         full = self.plan.full
-        budget = FREEZE_MAX
+        budget = self._budget
         immutable = _IMMUTABLE.issuperset
         for idx in range(self.next_idx, self.n):
             if full is None or idx in full:
@@ -507,7 +508,8 @@ class HeapSnapshot(KeyedStateSnapshot):
         since the barrier still holds its value of the barrier) when every value of the
         key is an immutable scalar and no state has a custom serializer; the key groups
         left with an uncaptured key go to :attr:`_uncaptured`. So the copy-on-write of
-        the changed keys is paced work of the snapshot, not a cost on the records."""
+        the changed keys is paced work of the snapshot, not a cost on the records. At
+        most :data:`FREEZE_MAX` keys are captured so (with the copies of the freeze)."""
         full = self.plan.full
         if full is None or len(full) >= self.n:
             return {}  # every key group is written in full: no delta needs its keys
@@ -516,6 +518,7 @@ class HeapSnapshot(KeyedStateSnapshot):
             plain = []
         captured = self.captured
         uncaptured = self._uncaptured
+        budget = self._budget
         by: dict[int, list[Any]] = {}
         seen: set[Any] = set()
         for gen in self.plan.dirty:  # closed generations: nobody changes them
@@ -532,21 +535,25 @@ class HeapSnapshot(KeyedStateSnapshot):
                     cap = captured.get(idx)
                     if cap is None:
                         cap = captured[idx] = {}
-                    if key not in cap:
-                        entries: dict[str, Any] | None = {} if plain else None
+                    if key in cap:
+                        pass  # copied on write already
+                    elif not plain or budget <= 0:
+                        uncaptured.add(idx)
+                    else:
+                        entries: dict[str, Any] = {}
                         for name, maps in plain:
                             value = maps[idx].get(key, _MISSING)
                             if value is not _MISSING:
                                 if type(value) not in _IMMUTABLE:
-                                    entries = None
+                                    uncaptured.add(idx)
                                     break
-                                entries[name] = value  # type: ignore[index]
-                        if entries is None:
-                            uncaptured.add(idx)
-                        else:
+                                entries[name] = value
+                        else:  # every value immutable (or absent: a tombstone)
                             cap[key] = entries
+                            budget -= 1
                 if n & 4095 == 0:
                     await self._tick(out)
+        self._budget = budget
         return by
 
     def _carry(self, chain: GroupChain, out: _Out) -> GroupChain:
