@@ -19,7 +19,10 @@ another uid, so it reads the same input again), then a second fresh run (A-B-A: 
 jobs in one process drift), ``--repeats`` times; prints min/median/max of both records/s
 and of the ratio restored / mean of the two fresh runs around it, in wall time and in
 process CPU time (fresh CPU seconds / restored CPU seconds: less sensitive to other
-processes on a shared machine).
+processes on a shared machine); then where the restored run's time goes: the time from the
+job's start to its first record (the restore) for fresh and restored runs, and the restored
+run's records/s over the second half of the input relative to the fresh runs' (once the
+restored state is warm).
 W1: ``--w1-records`` Zipf(1.1) keys with
 checkpoints every ``--interval`` s on the heap backend and on each RocksDB backend, in turn,
 ``--repeats`` times; prints min/median/max of records/s, of the ratio to the heap run of the
@@ -73,23 +76,50 @@ def backends(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 #: workers, RocksDB's background threads): less sensitive than wall time to other
 #: processes on a shared machine
 LAST_CPU: list[float] = [0.0]
+#: (start, end) of the last :func:`run_w1`, ``time.perf_counter()`` seconds
+LAST_SPAN: list[float] = [0.0, 0.0]
+
+
+class MarkedCount(SilentCount):
+    """:class:`SilentCount` noting when it counted its first record and the record at
+    ``half`` (``time.perf_counter()`` seconds, in :attr:`marks`; parallelism 1)."""
+
+    marks: dict[str, float] = {}  # class attribute: shared by the job's copy of the function
+
+    def __init__(self, half: int) -> None:
+        super().__init__()
+        self.half = half
+
+    def open(self, ctx: Any) -> None:
+        super().open(ctx)
+        self.n = 0
+
+    def process_element(self, value: Any, ctx: Any) -> None:
+        super().process_element(value, ctx)
+        self.n += 1
+        if self.n == 1:
+            self.marks["first"] = time.perf_counter()
+        elif self.n == self.half:
+            self.marks["half"] = time.perf_counter()
 
 
 async def run_w1(keys: list[Any], directory: Path, backend: StateBackend, source_uid: str,
                  interval: float, restore_from: Path | None = None,
-                 ) -> tuple[float, list[CheckpointStats]]:
-    """Run W1 once; return (records/s, completed checkpoints); its process CPU seconds go
-    to :data:`LAST_CPU`."""
+                 fn: SilentCount | None = None) -> tuple[float, list[CheckpointStats]]:
+    """Run W1 once (with ``fn``, default :class:`SilentCount`); return (records/s,
+    completed checkpoints); its process CPU seconds go to :data:`LAST_CPU`, its start
+    and end (``time.perf_counter()``) to :data:`LAST_SPAN`."""
     flow = Dataflow("w1", parallelism=1, max_parallelism=128)
-    (flow.from_collection(keys).uid(source_uid).key_by(lambda w: w).process(SilentCount())
-         .uid("count").sink(DiscardingSink()))
+    (flow.from_collection(keys).uid(source_uid).key_by(lambda w: w)
+         .process(fn or SilentCount()).uid("count").sink(DiscardingSink()))
     t, cpu = time.perf_counter(), time.process_time()
     job = await flow.run(checkpoints=CheckpointConfig(interval=interval,
                                                       directory=directory / "chk"),
                          state_backend=backend, restore_from=restore_from,
                          allow_non_restored_state=restore_from is not None)
     LAST_CPU[0] = time.process_time() - cpu
-    return len(keys) / (time.perf_counter() - t), job.metrics.completed_checkpoints
+    LAST_SPAN[:] = [t, time.perf_counter()]
+    return len(keys) / (LAST_SPAN[1] - t), job.metrics.completed_checkpoints
 
 
 def state_size(chk: CheckpointStats) -> int:
@@ -138,38 +168,61 @@ def restart(args: argparse.Namespace, mods: dict[str, Any], tmp: Path) -> str:
         # holds keys decoded from RocksDB (equal, not identical: a string comparison each)
         keys = [w[:1] + w[1:] for w in keys]
     rows: list[list[Any]] = []
+    parts: list[list[Any]] = []
+    half = len(keys) // 2
+    marks = MarkedCount.marks
+
+    def phases() -> tuple[float, float]:
+        """(ms from the job's start to its first record, records/s of the second half)."""
+        start, end = LAST_SPAN
+        return (marks["first"] - start) * 1e3, (len(keys) - half) / (end - marks["half"])
+
     for name, mod in mods.items():
         fresh, restored, ratio, cpu_ratio = [], [], [], []
+        first_fresh, first_restored, second_half = [], [], []
         for i in range(args.repeats):
             d = Path(tempfile.mkdtemp(dir=tmp))
             r1, done = run_coroutine(run_w1(
-                keys, d, mod.RocksDBStateBackend(path=d / "state"), f"a{i}", args.interval))
-            cpu1 = LAST_CPU[0]
+                keys, d, mod.RocksDBStateBackend(path=d / "state"), f"a{i}", args.interval,
+                fn=MarkedCount(half)))
+            cpu1, (f1, h1) = LAST_CPU[0], phases()
             assert done[-1].path is not None
             r2, _ = run_coroutine(run_w1(
                 keys, d, mod.RocksDBStateBackend(path=d / "state2"), f"b{i}", args.interval,
-                restore_from=Path(done[-1].path)))
-            cpu2 = LAST_CPU[0]
+                restore_from=Path(done[-1].path), fn=MarkedCount(half)))
+            cpu2, (f2, h2) = LAST_CPU[0], phases()
             # a second fresh run after the restored one (A-B-A): successive jobs in one
             # process drift (measured 980 k -> 720 k records/s over five fresh runs), which
             # would count against the restored run if it always came second
             r3, _ = run_coroutine(run_w1(
                 keys, d / "again", mod.RocksDBStateBackend(path=d / "state3"), f"c{i}",
-                args.interval))
+                args.interval, fn=MarkedCount(half)))
+            f3, h3 = phases()
             fresh.extend([r1, r3])
             restored.append(r2)
             ratio.append(r2 / ((r1 + r3) / 2))
             cpu_ratio.append((cpu1 + LAST_CPU[0]) / 2 / cpu2)
+            first_fresh.extend([f1, f3])
+            first_restored.append(f2)
+            second_half.append(h2 / ((h1 + h3) / 2))
         rows.append([name, min(fresh), statistics.median(fresh), max(fresh), min(restored),
                      statistics.median(restored), max(restored), min(ratio),
                      statistics.median(ratio), max(ratio), _spread(cpu_ratio, "{:.2f}")])
+        parts.append([name, _spread(first_fresh, "{:.0f}"), _spread(first_restored, "{:.0f}"),
+                      _spread(second_half, "{:.2f}")])
     print(f"\nRestart: W1 on {args.restart_records:,} Zipf(1.1) keys over {args.vocabulary:,} "
           f"words, fresh vs restored from the fresh run's last checkpoint vs fresh again, "
           f"{args.repeats} repeats")
-    return print_table(
+    table = print_table(
         ["backend", "fresh min", "fresh median", "fresh max", "restored min",
          "restored median", "restored max", "ratio min", "ratio median", "ratio max",
          "CPU-time ratio min / median / max"], rows)
+    print("\nWhere the restored run's time goes: from the job's start to its first record "
+          "(ms; the restore), and its records/s over the second half of the input against "
+          "the fresh runs' (min / median / max)")
+    return table + "\n\n" + print_table(
+        ["backend", "first record, fresh ms", "first record, restored ms",
+         "second half, restored / fresh"], parts)
 
 
 def _spread(xs: list[float], fmt: str = "{:,.0f}") -> str:
