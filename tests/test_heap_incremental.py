@@ -447,6 +447,37 @@ async def test_values_changed_after_the_barrier_stay_out_while_and_after_it_free
     await checkpoint(2)
 
 
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_a_restored_state_bound_while_a_snapshot_is_written_keeps_its_format(
+        tiny_pieces: None, tmp_path: Path, incremental: bool) -> None:
+    """A restored state with a custom serializer holds its stored bytes until an operator
+    asks for it (``get_state`` then decodes them in place). When that happens while a
+    snapshot is written, the snapshot still writes each value once in the serializer's
+    bytes: what it took before the binding was bytes already."""
+    job_dir = tmp_path / "job"
+    ser = CountingSerializer()
+    first = HeapKeyedStateBackend(KeyGroupRange(0, 127), 128, operator_uid="op")
+    state = first.get_state(ValueStateDescriptor("v", serializer=ser))
+    expected = {f"k{i}": i for i in range(3000)}
+    for k, v in expected.items():
+        first.set_current_key(k)
+        state.update(v)  # type: ignore[attr-defined]
+    handle = await first.snapshot(SnapshotContext(1, job_dir, job_dir / "chk-1",
+                                                  job_dir / "shared", "op", 0)).write()
+    kb = HeapKeyedStateBackend(KeyGroupRange(0, 127), 128, operator_uid="op",
+                               incremental=incremental)
+    kb.restore([handle], job_dir)  # the state's values stay bytes: no descriptor yet
+    snap = kb.snapshot(SnapshotContext(2, job_dir, job_dir / "chk-2", job_dir / "shared",
+                                       "op", 0))
+    task = asyncio.ensure_future(snap.write())
+    for _ in range(20):  # part of the way
+        await asyncio.sleep(0)
+    assert not task.done()
+    kb.get_state(ValueStateDescriptor("v", serializer=ser))  # an operator opens the state
+    got = read_heap_snapshot(await task, job_dir)["v"]
+    assert {k: pickle.loads(v) for k, v in got.items()} == expected
+
+
 async def test_the_current_key_at_the_barrier_is_captured(tmp_path: Path) -> None:
     """A change without a new set_current_key (the key current at the barrier) does not
     leak into the snapshot, and reaches the next one."""

@@ -476,10 +476,16 @@ class HeapSnapshot(KeyedStateSnapshot):
 
         Stops at the first group holding another value (its entries could change in place;
         it and the groups after it stay under copy-on-write per key) or after
-        :data:`FREEZE_MAX` copied entries. Keys captured before their group was passed keep
+        :data:`FREEZE_MAX` copied entries; does nothing while a restored state is not bound
+        to its descriptor yet. Keys captured before their group was passed keep
         their captures, which the writer applies over the copy. Paced like the writing
         (:attr:`pacer`).
         """
+        if any(table.serialized for _, table in self.tables):
+            # a restored state not bound to its descriptor yet holds its serializer's bytes;
+            # binding it (``get_state``) decodes them in place and the writer then serializes
+            # what it reads: a copy taken before would be serialized twice
+            return
         full = self.plan.full
         budget = self._budget
         immutable = _IMMUTABLE.issuperset
