@@ -447,18 +447,21 @@ async def test_values_changed_after_the_barrier_stay_out_while_and_after_it_free
     await checkpoint(2)
 
 
+@pytest.mark.parametrize("written", ["in full", "as deltas"])
 @pytest.mark.parametrize("incremental", [False, True])
 async def test_a_restored_state_bound_while_a_snapshot_is_written_keeps_its_format(
-        tiny_pieces: None, tmp_path: Path, incremental: bool) -> None:
+        tiny_pieces: None, tmp_path: Path, incremental: bool, written: str) -> None:
     """A restored state with a custom serializer holds its stored bytes until an operator
     asks for it (``get_state`` then decodes them in place). When that happens while a
     snapshot is written, the snapshot still writes each value once in the serializer's
-    bytes: what it took before the binding was bytes already."""
+    bytes: what it took before the binding was bytes already. The restored instance's
+    first snapshot writes every key group in full; a later one, after keys were set
+    current (the changed-key set), writes deltas and sorts those keys first."""
     job_dir = tmp_path / "job"
     ser = CountingSerializer()
     first = HeapKeyedStateBackend(KeyGroupRange(0, 127), 128, operator_uid="op")
     state = first.get_state(ValueStateDescriptor("v", serializer=ser))
-    expected = {f"k{i}": i for i in range(3000)}
+    expected = {f"k{i}": i for i in range(30_000)}
     for k, v in expected.items():
         first.set_current_key(k)
         state.update(v)  # type: ignore[attr-defined]
@@ -467,10 +470,19 @@ async def test_a_restored_state_bound_while_a_snapshot_is_written_keeps_its_form
     kb = HeapKeyedStateBackend(KeyGroupRange(0, 127), 128, operator_uid="op",
                                incremental=incremental)
     kb.restore([handle], job_dir)  # the state's values stay bytes: no descriptor yet
-    snap = kb.snapshot(SnapshotContext(2, job_dir, job_dir / "chk-2", job_dir / "shared",
-                                       "op", 0))
+    cid = 2
+    if written == "as deltas":
+        await kb.snapshot(SnapshotContext(2, job_dir, job_dir / "chk-2", job_dir / "shared",
+                                          "op", 0)).write()
+        kb.notify_checkpoint_complete(2)
+        for k in list(expected)[::4]:  # set current (no state call): changed-key set
+            kb.set_current_key(k)
+        kb.set_current_key("not-a-state-key")
+        cid = 3
+    snap = kb.snapshot(SnapshotContext(cid, job_dir, job_dir / f"chk-{cid}",
+                                       job_dir / "shared", "op", 0))
     task = asyncio.ensure_future(snap.write())
-    for _ in range(20):  # part of the way
+    for _ in range(2):  # part of the way (the changed keys are sorted 4096 at a time)
         await asyncio.sleep(0)
     assert not task.done()
     kb.get_state(ValueStateDescriptor("v", serializer=ser))  # an operator opens the state

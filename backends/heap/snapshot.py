@@ -299,8 +299,8 @@ class HeapSnapshot(KeyedStateSnapshot):
         self._discarded = False
         self.captured: dict[int, dict[Any, dict[str, Any] | None]] = {}
         self.seen: dict[Any, None] = {}
-        # key group index -> state name -> the group's entries (delta groups: its changed
-        # keys) copied by the freeze
+        # key group index -> state name -> the dict of a key group written in full, copied
+        # by the freeze
         self._frozen: dict[int, dict[str, dict[Any, Any]]] = {}
         # delta key groups with a changed key that _dirty_by_group could not capture
         self._uncaptured: set[int] = set()
@@ -484,7 +484,8 @@ class HeapSnapshot(KeyedStateSnapshot):
         if any(table.serialized for _, table in self.tables):
             # a restored state not bound to its descriptor yet holds its serializer's bytes;
             # binding it (``get_state``) decodes them in place and the writer then serializes
-            # what it reads: a copy taken before would be serialized twice
+            # what it reads: a copy taken before would be serialized twice. (Only a restore
+            # marks a state serialized, before any snapshot: checking once is enough.)
             return
         full = self.plan.full
         budget = self._budget
@@ -512,7 +513,8 @@ class HeapSnapshot(KeyedStateSnapshot):
 
         Captures each of them on the way (its values as they are now: a key not touched
         since the barrier still holds its value of the barrier) when every value of the
-        key is an immutable scalar and no state has a custom serializer; the key groups
+        key is an immutable scalar and no state has a custom serializer (nor is a restored
+        state not bound to its descriptor yet, see :meth:`_freeze`); the key groups
         left with an uncaptured key go to :attr:`_uncaptured`. So the copy-on-write of
         the changed keys is paced work of the snapshot, not a cost on the records. At
         most :data:`FREEZE_MAX` keys are captured so (with the copies of the freeze)."""
@@ -520,8 +522,8 @@ class HeapSnapshot(KeyedStateSnapshot):
         if full is None or len(full) >= self.n:
             return {}  # every key group is written in full: no delta needs its keys
         plain = [(name, t.maps) for name, t in self.tables]
-        if any(_serializer(t) is not None for _, t in self.tables):
-            plain = []
+        if any(t.serialized or _serializer(t) is not None for _, t in self.tables):
+            plain = []  # values to serialize, or bytes a binding may decode: per touch
         captured = self.captured
         uncaptured = self._uncaptured
         budget = self._budget
