@@ -167,7 +167,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         if idx is None:
             idx = self._index_of(key)
         for snap in self._watching:
-            if idx >= snap.next_idx:
+            if key not in snap.seen:  # as _watching_one: touch decides what to capture
                 snap.touch(key, idx)
         self.current_key = key
         self._idx = idx
