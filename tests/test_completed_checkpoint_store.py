@@ -3,11 +3,17 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from pathlib import Path
 from typing import Any
 
-from reactive.checkpoint.completed_checkpoint_store import CompletedCheckpointStore
+from reactive.checkpoint.completed_checkpoint_store import (
+    CompletedCheckpointStore,
+    remove_checkpoint_dir,
+)
 from reactive.checkpoint.failure_reason import CheckpointFailureReason
+from reactive.checkpoint.lineage import RejectedCheckpoint, candidates_in
 from reactive.checkpoint.metadata import CompletedCheckpoint, write_metadata
 from reactive.checkpoint.shared_state_registry import SharedStateRegistry
 from reactive.checkpoint.storage import CheckpointStorage
@@ -92,6 +98,45 @@ async def test_counts_are_rebuilt_from_the_retained_metadata(tmp_path: Path):
     assert again.registry.reference_count("shared/a") == 2
     assert await again.remove_orphans() == 1
     assert _shared_files(storage) == {"shared/a", "shared/b"}
+
+
+def test_listing_checkpoints_while_retention_removes_them(tmp_path: Path, caplog):
+    """A user lists a running job's checkpoints (``reactive checkpoints list``, the Spark
+    bridge, a sink checking what completed) while retention removes subsumed ones in a
+    worker thread: a checkpoint removed between the listing and the reading of its metadata
+    is simply gone; the listing neither fails nor reports it as damaged."""
+    storage = CheckpointStorage(tmp_path, "j")
+    # each checkpoint completes, then subsumes the previous one as the store does
+    # (remove_checkpoint_dir: its _metadata first); bounded by count, not by time
+    rounds = 1_500
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def retention() -> None:
+        try:
+            for n in range(1, rounds + 1):
+                _complete(storage, n, [])
+                if n > 1:
+                    remove_checkpoint_dir(storage.checkpoint_dir(n - 1))
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=retention)
+    listings = 0
+    with caplog.at_level(logging.WARNING):
+        worker.start()
+        while not done.is_set():
+            listings += 1
+            storage.completed()
+            rejected = [c for c in candidates_in(storage) if isinstance(c, RejectedCheckpoint)]
+            assert not rejected, rejected
+        worker.join()
+    assert not errors
+    assert listings > 1
+    assert [c.checkpoint_id for c in storage.completed()] == [rounds]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_failure_reasons_say_whether_they_count():

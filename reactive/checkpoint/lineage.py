@@ -107,7 +107,8 @@ def candidates_in(storage: CheckpointStorage, min_id: int = 0, run_id: str | Non
         try:
             chk = CompletedCheckpoint(n, path, read_metadata(path))
         except RestoreError as exc:
-            out.append(RejectedCheckpoint(n, path, str(exc), committed_output(None)))
+            if (path / METADATA).exists():  # else removed meanwhile by retention: subsumed
+                out.append(RejectedCheckpoint(n, path, str(exc), committed_output(None)))
             continue
         if run_id is not None and (chk.metadata.get("run_id") != run_id or (
                 chk.is_savepoint and not committed_output(chk.metadata))):

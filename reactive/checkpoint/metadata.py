@@ -122,12 +122,16 @@ def read_metadata(checkpoint_dir: Path) -> dict[str, Any]:
             a key set) it is unsigned or its signature does not match.
     """
     path = checkpoint_dir / METADATA
-    if not path.exists():
+    try:
+        # opened without an exists() check first: retention may remove a subsumed
+        # checkpoint between the two calls, and the open is the one answer that counts
+        text = path.read_text()
+    except FileNotFoundError:
         raise RestoreError(
             f"{checkpoint_dir} has no {METADATA}: it is not a completed checkpoint"
-        )
+        ) from None
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(text)
         body, checksum = doc["body"], doc["sha256"]
     except (ValueError, KeyError) as exc:
         raise CorruptCheckpointError(f"{path} is not valid checkpoint metadata: {exc}") from exc

@@ -93,7 +93,11 @@ class CheckpointStorage:
         return sorted(out)
 
     def completed(self) -> list[CompletedCheckpoint]:
-        """Completed checkpoints, oldest first (unreadable metadata is skipped, with a log)."""
+        """Completed checkpoints, oldest first (unreadable metadata is skipped, with a log).
+
+        Safe while the job runs: a checkpoint that retention removes between the listing
+        and the reading of its metadata is left out, as it would be a moment later.
+        """
         out = []
         for n, p in self._dirs():
             if not (p / METADATA).exists():
@@ -101,7 +105,8 @@ class CheckpointStorage:
             try:
                 out.append(CompletedCheckpoint(n, p, read_metadata(p)))
             except RestoreError as exc:
-                log.warning("ignoring checkpoint %s: %s", p, exc)
+                if (p / METADATA).exists():  # else removed meanwhile: subsumed, not damaged
+                    log.warning("ignoring checkpoint %s: %s", p, exc)
         return out
 
     def latest_id(self, include_runs: bool = True) -> int:
