@@ -138,12 +138,14 @@ async def test_a_task_waiting_for_room_downstream_keeps_its_batches_whole() -> N
     (flow.from_collection(list(range(n))).key_by(lambda v: v % 97).map(lambda v: v + 1)
          .key_by(lambda v: v % 13).process(SlowSinkPerRecord()).uid("slow").sink(sink))
     job = await flow.start()
-    smallest = None
+    slices: list[int] = []
     while job.status in ("created", "running"):  # sample the cheap task's slice meanwhile
-        for task in job._tasks:
-            if task.name == "map":
-                smallest = task._slice if smallest is None else min(smallest, task._slice)
+        slices += [task._slice for task in job._tasks if task.name == "map"]
         await asyncio.sleep(0)
     await job.wait()
     assert sorted(sink.records) == list(range(1, n + 1))
-    assert smallest is not None and smallest >= 256, smallest
+    # not the smallest slice: a batch during which the machine took the CPU away (another
+    # process, a collection) is measured as costly and may shrink a slice now and then
+    # (once seen in CI: 181). Counting the waits shrank 44-46% of the samples (66-127).
+    small = [s for s in slices if s < 256]
+    assert slices and len(small) < 0.1 * len(slices), (len(small), len(slices), small[:20])
