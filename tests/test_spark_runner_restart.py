@@ -3,7 +3,7 @@ mid-way, a second process starts the same dataflow on the same checkpoint locati
 committed output validates exactly once against a batch computation.
 
 Run as a script, this module is the driver: ``python tests/test_spark_runner_restart.py
-DATA OUT CHECKPOINTS [KILL_AFTER_BATCH]``.
+DATA OUT CHECKPOINTS`` (the kill point comes in ``REACTIVE_TEST_KILL_AFTER_COMMIT``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the environment variable naming the commit-log entry after which the driver crashes
+KILL_ENV = "REACTIVE_TEST_KILL_AFTER_COMMIT"
 LINES = 3000
 BATCH = 500
 
@@ -56,7 +58,16 @@ def build(data: Path, out: Path) -> Any:
         def get_result(self, acc: Any) -> Any:
             return acc
 
+    kill_once = os.environ.get(KILL_ENV)
+    driver_group = os.getpgrp()  # read where build() runs: in the driver
+
     def parse(line: str) -> list[Any]:
+        if kill_once is not None and os.path.exists(kill_once):
+            # a later micro-batch is being processed: crash inside it, before its commit.
+            # This runs in a Python worker, whose daemon has a process group of its own:
+            # the driver's group (Python and the JVM) first, then the workers'
+            os.killpg(driver_group, signal.SIGKILL)
+            os.killpg(os.getpgrp(), signal.SIGKILL)
         parts = line.split(",")
         return [(parts[0], float(parts[1]), int(parts[2]))] if len(parts) == 3 else []
 
@@ -71,47 +82,35 @@ def build(data: Path, out: Path) -> Any:
     return flow
 
 
-def driver(data: Path, out: Path, checkpoints: Path, kill_after: int | None) -> None:
-    """The driver process: run the dataflow on Spark to the end of its input; with
-    ``kill_after``, SIGKILL its own process group (Python and the JVM) as soon as Spark
-    reports that micro-batch ``kill_after`` has committed (a crash at a known point, found
-    by Spark's own progress event rather than by watching files)."""
-    from pyspark.sql.streaming import StreamingQueryListener
-
+def driver(data: Path, out: Path, checkpoints: Path) -> None:
+    """The driver process: run the dataflow on Spark to the end of its input. With
+    :data:`KILL_ENV` set to a micro-batch's entry in the sink's commit log, the first record
+    parsed once that entry exists SIGKILLs the driver's process group (Python and the JVM),
+    then its Python workers': a crash inside the next micro-batch, at a known point. Spark's
+    progress events are delivered asynchronously, so a kill from its listener came after
+    every batch had committed on a fast run."""
     from reactive.connectors.spark import SparkRunner, local_session
 
     spark = local_session("local[2]", app_name="reactive-restart", shuffle_partitions=2)
-    if kill_after is not None:
-        commits = checkpoints / "restart" / "out" / "commits"
-
-        class KillAfterCommit(StreamingQueryListener):
-            def onQueryStarted(self, event: Any) -> None:
-                pass
-
-            def onQueryProgress(self, event: Any) -> None:
-                batch = event.progress.batchId
-                if batch >= kill_after and (commits / str(batch)).exists():
-                    os.killpg(os.getpgrp(), signal.SIGKILL)
-
-            def onQueryIdle(self, event: Any) -> None:
-                pass
-
-            def onQueryTerminated(self, event: Any) -> None:
-                pass
-
-        spark.streams.addListener(KillAfterCommit())
     SparkRunner(spark, checkpoints, max_records_per_batch=BATCH).run(build(data, out))
 
 
 def start_driver(data: Path, out: Path, checkpoints: Path,
                  kill_after: int | None = None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = [sys.executable, __file__, str(data), str(out), str(checkpoints)]
+    env.pop(KILL_ENV, None)
     if kill_after is not None:
-        args.append(str(kill_after))
+        env[KILL_ENV] = str(checkpoints / "restart" / "out" / "commits" / str(kill_after))
     # a process group of its own: the kill takes the driver's JVM down with it
-    return subprocess.Popen(args, env=env, start_new_session=True,
+    return subprocess.Popen([sys.executable, __file__, str(data), str(out), str(checkpoints)],
+                            env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def committed_batches(commits: Path) -> int:
+    """The micro-batches in Spark's commit log: its entries are named by batch id (the
+    directory also holds a hidden ``.<id>.crc`` checksum file per entry)."""
+    return sum(1 for p in commits.iterdir() if p.name.isdigit())
 
 
 def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int) -> None:
@@ -123,12 +122,12 @@ def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int) -> Non
     first = start_driver(data, out, chk, kill_after)
     code = first.wait(timeout=600)
     assert code == -signal.SIGKILL, f"the driver ended (exit code {code}) instead of being killed"
-    batches_before = len(list(commits.iterdir()))
+    batches_before = committed_batches(commits)
     assert batches_before < LINES // BATCH, "the kill came after the input was consumed"
     second = start_driver(data, out, chk)
     assert second.wait(timeout=600) == 0
     # the restarted driver continued after the committed batches, it did not start over
-    assert len(list(commits.iterdir())) > batches_before
+    assert committed_batches(commits) > batches_before
 
     expected: dict[tuple[str, int], list[int]] = {}
     for key, ts, value in rows:
@@ -163,5 +162,4 @@ def test_driver_killed_at_seeded_batches_resumes_exactly_once(
 
 
 if __name__ == "__main__":
-    driver(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]),
-           int(sys.argv[4]) if len(sys.argv) > 4 else None)
+    driver(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
