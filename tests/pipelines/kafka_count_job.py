@@ -8,7 +8,9 @@ Usage::
 It reads INPUT (bounded: up to the end offsets of its first start), counts the words, writes
 ``[word, n]`` for the n-th occurrence of each word to OUTPUT with a transactional
 :class:`~reactive.connectors.kafka.KafkaSink`, resumes from the latest completed checkpoint in
-CHECKPOINTS (every 100 ms) at PARALLELISM, and exits 0 when the input is done.
+CHECKPOINTS (every 100 ms) at PARALLELISM, and exits 0 when the input is done. Each source
+reader reads at most ``PER_CHECKPOINT`` records per checkpoint, so every run spans several
+checkpoints (the kill points below count commits).
 
 ``REACTIVE_TEST_KILL`` names where the process kills itself (counters per process):
 
@@ -40,6 +42,8 @@ from reactive import (
     ValueStateDescriptor,
 )
 from reactive.connectors.kafka import KafkaSink, KafkaSource, KafkaTransaction
+from reactive.connectors.kafka.source import KafkaSourceReader
+from reactive.sources import SourceReader
 
 JOB = "kafka-count"
 CLIENT_OPTIONS = {"check_crcs": False}  # aiokafka against librdkafka's mock cluster
@@ -95,10 +99,48 @@ class KillingKafkaSink(KafkaSink):
             tick("midcommit")
 
 
+#: records a reader hands over between two of its snapshots
+PER_CHECKPOINT = 1_000
+
+
+class PacedKafkaSource(KafkaSource):
+    """The Kafka source, paced by checkpoints: each reader reads at most
+    :data:`PER_CHECKPOINT` records between two of its snapshots. The kill points count
+    commits and pre-commits, so a run must span several checkpoints however fast the
+    machine reads (unpaced, a run at parallelism 1 could read all its input before its
+    third commit, and the kill never came)."""
+
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+        return PacedKafkaReader(self, subtask, parallelism)
+
+
+class PacedKafkaReader(KafkaSourceReader):
+    """A :class:`KafkaSourceReader` with a record allowance renewed by each snapshot."""
+
+    def __init__(self, source: KafkaSource, subtask: int, parallelism: int) -> None:
+        super().__init__(source, subtask, parallelism)
+        self.allowance = PER_CHECKPOINT
+
+    async def read_batch(self, max_records: int) -> list[Any] | None:
+        if self.allowance <= 0:
+            # none ready until the next barrier; a short wait, so the idle reader does not
+            # spin the CPU the mock cluster (in the test's process) needs
+            await asyncio.sleep(0.002)
+            return []
+        batch = await super().read_batch(min(max_records, self.allowance))
+        if batch:
+            self.allowance -= len(batch)
+        return batch
+
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
+        self.allowance = PER_CHECKPOINT
+        return super().snapshot_state(checkpoint_id)
+
+
 def build(bootstrap: str, input_topic: str, output_topic: str, parallelism: int) -> Dataflow:
     """The job's dataflow."""
     flow = Dataflow(JOB, parallelism=parallelism, batch_size=256)
-    (flow.source(KafkaSource(bootstrap, input_topic, stop_at_latest=True,
+    (flow.source(PacedKafkaSource(bootstrap, input_topic, stop_at_latest=True,
                              value_deserializer="str", client_options=CLIENT_OPTIONS),
                  name="words").uid("words")
          .key_by(lambda r: r.value)
