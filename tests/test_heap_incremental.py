@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reactive.backends.heap import HeapKeyedStateBackend, iter_heap_key_groups, read_heap_snapshot
+from reactive.backends.heap import backend as heap_backend
 from reactive.backends.heap import snapshot as heap_snapshot
 from reactive.errors import StateSerializationError
 from reactive.key_encoding import encode_key
@@ -157,6 +158,7 @@ OPS = ("update", "mutate", "clear", "add", "put", "remove", "reduce", "clear_all
 step = st.one_of(
     st.tuples(st.sampled_from(OPS), st.sampled_from(KEYS), st.integers(0, 9)),
     st.tuples(st.just("snapshot")),
+    st.tuples(st.just("savepoint")),
     st.tuples(st.just("progress"), st.integers(1, 6)),
     st.tuples(st.just("finish"), st.sampled_from(["complete", "complete", "abort", "discard"])),
 )
@@ -182,9 +184,13 @@ async def run_model(steps: list[tuple[Any, ...]], job_dir: Path,
             completed.append((c, model, handle))
 
     for s in steps:
-        if s[0] == "snapshot":
+        if s[0] in ("snapshot", "savepoint"):
             cid += 1
-            snap = inst.kb.snapshot(inst.context(cid))
+            ctx = inst.context(cid)
+            if s[0] == "savepoint":  # self-contained, keeps the key memo, is no base
+                ctx = SnapshotContext(cid, ctx.job_dir, ctx.checkpoint_dir, ctx.shared_dir,
+                                      "op", 0, savepoint=True)
+            snap = inst.kb.snapshot(ctx)
             # half the snapshots start writing at once: later steps interleave with them
             task = asyncio.ensure_future(snap.write()) if cid % 2 else None
             pending.append((cid, copy.deepcopy(inst.model), snap, task))
@@ -209,11 +215,13 @@ async def run_model(steps: list[tuple[Any, ...]], job_dir: Path,
 @pytest.fixture
 def tiny_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     """The writer yields after every chunk, so the steps interleave with its pieces; the
-    snapshot's memo of keys seen clears itself every few keys (touched again, a captured
-    key must keep its capture from before)."""
+    backend's key memo rolls every few keys (a key then misses it again while a checkpoint
+    is written: touched again, a captured key must keep its capture from before), and so
+    does a savepoint's memo of keys seen."""
     monkeypatch.setattr(heap_snapshot, "PIECE", 0.0)
     monkeypatch.setattr(heap_snapshot, "_MIN_CHUNK", 2)
     monkeypatch.setattr(heap_snapshot, "_SEEN_MAX", 3)
+    monkeypatch.setattr(heap_backend, "_KEY_CACHE_SIZE", 3)
 
 
 @settings(max_examples=40, deadline=None,
@@ -520,6 +528,40 @@ async def test_unserializable_value_fails_the_snapshot_and_the_next_delta_recove
     inst.apply("update", 3, 8)
     h3 = await inst.kb.snapshot(inst.context(3)).write()
     assert read_heap_snapshot(h3, inst.job_dir) == nonempty(inst.model)
+
+
+@pytest.mark.parametrize("incremental", [True, False])
+@pytest.mark.parametrize("checkpoint_in_flight", [False, True])
+async def test_a_savepoint_holds_its_barrier_values_of_keys_set_current_before_it(
+        tmp_path: Path, incremental: bool, checkpoint_in_flight: bool) -> None:
+    """A checkpoint swaps in a fresh key memo, so a key's first use after its barrier
+    misses it and is copied on write then; a savepoint keeps the memo (it closes no dirty
+    interval). Keys set current before a savepoint's barrier are found in the memo after
+    it, and must still be copied on write when records change them while it is written,
+    alone or beside a checkpoint in flight."""
+    inst = Instance(tmp_path / "job", incremental)
+    keys = list(range(200))
+    fill(inst, keys)
+    await inst.kb.snapshot(inst.context(1)).write()
+    inst.kb.notify_checkpoint_complete(1)
+    for k in keys:  # every key set current again: in the memo
+        inst.apply("put", k, 3)
+    checkpoint = None
+    if checkpoint_in_flight:
+        checkpoint = inst.kb.snapshot(inst.context(2))
+        at_checkpoint = copy.deepcopy(inst.model)
+        inst.apply("put", 0, 4)  # the checkpoint's fresh memo now holds key 0 (touched)
+    ctx = SnapshotContext(3, inst.job_dir, inst.job_dir / "chk-3", inst.job_dir / "shared",
+                          "op", 0, savepoint=True)
+    savepoint = inst.kb.snapshot(ctx)
+    at_savepoint = copy.deepcopy(inst.model)
+    for k in keys:  # changed in place and replaced, after the barriers
+        inst.apply("mutate", k, 5)
+        inst.apply("add", k, 6)
+    assert read_heap_snapshot(await savepoint.write(), inst.job_dir) == nonempty(at_savepoint)
+    if checkpoint is not None:
+        assert read_heap_snapshot(await checkpoint.write(), inst.job_dir) == \
+            nonempty(at_checkpoint)
 
 
 async def test_savepoints_and_restored_instances_are_self_contained_then_full(

@@ -10,14 +10,18 @@ through any completed checkpoint or savepoint, at any parallelism (rescaling, th
 section 4.2).
 
 ``set_current_key`` is the hottest function of the system: one dict hit in the key ->
-key-group-index memo. While a snapshot's asynchronous part runs, the backend's
-``set_current_key`` is an instance attribute bound to a watching variant that also reports
-the key to the snapshot (copy-on-write); the operators fetch ``backend.set_current_key`` per
-batch, and asynchronous parts only run between batches, so the normal path pays nothing. The
-memo doubles as the dirty set: each checkpoint swaps in a fresh one. Incremental checkpoints
-write only the dirty keys; full ones also serialize only those, and copy the rest of their
-self-contained file from the previous checkpoint's (:mod:`.snapshot`), so the loop's work per
-checkpoint follows the changes, not the state's size.
+key-group-index memo. The memo doubles as the dirty set: each checkpoint swaps in a fresh
+one. While a snapshot's asynchronous part runs, the backend's ``set_current_key`` is an
+instance attribute bound to a watching variant that also reports the key to the snapshot
+(copy-on-write); the operators fetch ``backend.set_current_key`` per batch, and
+asynchronous parts only run between batches, so the normal path pays nothing. Since a
+checkpoint's memo is fresh, a key's first ``set_current_key`` after the barrier misses it:
+the watching variant reports the key on that miss, and a hit costs what it costs without a
+snapshot (a savepoint keeps the memo, and its snapshot keeps a memo of the keys it saw).
+Incremental checkpoints write only the dirty keys; full ones also serialize only those, and
+copy the rest of their self-contained file from the previous checkpoint's
+(:mod:`.snapshot`), so the loop's work per checkpoint follows the changes, not the state's
+size.
 
 Keys are stored as the Python objects themselves; only their key group comes from their
 bytes (:mod:`reactive.key_encoding`, or the ``key_by`` key serializer), which handles record
@@ -159,25 +163,28 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     def _set_current_key_watching(self, key: Any) -> None:
         """:meth:`set_current_key` while snapshots are being written: each snapshot that has
-        not written ``key``'s key group yet sees the key first (copy-on-write)."""
+        not written ``key``'s key group yet sees the key first (copy-on-write). A snapshot
+        taken with a fresh memo sees it on the memo's miss (see :meth:`_watching_misses`),
+        a savepoint (no fresh memo) when the key is not in its seen-keys memo."""
         try:
-            idx = self._idx_cache.get(key)
+            found = self._idx_cache.get(key)
         except TypeError:
             raise unhashable_key_error(key, self.operator_uid) from None
-        if idx is None:
-            idx = self._index_of(key)
+        missed = found is None
+        idx = self._index_of(key) if found is None else found
         for snap in self._watching:
-            if key not in snap.seen:  # as _watching_one: touch decides what to capture
-                snap.touch(key, idx)
+            if missed if snap.fresh_memo else key not in snap.seen:
+                snap.touch(key, idx)  # touch decides what to capture
         self.current_key = key
         self._idx = idx
 
-    def _watching_one(self, snap: HeapSnapshot) -> Callable[[Any], None]:
-        """:meth:`_set_current_key_watching` for the usual case of one snapshot in flight,
-        with the snapshot's check for a key it has seen inlined (one dict lookup): while a
-        paced snapshot is written (most of a 1 s interval on W1) every record goes
-        through it."""
-        seen = snap.seen
+    def _watching_misses(self, snap: HeapSnapshot) -> Callable[[Any], None]:
+        """:meth:`set_current_key` for the usual case of one checkpoint in flight: the
+        snapshot sees a key on the memo's miss only. Its synchronous part swapped in a fresh
+        memo (holding only the current key, which it touched), and a key enters the memo
+        only through that miss (or a later roll of a full memo, after which it misses
+        again), so a key found in the memo was touched since the barrier. A hit, every
+        record but a key's first since the barrier, pays nothing over the normal path."""
         touch = snap.touch
         index_of = self._index_of
 
@@ -188,7 +195,6 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                 raise unhashable_key_error(key, self.operator_uid) from None
             if idx is None:
                 idx = index_of(key)
-            if key not in seen:
                 touch(key, idx)
             self.current_key = key
             self._idx = idx
@@ -200,8 +206,8 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         watching = self._watching
         if not watching:
             del self.set_current_key
-        elif len(watching) == 1:
-            self.set_current_key = self._watching_one(watching[0])  # type: ignore[method-assign,assignment]
+        elif len(watching) == 1 and watching[0].fresh_memo:
+            self.set_current_key = self._watching_misses(watching[0])  # type: ignore[method-assign,assignment]
         else:
             self.set_current_key = self._set_current_key_watching  # type: ignore[method-assign]
 
@@ -303,7 +309,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                             incremental=incremental, release=self._release,
                             on_written=None if ctx.savepoint else self._log.written,
                             on_failed=self._log.reset, share=self.snapshot_share,
-                            garbage=garbage)
+                            garbage=garbage, fresh_memo=not ctx.savepoint)
         if self._idx < self._n:
             snap.touch(self.current_key, self._idx)
         self._watching.append(snap)

@@ -261,15 +261,18 @@ class HeapSnapshot(KeyedStateSnapshot):
             are busy (see :class:`.pacing.LoopShare`); None: :data:`SHARE`.
         garbage: an object the backend no longer needs whose freeing may take long (a
             memo generation): dropped in the asynchronous part, not the synchronous one.
+        fresh_memo: the backend swapped in a fresh key memo at this snapshot's synchronous
+            part (checkpoints, not savepoints): it reports a key on its first memo miss
+            since then, and :attr:`seen` is not consulted.
 
     Attributes:
         next_idx: key groups below this index are written: touches of them are ignored.
         captured: key group index -> key -> the key's captured entries (None: unchanged
             since the snapshot's base); a key in it needs no :meth:`touch` any more.
         seen: the keys :meth:`touch` was called with (it clears itself at
-            :data:`_SEEN_MAX` keys): one dict lookup per record tells the backend's
-            watching ``set_current_key`` that a key needs no :meth:`touch`, where the
-            key-group check and the lookup in :attr:`captured` took three steps.
+            :data:`_SEEN_MAX` keys): for a snapshot without a fresh memo (a savepoint),
+            one dict lookup per record tells the backend's watching ``set_current_key``
+            that a key needs no :meth:`touch`.
         failure: set when a capture met a value that cannot be serialized.
         pacer: the asynchronous part's pacing (its ``busy`` and ``paused`` seconds tell
             how long it serialized and how long it let the tasks run).
@@ -282,7 +285,8 @@ class HeapSnapshot(KeyedStateSnapshot):
                  incremental: bool, release: Callable[[HeapSnapshot], None],
                  on_written: Callable[[int, list[GroupChain]], None] | None = None,
                  on_failed: Callable[[], None] | None = None,
-                 share: float | None = None, garbage: Any = None) -> None:
+                 share: float | None = None, garbage: Any = None,
+                 fresh_memo: bool = False) -> None:
         self.ctx = ctx
         self.plan = plan
         self.tables = list(tables.items())
@@ -294,6 +298,7 @@ class HeapSnapshot(KeyedStateSnapshot):
         self._on_written = on_written
         self._on_failed = on_failed
         self._garbage = garbage
+        self.fresh_memo = fresh_memo
         self.next_idx = 0
         self.failure: StateSerializationError | None = None
         self._discarded = False
@@ -315,12 +320,15 @@ class HeapSnapshot(KeyedStateSnapshot):
         """The task sets ``key`` (of key group index ``idx``, not yet written) current and
         may change its state: capture its values first if the snapshot needs them.
 
-        Called once per key and snapshot (a key in :attr:`seen` is not touched again), and
-        for a key of a key group already written (nothing to capture)."""
-        seen = self.seen
-        if len(seen) >= _SEEN_MAX:
-            seen.clear()  # keys seen again are touched again: idempotent
-        seen[key] = None
+        Called about once per key and snapshot (on the key's first memo miss since the
+        barrier, or, without a fresh memo, when it is not in :attr:`seen`; again after a
+        roll of the memo or a clearing of :attr:`seen`: idempotent), and for a key of a key
+        group already written (nothing to capture)."""
+        if not self.fresh_memo:
+            seen = self.seen
+            if len(seen) >= _SEEN_MAX:
+                seen.clear()  # keys seen again are touched again: idempotent
+            seen[key] = None
         if idx < self.next_idx:
             return
         cap = self.captured.get(idx)
