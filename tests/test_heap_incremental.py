@@ -214,21 +214,29 @@ async def run_model(steps: list[tuple[Any, ...]], job_dir: Path,
 
 @pytest.fixture
 def tiny_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The writer yields after every chunk, so the steps interleave with its pieces; the
-    backend's key memo rolls every few keys (a key then misses it again while a checkpoint
-    is written: touched again, a captured key must keep its capture from before), and so
-    does a savepoint's memo of keys seen."""
+    """The writer yields after every chunk, so the steps interleave with its pieces; a
+    savepoint's memo of keys seen clears itself every few keys (touched again, a captured
+    key must keep its capture from before)."""
     monkeypatch.setattr(heap_snapshot, "PIECE", 0.0)
     monkeypatch.setattr(heap_snapshot, "_MIN_CHUNK", 2)
+    monkeypatch.setattr(heap_snapshot, "_SORT_CHUNK", 4)
     monkeypatch.setattr(heap_snapshot, "_SEEN_MAX", 3)
-    monkeypatch.setattr(heap_backend, "_KEY_CACHE_SIZE", 3)
+
+
+@pytest.fixture
+def rolling_memo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend's key memo rolls every 16 keys: a key misses it again while a checkpoint
+    is written (touched again, a captured key must keep its capture from before). Not
+    fewer: the changed-key set of a backend is bounded by 5 memos, beyond which every key
+    group is written in full, and the model's 60 keys must still leave deltas."""
+    monkeypatch.setattr(heap_backend, "_KEY_CACHE_SIZE", 16)
 
 
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.lists(step, min_size=20, max_size=150))
 def test_model_restores_every_completed_checkpoint_at_its_barrier(
-        tiny_pieces: None, tmp_path_factory: pytest.TempPathFactory,
+        tiny_pieces: None, rolling_memo: None, tmp_path_factory: pytest.TempPathFactory,
         steps: list[tuple[Any, ...]]) -> None:
     asyncio.run(run_model(steps, tmp_path_factory.mktemp("job")))
 
@@ -237,7 +245,7 @@ def test_model_restores_every_completed_checkpoint_at_its_barrier(
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.lists(step, min_size=20, max_size=150))
 def test_model_full_checkpoints_carrying_chains_restore_at_their_barrier(
-        tiny_pieces: None, tmp_path_factory: pytest.TempPathFactory,
+        tiny_pieces: None, rolling_memo: None, tmp_path_factory: pytest.TempPathFactory,
         steps: list[tuple[Any, ...]]) -> None:
     """Full (self-contained) checkpoints serialize the changes and copy the rest from the
     previous checkpoint's file: the same model test."""
@@ -246,7 +254,8 @@ def test_model_full_checkpoints_carrying_chains_restore_at_their_barrier(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(40))
-def test_model_long_random_runs(tiny_pieces: None, tmp_path: Path, seed: int) -> None:
+def test_model_long_random_runs(tiny_pieces: None, rolling_memo: None, tmp_path: Path,
+                                seed: int) -> None:
     rnd = random.Random(seed)
     steps: list[tuple[Any, ...]] = []
     for _ in range(1500):
