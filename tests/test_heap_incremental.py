@@ -219,7 +219,7 @@ def tiny_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     key must keep its capture from before)."""
     monkeypatch.setattr(heap_snapshot, "PIECE", 0.0)
     monkeypatch.setattr(heap_snapshot, "_MIN_CHUNK", 2)
-    monkeypatch.setattr(heap_snapshot, "_SORT_CHUNK", 4)
+    monkeypatch.setattr(heap_snapshot, "_WALK_CHUNK", 4)
     monkeypatch.setattr(heap_snapshot, "_SEEN_MAX", 3)
 
 

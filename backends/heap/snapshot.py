@@ -91,8 +91,8 @@ _PER_ENTRY = 5e-7  # seconds per entry assumed before any measurement (scattered
 # values that nothing can change in place: a capture keeps a reference
 _IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None), complex})
 _MISSING = object()
-# dirty keys sorted by key group in one C call (~1 ms: one piece)
-_SORT_CHUNK = 4096
+# changed keys sorted by key group, or captured, in one C-level step (~1 ms: one piece)
+_WALK_CHUNK = 4096
 # keys :attr:`HeapSnapshot.seen` holds at most (~20 MB): bounds a long snapshot's memory
 _SEEN_MAX = 1 << 18
 #: entries the freeze captures or copies at most (~50-100 MB; the values are shared): key
@@ -523,16 +523,17 @@ class HeapSnapshot(KeyedStateSnapshot):
     async def _dirty_by_group(self, out: _Out) -> dict[int, list[Any]]:
         """The dirty keys of the key groups written as deltas, per key-group index.
 
-        Sorts them by key group in C-level steps (a chunk of :data:`_SORT_CHUNK` keys per
-        piece), then takes each delta group's changed values out of the records' reach in
-        one comprehension per state (:attr:`_frozen`: the values as they are now; a key not
-        touched since the barrier still holds its value of the barrier, and a touched one
-        keeps its capture, which :meth:`_overrides` applies over them) when they are all
-        immutable scalars and no state has a custom serializer (nor is a restored state
-        not bound to its descriptor yet, see :meth:`_freeze`); the key groups left with an
-        uncaptured key go to :attr:`_uncaptured`. So the copy-on-write of the changed keys
-        is paced work of the snapshot, not a cost on the records. At most
-        :data:`FREEZE_MAX` keys are taken so (with the copies of the freeze)."""
+        Sorts them by key group in C-level steps (a chunk of :data:`_WALK_CHUNK` keys per
+        piece), then takes each delta group's changed values out of the records' reach with
+        comprehensions per state, :data:`_WALK_CHUNK` keys each (:attr:`_frozen`: the
+        values as they are now; a key not touched since the barrier still holds its value
+        of the barrier, and a touched one keeps its capture, which :meth:`_overrides`
+        applies over them) when they are all immutable scalars and no state has a custom
+        serializer (nor is a restored state not bound to its descriptor yet, see
+        :meth:`_freeze`); the key groups left with an uncaptured key go to
+        :attr:`_uncaptured`. So the copy-on-write of the changed keys is paced work of the
+        snapshot, not a cost on the records. At most :data:`FREEZE_MAX` keys are taken so
+        (with the copies of the freeze)."""
         full = self.plan.full
         if full is None or len(full) >= self.n:
             return {}  # every key group is written in full: no delta needs its keys
@@ -549,8 +550,8 @@ class HeapSnapshot(KeyedStateSnapshot):
         del merged
         by: dict[int, list[Any]] = {}
         first, key_of = itemgetter(1), itemgetter(0)
-        for i in range(0, len(items), _SORT_CHUNK):
-            chunk = items[i:i + _SORT_CHUNK]
+        for i in range(0, len(items), _WALK_CHUNK):
+            chunk = items[i:i + _WALK_CHUNK]
             chunk.sort(key=first)
             for idx, run in groupby(chunk, first):
                 if idx not in full:
@@ -572,16 +573,24 @@ class HeapSnapshot(KeyedStateSnapshot):
             group: dict[str, dict[Any, Any]] = {}
             for name, maps in plain:
                 d = maps[idx]
-                values = {k: d[k] for k in keys if k in d}  # absent: a tombstone
-                if not immutable(map(type, values.values())):
-                    uncaptured.add(idx)  # could change in place: copy-on-write per key
-                    break
-                if values:
-                    group[name] = values
+                values: dict[Any, Any] = {}
+                # a delta group may hold 20 % of a large key group (DIRTY_FULL): in steps
+                for i in range(0, len(keys), _WALK_CHUNK):
+                    # a key absent from the state is a tombstone: left out
+                    part = {k: d[k] for k in keys[i:i + _WALK_CHUNK] if k in d}
+                    if not immutable(map(type, part.values())):
+                        break
+                    values.update(part)
+                    await self._tick(out)
+                else:
+                    if values:
+                        group[name] = values
+                    continue
+                uncaptured.add(idx)  # could change in place: copy-on-write per key
+                break
             else:
                 self._frozen[idx] = group
                 budget -= len(keys)
-            await self._tick(out)
         self._budget = budget
         return by
 
