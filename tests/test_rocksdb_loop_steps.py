@@ -9,6 +9,7 @@ through :meth:`WriteBackCache._load`.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import pickle
 import random
@@ -234,6 +235,43 @@ async def test_hot_keys_stay_cached_across_a_checkpoint(
             assert count.value() == i + (1000 if i % 50 == 0 else 0)
             assert log.get() == [i]
         assert sum(loads.calls.values()) == 0
+    finally:
+        kb.dispose()
+
+
+async def test_the_cache_refill_after_a_barrier_ends_its_steps_by_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The asynchronous part copies the frozen cache back into the live one (the hot keys
+    stay cached) in steps that end by time: with a clock that advances a whole step per
+    read, no step between two yields to the loop adds more than one clock check's worth of
+    entries. (The refill used to copy 16,384 entries per step whatever they cost, then merge
+    the live cache in: 10-30 ms stalls of the loop after every RocksDB checkpoint of W1.)"""
+    kb = make_backend(tmp_path, cache_entries=20_000, write_batch_entries=100_000)
+    try:
+        count = kb.get_state(ValueStateDescriptor("count", default=0))
+        for i in range(20_000):
+            kb.set_current_key(i)
+            count.update(i)
+        table = kb._tables["count"]
+        cached: list[int] = []  # the live cache's size at each yield of the refill
+        yield_ = asyncio.sleep
+
+        class Yields:
+            @staticmethod
+            async def sleep(delay: float) -> None:
+                cached.append(len(table.cache))
+                await yield_(delay)
+
+        monkeypatch.setattr(state_module, "asyncio", Yields)
+        monkeypatch.setattr(generations, "clock", FakeClock(), raising=False)
+        await kb.snapshot(context(tmp_path, 1)).write()
+        cached.append(len(table.cache))
+        steps = [b - a for a, b in zip([0, *cached], cached, strict=False)]
+        assert cached[-1] == 20_000
+        assert len(steps) > 10 and max(steps) <= state_module.REFILL_CHUNK
+        for i in range(0, 20_000, 997):
+            kb.set_current_key(i)
+            assert count.value() == i
     finally:
         kb.dispose()
 

@@ -64,9 +64,9 @@ __all__ = ["REFILL_CHUNK", "StateTable", "WriteBackCache", "create_state", "pick
 # ABSENT (a bare object)
 _SHAREABLE = _IMMUTABLE | {object}
 
-#: entries copied per step when the cache is refilled from a frozen generation (C-level
-#: dict updates, ~50-100 ns per entry: about a millisecond of loop time)
-REFILL_CHUNK = 16_384
+#: entries copied from a frozen generation back into the cache between two looks at the
+#: clock (~0.1 us each: a look per ~0.1 ms; the steps end by time, see ``_refill_step``)
+REFILL_CHUNK = 1_024
 
 
 def pickle_dumps(value: Any) -> bytes:
@@ -306,59 +306,65 @@ class WriteBackCache:
         return gen
 
     async def _refill(self, gen: Generation) -> None:
-        """Asynchronous part, first step: copy ``gen``'s frozen entries back into the
-        current cache while ``gen`` is the newest generation and the cache has room, so the
-        hot keys do not each take the slow path (:meth:`_load`) after every checkpoint.
+        """Asynchronous part, first step: while ``gen`` is the newest generation, copy its
+        frozen entries back into the current cache where the cache has no entry for the key
+        and has room, so the hot keys do not each take the slow path (:meth:`_load`) after
+        every checkpoint.
 
-        The copy is built aside in C-level chunks of :data:`REFILL_CHUNK` entries (yielding
-        to the loop between them), then merged in one step with the current cache, whose
-        (newer) values win, and swapped in. Dirty values of mutable types are left out: the
-        task may change a cached object in place, so only
+        In place, in steps that end by time (:meth:`_refill_step`, yielding to the loop
+        between them), like every other step of this backend on the loop. A key the task
+        cached since the barrier holds its newest value already, so only absent keys are
+        copied, and between two steps the task reads and writes the cache as usual. (It
+        used to build the copy aside in steps of a fixed 16,384 entries and merge the live
+        cache into it in one step at the end: 10-30 ms per step on W1, the loop's longest
+        stalls.) A key absent from the cache reads ``gen``'s value (the newest generation
+        holding it), so copying that value in changes no read. Dirty values of mutable
+        types are left out: the task may change a cached object in place, so only
         :meth:`.generations.FrozenTable.promote` hands them over (serialized first), or
-        :meth:`_retired` once ``gen`` is in RocksDB. A key evicted from the current cache
-        meanwhile was clean there, so its value is the one ``gen`` holds (reads look at the
-        newest generation first): copying it back is harmless.
+        :meth:`_retired` once ``gen`` is in RocksDB.
         """
         gens = self._gens
-        chunk = REFILL_CHUNK
         for ft in list(gen.tables.values()):
-            values, dirty = ft.values, ft.dirty
-            copy: dict[Any, Any] = {}
-            items = iter(values.items())
-            # the types of the dirty values, so that the common case (ints, strings ...)
-            # needs no Python loop over the dirty keys
-            types: set[type] = set()
-            dirty_keys = iter(dirty)
-            done = False
+            items = iter(ft.values.items())
+            held: list[Any] = []
             while True:
                 if gens.closed or not gens.pending or gens.pending[-1] is not gen:
                     return  # a newer generation shadows this one (or the backend is gone)
                 t = self._tables.get(ft.name)
                 if t is None:
                     break
-                # the current generation's entries come on top (most of them are the
-                # frozen keys the task took back): the cache may exceed its bound by those
-                # until evictions bring it back
-                room = self.cache_entries - len(copy)
-                if done or room <= 0:
-                    # the last step: no await from here to the swap
-                    types.update(map(type, map(values.__getitem__, dirty_keys)))
-                    held = [] if types <= _SHAREABLE else [
-                        key for key in dirty
-                        if type(values[key]) not in _SHAREABLE and key in copy]
-                    for key in held:
-                        del copy[key]
-                    for key in ft.serialized:  # handed over already: the task owns them
-                        copy.pop(key, None)
-                    copy.update(t.cache)
-                    t.cache = copy
+                if self._refill_step(t.cache, items, ft.dirty, held):
                     ft.held_back = held
                     break
-                copy.update(islice(items, min(room, chunk)))
-                done = len(copy) == len(values)  # distinct keys: all copied
-                types.update(map(type, map(values.__getitem__, islice(dirty_keys, chunk))))
-                if not done:
-                    await asyncio.sleep(0)  # the task runs between two steps
+                await asyncio.sleep(0)  # the task runs between two steps
+
+    def _refill_step(self, cache: dict[Any, Any], items: Iterator[tuple[Any, Any]],
+                     dirty: dict[Any, bytes], held: list[Any]) -> bool:
+        """One step of :meth:`_refill`: copy the next frozen ``items`` into ``cache`` where
+        it has no entry, for about :data:`.generations.STEP_SECONDS` (looking at the clock
+        every :data:`REFILL_CHUNK` entries); dirty keys of mutable values go to ``held``
+        instead. Returns True when done (``items`` exhausted, or the cache full)."""
+        clock, step, _ = step_budget()
+        deadline = clock() + step
+        limit = self.cache_entries
+        shareable = _SHAREABLE
+        while True:
+            want = min(limit - len(cache), REFILL_CHUNK)
+            if want <= 0:
+                return True
+            n = 0
+            for key, value in islice(items, want):
+                n += 1
+                if key in cache:
+                    continue  # the task's newer value, or an entry it took already
+                if type(value) not in shareable and key in dirty:
+                    held.append(key)
+                    continue
+                cache[key] = value
+            if n < want:
+                return True
+            if clock() >= deadline:
+                return False
 
     def _retired(self, gen: Generation, last: bool) -> None:
         """``gen`` is in RocksDB: if it was the last frozen generation, the dirty values of
