@@ -211,7 +211,10 @@ def test_unhashable_keys_are_refused_before_hashing() -> None:
     encode_key(7) + b"\x00",  # trailing bytes
     b"\x03\x00",  # a truncated float
     b"\x02\x01\x05",  # a small int in the long form: not the one encoding of 5
-], ids=["empty", "tag", "length", "trailing", "truncated", "long-form"])
+    b"\x04\x02\xff\xfe",  # a short str that is not UTF-8 (the decoder's fast path)
+    b"\x04\x01ab",  # a short str with a trailing byte
+], ids=["empty", "tag", "length", "trailing", "truncated", "long-form", "utf-8",
+        "str-trailing"])
 def test_malformed_bytes_do_not_decode(data: bytes) -> None:
     with pytest.raises(ValueError, match="not a canonical key encoding"):
         decode_key(data)
