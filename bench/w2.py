@@ -22,16 +22,19 @@ The baseline, run in the same invocation: a plain Python loop reading the file w
 ``csv`` module and computing the same aggregation in a dict (the same validation rules, the
 hour's epoch memoized per distinct ``time_hour``), under the garbage-collector settings the
 job runs with (``reactive.runtime.gc_tuning.throughput_gc``; ``--plain-gc default`` for
-CPython's). Each job runs in a fresh child process
-(the same imports and a fresh heap for every run); ``--baseline REV`` also runs the job of
-the tree at git revision ``REV`` (its ``reactive``, ``backends``, ``connectors`` and
-``examples``, extracted with ``git archive``; no git state changes) so a change is measured
-against the code before it on the same machine at the same time. Each configuration runs
-``--repeats`` times, interleaved with the others; the table gives min/median/max records/s
-(rows read / the run's wall time from ``flow.run`` to its end), the ratio of the median to
-the plain loop's median, each reader's ratio to ``lines`` on the same backend, and each
-run's ratio to the baseline revision's. The job's results are checked against the plain
-loop's on every run.
+CPython's). A second row times the job's own reader and functions without the runtime
+(``user_functions_loop``: pyarrow blocks, ``flights_from_table``, the job's filters,
+timestamp and key functions, ``DelayStats``, ``to_row``, a dict for the state), under the
+same settings: what a runtime calling those functions per record cannot beat. Each job runs
+in a fresh child process (the same imports and a fresh heap for every run); ``--baseline
+REV`` also runs the job of the tree at git revision ``REV`` (its ``reactive``,
+``backends``, ``connectors`` and ``examples``, extracted with ``git archive``; no git state
+changes) so a change is measured against the code before it on the same machine at the same
+time. Each configuration runs ``--repeats`` times, interleaved with the others; the table
+gives min/median/max records/s (rows read / the run's wall time from ``flow.run`` to its
+end), the ratio of the median to the plain loop's median, each reader's ratio to ``lines``
+on the same backend, and each run's ratio to the baseline revision's. The job's results are
+checked against the plain loop's on every run.
 
 ``--breakdown`` runs the working tree's job once more in this process with CPU timers
 (``time.thread_time``) around each operator's batch and watermark calls, the source's block
@@ -116,6 +119,69 @@ def plain_loop(data: Path) -> tuple[float, float, dict[Key, tuple[int, int]]]:
                     a[4] = delay
     rate = rows / (time.perf_counter() - started)
     return rate, rows / (time.process_time() - cpu), {k: (a[0], a[1]) for k, a in acc.items()}
+
+
+def user_functions_loop(flights: ModuleType, flights_data: ModuleType, data: Path
+                        ) -> tuple[float, float]:
+    """Records/s (wall time) and records per CPU second of the job's own work without the
+    runtime: the file read in pyarrow blocks (the CSV source's options, one thread), the
+    example's ``flights_from_table`` per block, then per flight the functions the job calls
+    (the crash injector's ``tick``, the dead-letter and flight filters, the timestamp
+    function of ``assign_timestamps`` and of the window, the key selector,
+    ``DelayStats.add``), a dict per (key, hour) for the window state, and per window
+    ``create_accumulator``, ``get_result``, its ``WindowResult`` and ``to_row``. What a
+    runtime that calls these functions per record cannot beat (``bench.w1``'s second row,
+    for W2).
+
+    Raises:
+        SystemExit: if a block holds a malformed row (this loop has no dead-letter path).
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from reactive.windowing.functions import window_result
+
+    started, cpu = time.perf_counter(), time.process_time()
+    read = pacsv.ReadOptions(use_threads=False, block_size=1 << 20)
+    convert = pacsv.ConvertOptions(include_columns=list(flights_data.CSV_COLUMNS),
+                                   column_types=dict(flights_data.CSV_COLUMN_TYPES),
+                                   null_values=[])
+    # the lambdas of flights.build_flow, with the same bodies
+    def malformed(r: Any) -> bool:
+        return isinstance(r, flights.DeadLetter)
+
+    def valid(r: Any) -> bool:
+        return isinstance(r, flights_data.Flight)
+
+    def timestamp(f: Any) -> Any:
+        return f.ts
+
+    def key_of(f: Any) -> tuple[Any, Any]:
+        return (f.origin, f.carrier)
+
+    tick = flights.CrashAt.tick
+    agg = flights.DelayStats()
+    add, create, result = agg.add, agg.create_accumulator, agg.get_result
+    windows: dict[tuple[Any, float], Any] = {}
+    rows = 0
+    for batch in pacsv.open_csv(data, read_options=read, convert_options=convert):
+        try:
+            block = flights_data.flights_from_table(pa.Table.from_batches([batch]))
+        except flights_data.MalformedRow as exc:
+            raise SystemExit(f"W2: a malformed row in {data} ({exc}): the user-functions "
+                             "loop has no dead-letter path") from None
+        rows += len(block)
+        for f in block:
+            if not tick(f) or malformed(f) or not valid(f):
+                continue
+            timestamp(f)  # assign_timestamps
+            ts = timestamp(f)
+            w = (key_of(f), ts - ts % 3600.0)
+            acc = windows.get(w)
+            windows[w] = add(f, create() if acc is None else acc)
+    for (key, start), acc in windows.items():
+        flights.to_row(window_result(key, start, start + 3600.0, result(acc)))
+    return rows / (time.perf_counter() - started), rows / (time.process_time() - cpu)
 
 
 async def run_job(flights: ModuleType, data: Path, work: Path, reader: str, backend: str,
@@ -223,13 +289,18 @@ Config = tuple[str, str, str]
 
 
 def ratio_table(rates: dict[Config | None, list[float]], checkpoints: dict[Config, list[int]],
-                baseline: str | None) -> list[list[Any]]:
+                baseline: str | None, calls: list[float] | None = None) -> list[list[Any]]:
     """The rows of a result table: min/median/max of each configuration (None: the plain
-    loop) and the ratios of its median to the plain loop's, the lines reader's on the same
-    code and backend, and the baseline revision's on the same backend and reader."""
+    loop; ``calls``: :func:`user_functions_loop`) and the ratios of its median to the plain
+    loop's, the lines reader's on the same code and backend, and the baseline revision's on
+    the same backend and reader."""
     b_min, b_med, b_max = spread(rates[None])
     table: list[list[Any]] = [["plain loop (csv module, dict)", "-", "-", b_min, b_med, b_max,
                                1.0, "-", "-", "-"]]
+    if calls:
+        lo, med, hi = spread(calls)
+        table.append(["the job's reader and functions alone (no runtime)", "-", "-", lo, med,
+                      hi, med / b_med, "-", "-", "-"])
     for config, values in rates.items():
         if config is None:
             continue
@@ -349,6 +420,7 @@ def main(argv: list[str] | None = None) -> str:
     rates: dict[str, dict[Config | None, list[float]]] = {
         m: {c: [] for c in [None, *configs]} for m in ("wall", "cpu")}
     checkpoints: dict[Config, list[int]] = {c: [] for c in configs}
+    calls: dict[str, list[float]] = {"wall": [], "cpu": []}  # user_functions_loop
     with tempfile.TemporaryDirectory() as tmp:
         baseline_tree = tree_at(args.baseline, Path(tmp) / "baseline") if args.baseline \
             else None
@@ -360,6 +432,10 @@ def main(argv: list[str] | None = None) -> str:
                 wall, cpu, expected = plain_loop(data)
             rates["wall"][None].append(wall)
             rates["cpu"][None].append(cpu)
+            with throughput_gc() if args.plain_gc == "tuned" else contextlib.nullcontext():
+                wall, cpu = user_functions_loop(flights, flights_data, data)
+            calls["wall"].append(wall)
+            calls["cpu"].append(cpu)
             for config in configs:
                 tree_name, backend, reader = config
                 work = Path(tmp) / "-".join(config).replace(" ", "_")
@@ -387,7 +463,7 @@ def main(argv: list[str] | None = None) -> str:
             texts.append(print_table(
                 ["run", "code", "backend", "min", "median", "max", "vs plain loop",
                  "vs lines reader", f"vs {args.baseline}", "checkpoints"],
-                ratio_table(rates[measure], checkpoints, args.baseline)))
+                ratio_table(rates[measure], checkpoints, args.baseline, calls[measure])))
         text = "\n\n".join(texts)
         if args.breakdown:
             print(f"\nbreakdown (working tree, {backends[0]}, {readers[0]} reader, one run in "
