@@ -541,13 +541,18 @@ class HeapSnapshot(KeyedStateSnapshot):
         if any(t.serialized or _serializer(t) is not None for _, t in self.tables):
             plain = []  # values to serialize, or bytes a binding may decode: per touch
         # closed generations (nobody changes them); a key dirty in several of them has one
-        # key group: one entry
-        merged: dict[Any, int] = {}
-        for gen in self.plan.dirty:
-            merged.update(gen)
-            await self._tick(out)
-        items = list(merged.items())
-        del merged
+        # key group: one entry. The usual case is one generation: listed as it is, not
+        # copied into a merged dict first
+        gens = self.plan.dirty
+        if len(gens) == 1:
+            items = list(gens[0].items())
+        else:
+            merged: dict[Any, int] = {}
+            for gen in gens:
+                merged.update(gen)
+                await self._tick(out)
+            items = list(merged.items())
+            del merged
         by: dict[int, list[Any]] = {}
         first, key_of = itemgetter(1), itemgetter(0)
         for i in range(0, len(items), _WALK_CHUNK):
