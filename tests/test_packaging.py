@@ -53,8 +53,8 @@ def _size(path: Path) -> int:
 
 def test_a_fresh_venv_installs_a_small_core_that_runs_a_job(tmp_path):
     """``pip install .`` into a new virtual environment: under 60 MB installed, ``import
-    reactive`` and a wordcount on the heap backend work, and nothing imports PySpark, pyarrow,
-    pandas or rocksdict (none is installed)."""
+    reactive`` and a wordcount on the heap backend work, nothing imports PySpark, pyarrow,
+    pandas or rocksdict (none is installed), and the package is marked typed (PEP 561)."""
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
@@ -76,6 +76,8 @@ def test_a_fresh_venv_installs_a_small_core_that_runs_a_job(tmp_path):
         missing = subprocess.run([python, "-c", f"import {heavy}"], cwd=tmp_path, env=env,
                                  capture_output=True)
         assert missing.returncode != 0, f"{heavy} was installed by pip install ."
+    # PEP 561: a user's type checker reads the package's own hints
+    assert (site / "reactive" / "py.typed").is_file()
     top_level = {p.name for p in site.iterdir() if (p / "__init__.py").exists()}
     assert "backends" not in top_level and "connectors" not in top_level
     assert "reactive" in top_level
