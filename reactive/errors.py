@@ -120,7 +120,36 @@ class StateSerializationError(CheckpointError):
 
 
 class RestoreError(ReactiveError):
-    """A checkpoint could not be restored (missing, incomplete or incompatible)."""
+    """A checkpoint could not be restored (missing, incomplete or incompatible).
+
+    Deterministic: restoring the same checkpoint again fails the same way, so a job whose
+    restore fails ends at once with this error (no restart). When the failure is one
+    operator instance's, the error says which and in which phase of its restore.
+
+    Args:
+        message: what went wrong and what to do.
+        operator: the uid of the operator whose state failed to restore.
+        subtask: the index of the operator instance.
+        phase: the step of the restore that failed: ``"state assignment"`` (reading and
+            redistributing the checkpoint's state for the instance), ``"keyed state"``
+            (the state backend's ``restore``) or ``"operator state"``.
+        checkpoint_id: the checkpoint being restored.
+
+    Attributes:
+        operator (str | None): as given (None when the error is not about one operator).
+        subtask (int | None): as given.
+        phase (str | None): as given.
+        checkpoint_id (int | None): as given.
+    """
+
+    def __init__(self, message: str = "", *, operator: str | None = None,
+                 subtask: int | None = None, phase: str | None = None,
+                 checkpoint_id: int | None = None) -> None:
+        super().__init__(message)
+        self.operator = operator
+        self.subtask = subtask
+        self.phase = phase
+        self.checkpoint_id = checkpoint_id
 
 
 class CorruptCheckpointError(RestoreError):

@@ -15,11 +15,13 @@ The asynchronous tests carry ``pytest.mark.asyncio``, so they run under pytest-a
 default *strict* mode as well as its auto mode; the module needs pytest and pytest-asyncio
 (the ``test`` extra).
 
-The tests drive the backend the way the runtime does: ``create_keyed_backend`` for a key-group
-range, ``set_current_key`` + the state API per record, ``snapshot(ctx)`` (synchronous part)
-then ``await snap.write()`` (asynchronous part) returning a JSON-serializable handle,
-``notify_checkpoint_complete``, and ``restore(handles, job_dir)`` into new instances of any
-key-group range. They check value/list/map/reducing semantics, per-key isolation, the
+The tests drive the backend the way the runtime does, on the threads the runtime uses:
+``create_keyed_backend`` for a key-group range, ``set_current_key`` + the state API per
+record, ``snapshot(ctx)`` (synchronous part) then ``await snap.write()`` (asynchronous part,
+while the task keeps changing state) returning a JSON-serializable handle,
+``notify_checkpoint_complete`` and ``dispose`` all on the event loop's thread, and
+``restore(handles, job_dir)`` into new instances of any key-group range in a worker thread (as
+the runtime restores off the loop). They check value/list/map/reducing semantics, per-key isolation, the
 snapshot/restore round trip, restoring a key-group subset and merging several instances,
 snapshots isolated from later updates (including in-place mutation of a value read before),
 and custom serializers.
@@ -27,11 +29,13 @@ and custom serializers.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from ..checkpoint.off_loop import in_thread
 from ..errors import RestoreError, StateAccessError
 from ..extras import require
 from ..keygroups import KeyGroupRange, assign_to_key_group
@@ -141,9 +145,12 @@ class BackendHarness:
         kb.notify_checkpoint_complete(checkpoint_id)
         return handle
 
-    def restore(self, handles: list[dict[str, Any]],
-                key_group_range: KeyGroupRange = FULL) -> KeyedStateBackend:
-        """A new keyed backend of ``key_group_range`` restored from ``handles``.
+    async def restore(self, handles: list[dict[str, Any]],
+                      key_group_range: KeyGroupRange = FULL) -> KeyedStateBackend:
+        """A new keyed backend of ``key_group_range`` restored from ``handles``, on the
+        threads the runtime uses: created on the event loop's thread, ``restore`` called
+        in a worker thread (the runtime's :func:`~reactive.checkpoint.off_loop.in_thread`),
+        every later hook on the loop's thread again.
 
         Args:
             handles (list[dict[str, Any]]): snapshot handles (of any instances).
@@ -151,10 +158,13 @@ class BackendHarness:
 
         Returns:
             KeyedStateBackend: the restored instance.
+
+        Raises:
+            Exception: whatever the backend's ``restore`` raised.
         """
         kb = self.create(key_group_range)
         # handles travel through the JSON metadata: restore from what JSON gives back
-        kb.restore(json.loads(json.dumps(handles)), self.job_dir)
+        await in_thread(kb.restore, json.loads(json.dumps(handles)), self.job_dir)
         return kb
 
     def close(self) -> None:
@@ -373,7 +383,7 @@ class StateBackendContract:
         handle = await harness.checkpoint(kb, 1)
         assert all(ref["path"] and ref["size"] >= 0 and len(ref["sha256"]) == 64
                    for ref in handle["files"])
-        restored = harness.restore([handle])
+        restored = await harness.restore([handle])
         assert read_all(restored, keys) == expected
         assert sorted(restored.keys("count")) == sorted(keys)
 
@@ -384,7 +394,7 @@ class StateBackendContract:
         expected = fill(kb, low + high)
         handle = await harness.checkpoint(kb, 1)
         for kgr, mine, theirs in ((LOW, low, high), (HIGH, high, low)):
-            part = harness.restore([handle], kgr)
+            part = await harness.restore([handle], kgr)
             assert sorted(part.keys("count")) == sorted(mine)
             assert sorted(part.keys("attrs")) == sorted(mine)
             assert read_all(part, mine) == {k: expected[k] for k in mine}
@@ -397,7 +407,7 @@ class StateBackendContract:
         low, high = keys_in(LOW, 150), keys_in(HIGH, 150)
         expected = {**fill(left, low), **fill(right, high)}
         handles = [await harness.checkpoint(left, 1), await harness.checkpoint(right, 1)]
-        merged = harness.restore(handles, FULL)
+        merged = await harness.restore(handles, FULL)
         assert read_all(merged, low + high) == expected
         assert sorted(merged.keys("log")) == sorted(low + high)
 
@@ -433,7 +443,7 @@ class StateBackendContract:
             count.update(7)
         handle = await snap.write()
         kb.notify_checkpoint_complete(1)
-        restored = harness.restore([handle])
+        restored = await harness.restore([handle])
         assert read_all(restored, keys) == expected
         restored.set_current_key(keys[0])
         assert _value(restored, ITEMS).value() == ["before"]
@@ -442,6 +452,30 @@ class StateBackendContract:
         kb.set_current_key(keys[0])
         assert items.value() == ["before", "after"]
         assert sorted(kb.keys("count")) == sorted(keys[:50] + keys[100:] + new_keys)
+
+    @pytest.mark.asyncio
+    async def test_state_changes_while_the_asynchronous_part_runs(
+            self, harness: BackendHarness) -> None:
+        kb = harness.create()
+        keys = keys_in(FULL, 300)
+        expected = fill(kb, keys)
+        snap = kb.snapshot(harness.context(kb, 1))
+        # the runtime runs the asynchronous part as its own task on the loop, and the
+        # task's records change state between any two of its steps
+        writing = asyncio.ensure_future(snap.write())
+        count = _value(kb, COUNT)
+        rounds = 0
+        while True:
+            for key in keys[rounds % 10::10]:
+                kb.set_current_key(key)
+                count.update(-rounds)
+            rounds += 1
+            if writing.done():
+                break
+            await asyncio.sleep(0)
+        handle = await writing
+        kb.notify_checkpoint_complete(1)
+        assert read_all(await harness.restore([handle]), keys) == expected
 
     @pytest.mark.asyncio
     async def test_successive_snapshots_each_restore_their_state(
@@ -461,8 +495,8 @@ class StateBackendContract:
         for key in keys[:10]:
             second[key] = (10_000, *first[key][1:])
         second[keys[10]] = (0, *first[keys[10]][1:])
-        assert read_all(harness.restore([h1]), keys) == first
-        r2 = harness.restore([h2])
+        assert read_all(await harness.restore([h1]), keys) == first
+        r2 = await harness.restore([h2])
         assert read_all(r2, keys) == second
         # a restored instance checkpoints again, and that snapshot restores too
         r2.set_current_key(keys[0])
@@ -470,7 +504,7 @@ class StateBackendContract:
         h3 = await harness.checkpoint(r2, 3)
         third = dict(second)
         third[keys[0]] = (1, *second[keys[0]][1:])
-        assert read_all(harness.restore([h3]), keys) == third
+        assert read_all(await harness.restore([h3]), keys) == third
 
     @pytest.mark.asyncio
     async def test_discarded_snapshot_leaves_backend_usable(
@@ -480,7 +514,7 @@ class StateBackendContract:
         expected = fill(kb, keys)
         kb.snapshot(harness.context(kb, 1)).discard()
         handle = await harness.checkpoint(kb, 2)
-        assert read_all(harness.restore([handle]), keys) == expected
+        assert read_all(await harness.restore([handle]), keys) == expected
 
     @pytest.mark.asyncio
     async def test_custom_serializer(self, harness: BackendHarness) -> None:
@@ -494,7 +528,7 @@ class StateBackendContract:
             state.update(_Opaque(key))
         handle = await harness.checkpoint(kb, 1)
         assert ser.serialized >= len(keys)
-        restored = harness.restore([handle])
+        restored = await harness.restore([handle])
         state2 = _value(restored, ValueStateDescriptor("opaque", serializer=ser))
         for key in keys:
             restored.set_current_key(key)
@@ -505,5 +539,6 @@ class StateBackendContract:
     async def test_refuses_a_foreign_handle(self, harness: BackendHarness) -> None:
         kb = harness.create()
         with pytest.raises(RestoreError):
-            kb.restore([{"backend": "no-such-backend", "format": "x", "files": []}],
-                       harness.job_dir)
+            await in_thread(kb.restore,
+                            [{"backend": "no-such-backend", "format": "x", "files": []}],
+                            harness.job_dir)
