@@ -7,8 +7,8 @@ the backend contract suite and the runtime catch what a third-party backend gets
   runs on the creating thread (the event loop's), and fails in ``restore``, which the runtime
   runs in a worker thread.
 - :class:`TamperedHandleStateBackend`: a snapshot handle that lies about its files (a wrong
-  sha256, an absolute path, a path with ``..``); the heap backend's restore does not look at
-  either, so the state still restores in a test that reads it back directly.
+  sha256 or size, an absolute path, a path with ``..``) while its own restore reads the
+  files it wrote, so the state still restores in a test that reads it back directly.
 """
 
 from __future__ import annotations
@@ -110,6 +110,9 @@ class _TamperedSnapshot(KeyedStateSnapshot):
 
     async def write(self) -> dict[str, Any]:
         handle = copy.deepcopy(await self.inner.write())
+        # the backend's own restore finds its files whatever the handle says (as one that
+        # opens job_dir / path does with an absolute path, and none verifies a checksum)
+        handle["true_files"] = copy.deepcopy(handle["files"])
         for ref in handle["files"]:
             if self.fault == "wrong_sha256":
                 ref["sha256"] = "0" * 64
@@ -133,6 +136,10 @@ class _Tampered(_Delegating):
 
     def snapshot(self, ctx: SnapshotContext) -> KeyedStateSnapshot:
         return _TamperedSnapshot(self.inner.snapshot(ctx), self.fault, ctx.job_dir)
+
+    def restore(self, handles: list[dict[str, Any]], job_dir: Path) -> None:
+        self.inner.restore([{**h, "files": h.get("true_files", h["files"])} for h in handles],
+                           job_dir)
 
 
 class TamperedHandleStateBackend(StateBackend):

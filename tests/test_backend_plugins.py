@@ -95,3 +95,42 @@ async def test_a_restore_error_fails_the_job_once_naming_the_operator(tmp_path):
     assert isinstance(cause.__cause__, Exception)
     assert type(cause.__cause__).__name__ == "ProgrammingError"
     assert "uid 'count'" in str(info.value) and "keyed state" in str(info.value)
+
+
+TAMPERED = '''
+from reactive.testing.backend_contract import StateBackendContract
+from tests.faulty_backends import TamperedHandleStateBackend
+
+
+class TestWrongSha256(StateBackendContract):
+    def create_state_backend(self, tmp_path):
+        return TamperedHandleStateBackend("wrong_sha256")
+
+
+class TestWrongSize(StateBackendContract):
+    def create_state_backend(self, tmp_path):
+        return TamperedHandleStateBackend("wrong_size")
+
+
+class TestAbsolutePath(StateBackendContract):
+    def create_state_backend(self, tmp_path):
+        return TamperedHandleStateBackend("absolute_path")
+
+
+class TestDotDotPath(StateBackendContract):
+    def create_state_backend(self, tmp_path):
+        return TamperedHandleStateBackend("dotdot_path")
+'''
+
+
+def test_the_suite_fails_a_backend_whose_handles_misstate_their_files(tmp_path):
+    results = run_contract_suite(tmp_path, TAMPERED)
+    what = {"TestWrongSha256": "sha256", "TestWrongSize": "bytes",
+            "TestAbsolutePath": "is absolute", "TestDotDotPath": "contains '..'"}
+    for cls, words in what.items():
+        failed = {name: msg for name, msg in results[cls].items() if msg != "passed"}
+        # every test that takes a snapshot fails, saying what is wrong with the file
+        assert "test_snapshot_restore_round_trip" in failed, (cls, results[cls])
+        assert "test_savepoint_is_self_contained" in failed, (cls, results[cls])
+        assert all(words in msg for msg in failed.values()), (cls, failed)
+        assert results[cls]["test_value_state"] == "passed"

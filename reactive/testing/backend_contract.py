@@ -21,18 +21,23 @@ record, ``snapshot(ctx)`` (synchronous part) then ``await snap.write()`` (asynch
 while the task keeps changing state) returning a JSON-serializable handle,
 ``notify_checkpoint_complete`` and ``dispose`` all on the event loop's thread, and
 ``restore(handles, job_dir)`` into new instances of any key-group range in a worker thread (as
-the runtime restores off the loop). They check value/list/map/reducing semantics, per-key isolation, the
-snapshot/restore round trip, restoring a key-group subset and merging several instances,
+the runtime restores off the loop). They check value/list/map/reducing semantics, per-key
+isolation, the snapshot/restore round trip, restoring a key-group subset and merging several
+instances,
 snapshots isolated from later updates (including in-place mutation of a value read before),
-and custom serializers.
+self-contained savepoints, and custom serializers; every handle's files are checked as the
+runtime relies on them (:func:`check_snapshot_handle`: relative paths under the job directory,
+no ``..``, existing, with the recorded size and sha256, exclusive files under ``chk-<n>``,
+shared ones under ``shared/``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import TYPE_CHECKING, Any, cast
 
 from ..checkpoint.off_loop import in_thread
@@ -54,7 +59,7 @@ else:
     pytest = require("pytest", "test", "the state backend contract suite")
     require("pytest_asyncio", "test", "the state backend contract suite")
 
-__all__ = ["BackendHarness", "StateBackendContract"]
+__all__ = ["BackendHarness", "StateBackendContract", "check_snapshot_handle"]
 
 MAX_PARALLELISM = 16
 FULL = KeyGroupRange(0, MAX_PARALLELISM - 1)
@@ -115,19 +120,21 @@ class BackendHarness:
         self.instances.append(kb)
         return kb
 
-    def context(self, kb: KeyedStateBackend, checkpoint_id: int) -> SnapshotContext:
+    def context(self, kb: KeyedStateBackend, checkpoint_id: int,
+                savepoint: bool = False) -> SnapshotContext:
         """The snapshot context the runtime would pass for ``checkpoint_id``.
 
         Args:
             kb (KeyedStateBackend): an instance this harness created.
             checkpoint_id (int): the checkpoint.
+            savepoint (bool): a self-contained savepoint's context.
 
         Returns:
             SnapshotContext: paths under :attr:`job_dir`.
         """
         return SnapshotContext(
             checkpoint_id, self.job_dir, self.job_dir / f"chk-{checkpoint_id}",
-            self.job_dir / "shared", "op", self.instances.index(kb),
+            self.job_dir / "shared", "op", self.instances.index(kb), savepoint,
         )
 
     async def checkpoint(self, kb: KeyedStateBackend, checkpoint_id: int) -> dict[str, Any]:
@@ -140,9 +147,27 @@ class BackendHarness:
         Returns:
             dict[str, Any]: the snapshot's handle.
         """
-        snap = kb.snapshot(self.context(kb, checkpoint_id))
+        ctx = self.context(kb, checkpoint_id)
+        snap = kb.snapshot(ctx)
         handle = await snap.write()
+        check_snapshot_handle(handle, ctx)
         kb.notify_checkpoint_complete(checkpoint_id)
+        return handle
+
+    async def savepoint(self, kb: KeyedStateBackend, checkpoint_id: int) -> dict[str, Any]:
+        """A self-contained snapshot (``SnapshotContext.savepoint``), which completes without
+        ``notify_checkpoint_complete``, as an intermediate savepoint does.
+
+        Args:
+            kb (KeyedStateBackend): an instance this harness created.
+            checkpoint_id (int): the savepoint's id.
+
+        Returns:
+            dict[str, Any]: the savepoint's handle.
+        """
+        ctx = self.context(kb, checkpoint_id, savepoint=True)
+        handle = await kb.snapshot(ctx).write()
+        check_snapshot_handle(handle, ctx)
         return handle
 
     async def restore(self, handles: list[dict[str, Any]],
@@ -172,6 +197,79 @@ class BackendHarness:
         for kb in self.instances:
             kb.dispose()
         self.instances.clear()
+
+
+def check_snapshot_handle(handle: dict[str, Any], ctx: SnapshotContext) -> None:
+    """Check what a snapshot handle says about its files, as the runtime relies on it.
+
+    The runtime stores the handle in the checkpoint's JSON metadata, verifies each listed
+    file's size and sha256 before a restore (a mismatch makes the checkpoint unrestorable),
+    resolves the paths under the job directory (refusing absolute paths and ``..``),
+    deletes ``chk-<n>`` with the checkpoint and a file of ``"shared"`` when no retained
+    checkpoint lists it, and moves a savepoint's ``chk-<n>`` elsewhere. So the handle must
+    be JSON-serializable and name its backend; every ``{"path", "size", "sha256"}`` of
+    ``"files"`` must be a relative POSIX path without ``..`` naming an existing file under
+    ``ctx.job_dir`` with that size and sha256; the ``"shared"`` entries must be files of
+    ``"files"`` under ``ctx.shared_dir`` and every other file must lie under
+    ``ctx.checkpoint_dir``; a savepoint (``ctx.savepoint``) lists no shared file.
+
+    Args:
+        handle (dict[str, Any]): what ``KeyedStateSnapshot.write`` returned.
+        ctx (SnapshotContext): the context the snapshot was taken with.
+
+    Raises:
+        AssertionError: naming the file and what is wrong with it.
+    """
+    try:
+        json.dumps(handle)
+    except (TypeError, ValueError) as exc:
+        raise AssertionError(f"the snapshot handle is not JSON-serializable: {exc}") from exc
+    assert isinstance(handle.get("backend"), str) and handle["backend"], \
+        f"the snapshot handle names no backend (its 'backend' is {handle.get('backend')!r})"
+    files = handle.get("files")
+    assert isinstance(files, list), f"the snapshot handle's 'files' is {files!r}, not a list"
+    job_dir = ctx.job_dir.resolve()
+    for ref in files:
+        assert isinstance(ref, dict) and {"path", "size", "sha256"} <= ref.keys(), \
+            f"a file of the snapshot handle is {ref!r}, not {{'path', 'size', 'sha256'}}"
+        rel = ref["path"]
+        assert isinstance(rel, str) and rel, f"file path {rel!r} is not a non-empty str"
+        assert not PurePosixPath(rel).is_absolute() and not PureWindowsPath(rel).is_absolute() \
+            and not PureWindowsPath(rel).drive, (
+                f"file path {rel!r} is absolute: handle paths are relative to the job "
+                "directory (SnapshotContext.relative), or the checkpoint cannot move")
+        assert ".." not in rel.replace("\\", "/").split("/"), (
+            f"file path {rel!r} contains '..': the runtime refuses such paths on restore")
+        path = ctx.job_dir / rel
+        assert path.resolve().is_relative_to(job_dir), \
+            f"file path {rel!r} leads outside the job directory {ctx.job_dir}"
+        assert path.is_file(), f"file {rel!r} listed by the snapshot handle does not exist"
+        size = path.stat().st_size
+        assert ref["size"] == size, \
+            f"file {rel!r} has {size} bytes, the snapshot handle says {ref['size']!r}"
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        assert ref["sha256"] == digest, (
+            f"file {rel!r} has sha256 {digest}, the snapshot handle says {ref['sha256']!r}: "
+            "the runtime would refuse to restore the checkpoint")
+    listed = {ref["path"] for ref in files}
+    shared = handle.get("shared", [])
+    assert isinstance(shared, list), f"the snapshot handle's 'shared' is {shared!r}"
+    assert not (ctx.savepoint and shared), (
+        f"a savepoint's handle lists shared files {[r.get('path') for r in shared]}: a "
+        "savepoint must be self-contained (SnapshotContext.savepoint)")
+    shared_dir, checkpoint_dir = ctx.shared_dir.resolve(), ctx.checkpoint_dir.resolve()
+    shared_paths: set[str] = set()
+    for ref in shared:
+        rel = ref.get("path") if isinstance(ref, dict) else None
+        assert isinstance(rel, str) and rel in listed, \
+            f"shared file {rel!r} is not among the handle's 'files'"
+        assert (ctx.job_dir / rel).resolve().is_relative_to(shared_dir), \
+            f"shared file {rel!r} is not under {ctx.shared_dir}"
+        shared_paths.add(rel)
+    for rel in listed - shared_paths:
+        assert (ctx.job_dir / rel).resolve().is_relative_to(checkpoint_dir), (
+            f"file {rel!r} is not under {ctx.checkpoint_dir} and not listed as shared: it "
+            "would outlive (or be deleted before) the checkpoint that needs it")
 
 
 def keys_in(kgr: KeyGroupRange, n: int) -> list[str]:
@@ -419,7 +517,8 @@ class StateBackendContract:
         items = _value(kb, ITEMS)
         kb.set_current_key(keys[0])
         items.update(["before"])
-        snap = kb.snapshot(harness.context(kb, 1))  # synchronous part only
+        ctx = harness.context(kb, 1)
+        snap = kb.snapshot(ctx)  # synchronous part only
         # the task keeps processing before the asynchronous part runs
         count, log = _value(kb, COUNT), _list(kb, LOG)
         attrs, total = _map(kb, ATTRS), _reducing(kb, TOTAL)
@@ -442,6 +541,7 @@ class StateBackendContract:
             kb.set_current_key(key)
             count.update(7)
         handle = await snap.write()
+        check_snapshot_handle(handle, ctx)
         kb.notify_checkpoint_complete(1)
         restored = await harness.restore([handle])
         assert read_all(restored, keys) == expected
@@ -459,7 +559,8 @@ class StateBackendContract:
         kb = harness.create()
         keys = keys_in(FULL, 300)
         expected = fill(kb, keys)
-        snap = kb.snapshot(harness.context(kb, 1))
+        ctx = harness.context(kb, 1)
+        snap = kb.snapshot(ctx)
         # the runtime runs the asynchronous part as its own task on the loop, and the
         # task's records change state between any two of its steps
         writing = asyncio.ensure_future(snap.write())
@@ -474,6 +575,7 @@ class StateBackendContract:
                 break
             await asyncio.sleep(0)
         handle = await writing
+        check_snapshot_handle(handle, ctx)
         kb.notify_checkpoint_complete(1)
         assert read_all(await harness.restore([handle]), keys) == expected
 
@@ -505,6 +607,24 @@ class StateBackendContract:
         third = dict(second)
         third[keys[0]] = (1, *second[keys[0]][1:])
         assert read_all(await harness.restore([h3]), keys) == third
+
+    @pytest.mark.asyncio
+    async def test_savepoint_is_self_contained(self, harness: BackendHarness) -> None:
+        kb = harness.create()
+        keys = keys_in(FULL, 200)
+        expected = fill(kb, keys)
+        await harness.checkpoint(kb, 1)  # what an incremental snapshot would build on
+        count = _value(kb, COUNT)
+        kb.set_current_key(keys[0])
+        count.update(42)
+        expected[keys[0]] = (42, *expected[keys[0]][1:])
+        savepoint = await harness.savepoint(kb, 2)  # its files all under chk-2
+        kb.set_current_key(keys[1])
+        count.update(43)
+        later = {**expected, keys[1]: (43, *expected[keys[1]][1:])}
+        checkpoint = await harness.checkpoint(kb, 3)
+        assert read_all(await harness.restore([savepoint]), keys) == expected
+        assert read_all(await harness.restore([checkpoint]), keys) == later
 
     @pytest.mark.asyncio
     async def test_discarded_snapshot_leaves_backend_usable(
