@@ -159,17 +159,32 @@ class CorruptCheckpointError(RestoreError):
 class JobFailedError(ReactiveError):
     """The job failed and its restart strategy gave up; ``__cause__`` is the last failure.
 
-    Attributes:
+    Args:
+        job: the job's name.
         attempts: how many times the job was started (1 + restarts).
+        cause: the last failure.
+        resumable: whether a completed checkpoint exists that ``resume=True`` would
+            continue from (one of this run, or the one it restored); the message suggests
+            resuming only then.
+
+    Attributes:
+        job: as given.
+        attempts: as given.
+        resumable: as given.
     """
 
-    def __init__(self, job: str, attempts: int, cause: BaseException) -> None:
+    def __init__(self, job: str, attempts: int, cause: BaseException, *,
+                 resumable: bool = False) -> None:
         self.job = job
         self.attempts = attempts
+        self.resumable = resumable
+        advice = ("Completed checkpoints stay on disk; run again with resume=True to "
+                  "continue from the latest one." if resumable else
+                  "No checkpoint completed in this run, so resume=True has nothing of it to "
+                  "continue from.")
         super().__init__(
             f"job {job!r} failed after {attempts} attempt(s): {type(cause).__name__}: {cause}. "
-            "Completed checkpoints stay on disk; run again with resume=True to continue "
-            "from the latest one."
+            f"{advice}"
         )
 
 
