@@ -23,8 +23,9 @@ at once:
 - in a worker thread of the event loop's default executor (``asyncio.to_thread``; not
   always the same thread from one restore to the next): :meth:`KeyedStateBackend.restore`,
   after the instance was created and before its task runs, so the loop keeps serving the
-  application while snapshots are read; a key-group reader registered with
-  ``register_key_group_reader`` runs there too (and in any thread of a reader's caller);
+  application while snapshots are read (a key-group reader registered with
+  ``register_key_group_reader`` runs there too, and may be called from any other thread:
+  a committed ``query_state``, the PySpark bridge);
 - on the event loop's thread: everything else, :meth:`StateBackend.create_keyed_backend`,
   ``set_current_key``, ``get_state`` and the state objects, ``keys``, ``snapshot``, the
   coroutine ``KeyedStateSnapshot.write`` (a task of its own, while the task keeps
