@@ -162,3 +162,37 @@ class TamperedHandleStateBackend(StateBackend):
         return _Tampered(self.heap.create_keyed_backend(
             job_name=job_name, operator_uid=operator_uid, subtask=subtask,
             key_group_range=key_group_range, max_parallelism=max_parallelism), self.fault)
+
+
+class _FlakyRestore(_Delegating):
+    def __init__(self, inner: KeyedStateBackend, owner: FlakyRestoreStateBackend) -> None:
+        super().__init__(inner)
+        self.owner = owner
+
+    def restore(self, handles: list[dict[str, Any]], job_dir: Path) -> None:
+        if self.owner.failures_left > 0:
+            self.owner.failures_left -= 1
+            raise OSError(5, "Input/output error (injected)")
+        self.inner.restore(handles, job_dir)
+
+
+class FlakyRestoreStateBackend(StateBackend):
+    """Heap state whose first ``failures`` restores (over all instances) raise an ``OSError``,
+    as a flaky disk or network mount would.
+
+    Args:
+        failures: how many restores fail.
+    """
+
+    name = "heap"
+
+    def __init__(self, failures: int) -> None:
+        self.failures_left = failures
+        self.heap = HeapStateBackend()
+
+    def create_keyed_backend(self, *, job_name: str, operator_uid: str, subtask: int,
+                             key_group_range: KeyGroupRange,
+                             max_parallelism: int) -> KeyedStateBackend:
+        return _FlakyRestore(self.heap.create_keyed_backend(
+            job_name=job_name, operator_uid=operator_uid, subtask=subtask,
+            key_group_range=key_group_range, max_parallelism=max_parallelism), self)

@@ -18,7 +18,7 @@ from reactive.connectors.collections import ListSink
 from reactive.testing import TestingSource
 
 from .conftest import Count
-from .faulty_backends import ThreadBoundStateBackend
+from .faulty_backends import FlakyRestoreStateBackend, ThreadBoundStateBackend
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,15 +39,18 @@ class TestThreadBound(StateBackendContract):
 '''
 
 
-def run_contract_suite(tmp_path: Path, source: str) -> dict[str, dict[str, str]]:
+def run_contract_suite(tmp_path: Path, source: str,
+                       select: str | None = None) -> dict[str, dict[str, str]]:
     """Run the contract suite in ``source`` as a third party would (its own pytest run, strict
-    asyncio mode); return ``{class: {test: "passed" | failure message}}``."""
+    asyncio mode; ``select``: a ``-k`` expression); return
+    ``{class: {test: "passed" | failure message}}``."""
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_my_backend.py").write_text(textwrap.dedent(source))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "asyncio_mode=strict",
-         "-q", "--junitxml", str(tmp_path / "report.xml"), "test_my_backend.py"],
+         "-q", "--junitxml", str(tmp_path / "report.xml"), "test_my_backend.py",
+         *(["-k", select] if select else [])],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     out: dict[str, dict[str, str]] = {}
     for case in ET.parse(tmp_path / "report.xml").iter("testcase"):
@@ -97,6 +100,26 @@ async def test_a_restore_error_fails_the_job_once_naming_the_operator(tmp_path):
     assert "uid 'count'" in str(info.value) and "keyed state" in str(info.value)
 
 
+async def test_an_os_error_in_restore_is_retried_and_says_where(tmp_path, caplog):
+    words = [f"w{i % 7}" for i in range(300)]
+    items = [*words[:100], TestingSource.CHECKPOINT, *words[100:200], TestingSource.ABORT,
+             *words[200:]]
+    flow = Dataflow("flaky-restore", parallelism=2)
+    sink = ListSink()
+    (flow.source(TestingSource(items, batch_size=20), uid="src")
+     .key_by(lambda w: w).process(Count()).uid("count").sink(sink))
+    job = await flow.run(checkpoints=CheckpointConfig(interval=0.02, directory=tmp_path / "chk"),
+                         state_backend=FlakyRestoreStateBackend(failures=1),
+                         restart=RestartStrategy.fixed(3, 0.0))
+    # the ABORT, then the failed restore: two restarts, and every word counted to its end
+    assert job.metrics.restarts == 2
+    final = {w: max(n for x, n in sink.records if x == w) for w in set(words)}
+    assert final == {w: words.count(w) for w in set(words)}
+    failure = next(r.getMessage() for r in caplog.records if "OSError" in r.getMessage())
+    assert "uid 'count'" in failure and "keyed state" in failure
+    assert "Input/output error (injected)" in failure
+
+
 TAMPERED = '''
 from reactive.testing.backend_contract import StateBackendContract
 from tests.faulty_backends import TamperedHandleStateBackend
@@ -124,7 +147,8 @@ class TestDotDotPath(StateBackendContract):
 
 
 def test_the_suite_fails_a_backend_whose_handles_misstate_their_files(tmp_path):
-    results = run_contract_suite(tmp_path, TAMPERED)
+    results = run_contract_suite(
+        tmp_path, TAMPERED, "round_trip or savepoint or value_state or while_the_asynchronous")
     what = {"TestWrongSha256": "sha256", "TestWrongSize": "bytes",
             "TestAbsolutePath": "is absolute", "TestDotDotPath": "contains '..'"}
     for cls, words in what.items():
@@ -132,5 +156,6 @@ def test_the_suite_fails_a_backend_whose_handles_misstate_their_files(tmp_path):
         # every test that takes a snapshot fails, saying what is wrong with the file
         assert "test_snapshot_restore_round_trip" in failed, (cls, results[cls])
         assert "test_savepoint_is_self_contained" in failed, (cls, results[cls])
+        assert "test_state_changes_while_the_asynchronous_part_runs" in failed
         assert all(words in msg for msg in failed.values()), (cls, failed)
         assert results[cls]["test_value_state"] == "passed"

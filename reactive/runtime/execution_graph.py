@@ -271,7 +271,7 @@ class ExecutionGraph:
                 the original error is its ``__cause__``. The job fails with it at once: a
                 restart would restore the same checkpoint the same way.
             OSError: an error of the file system (perhaps transient: a restart retries it),
-                with a note naming the operator and the phase.
+                of the same errno, its message naming the operator and the phase.
         """
         with_state = assignment.checkpoint.metadata.get("operators", {})
         for instance in self._instances:
@@ -284,7 +284,7 @@ def _restore_instance(assignment: StateAssignmentOperation, instance: _InstanceR
 
     Raises:
         RestoreError: with the operator, subtask, phase and checkpoint id set.
-        OSError: as raised, with a note saying where.
+        OSError: of the errno raised, saying where.
     """
     op = instance.operator
     phase = "state assignment"
@@ -309,11 +309,13 @@ def _restore_failure(exc: Exception, assignment: StateAssignmentOperation,
     where = (f"operator {op.name!r} (uid {op.uid!r}, subtask {instance.subtask}/"
              f"{instance.parallelism}) failed to restore its {phase} from checkpoint "
              f"{checkpoint_id}")
-    if isinstance(exc, OSError) and not isinstance(exc, RestoreError):
+    if isinstance(exc, OSError):
         # the file system's errors may pass (a full disk, a network mount): a restart
-        # retries them, so the error keeps its type and only says where it happened
-        exc.add_note(where)
-        return exc
+        # retries them, so the error keeps its type (OSError picks the subclass of the
+        # errno) and says where it happened
+        if exc.errno is None:
+            return OSError(f"{where}: {exc}")
+        return OSError(exc.errno, f"{where}: {exc.strerror}", exc.filename)
     if isinstance(exc, RestoreError) and exc.operator is not None:
         return exc
     hint = ""
