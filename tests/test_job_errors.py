@@ -100,3 +100,17 @@ async def test_a_job_with_a_completed_checkpoint_suggests_resuming(tmp_path):
         await flow.run(checkpoints=CheckpointConfig(interval=0.01, directory=tmp_path / "chk"),
                        restart=RestartStrategy.none())
     assert info.value.resumable and RESUME in str(info.value)
+
+
+def test_the_spark_runner_refuses_flat_map_text_as_the_runtime_does():
+    pytest.importorskip("pyspark", reason="the Spark runner needs pyspark")
+    from reactive.connectors.spark.record_chain import run_steps
+    from reactive.connectors.spark.translation import RecordStep
+
+    steps = [RecordStep("words", "words", "flat_map", lambda line: line.upper())]
+    with pytest.raises(UserFunctionError) as info:
+        list(run_steps(steps, "to be", None, position=3))
+    assert (info.value.operator, info.value.record, info.value.position) == ("words", "to be", 3)
+    assert "returned a str" in str(info.value)
+    ok = [RecordStep("words", "words", "flat_map", str.split)]
+    assert [r for r, _ in run_steps(ok, "to be", None)] == ["to", "be"]
