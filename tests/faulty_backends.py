@@ -175,10 +175,15 @@ class _FlakyRestore(_Delegating):
             raise OSError(5, "Input/output error (injected)")
         self.inner.restore(handles, job_dir)
 
+    def dispose(self) -> None:
+        self.owner.disposed += 1
+        super().dispose()
+
 
 class FlakyRestoreStateBackend(StateBackend):
     """Heap state whose first ``failures`` restores (over all instances) raise an ``OSError``,
-    as a flaky disk or network mount would.
+    as a flaky disk or network mount would; counts the keyed backends it created and how
+    many were disposed.
 
     Args:
         failures: how many restores fail.
@@ -188,11 +193,13 @@ class FlakyRestoreStateBackend(StateBackend):
 
     def __init__(self, failures: int) -> None:
         self.failures_left = failures
+        self.created = self.disposed = 0
         self.heap = HeapStateBackend()
 
     def create_keyed_backend(self, *, job_name: str, operator_uid: str, subtask: int,
                              key_group_range: KeyGroupRange,
                              max_parallelism: int) -> KeyedStateBackend:
+        self.created += 1
         return _FlakyRestore(self.heap.create_keyed_backend(
             job_name=job_name, operator_uid=operator_uid, subtask=subtask,
             key_group_range=key_group_range, max_parallelism=max_parallelism), self)

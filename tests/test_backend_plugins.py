@@ -108,11 +108,13 @@ async def test_an_os_error_in_restore_is_retried_and_says_where(tmp_path, caplog
     sink = ListSink()
     (flow.source(TestingSource(items, batch_size=20), uid="src")
      .key_by(lambda w: w).process(Count()).uid("count").sink(sink))
+    backend = FlakyRestoreStateBackend(failures=1)
     job = await flow.run(checkpoints=CheckpointConfig(interval=0.02, directory=tmp_path / "chk"),
-                         state_backend=FlakyRestoreStateBackend(failures=1),
-                         restart=RestartStrategy.fixed(3, 0.0))
+                         state_backend=backend, restart=RestartStrategy.fixed(3, 0.0))
     # the ABORT, then the failed restore: two restarts, and every word counted to its end
     assert job.metrics.restarts == 2
+    # three attempts of two instances, each disposed (the failed restore's too)
+    assert backend.created == backend.disposed == 6
     final = {w: max(n for x, n in sink.records if x == w) for w in set(words)}
     assert final == {w: words.count(w) for w in set(words)}
     failure = next(r.getMessage() for r in caplog.records if "OSError" in r.getMessage())

@@ -13,6 +13,7 @@ nothing else touches an instance's backend or operator state while its thread fi
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 
@@ -274,9 +275,18 @@ class ExecutionGraph:
                 of the same errno, its message naming the operator and the phase.
         """
         with_state = assignment.checkpoint.metadata.get("operators", {})
-        for instance in self._instances:
-            if instance.operator.uid in with_state:  # else there is nothing to read
-                await in_thread(_restore_instance, assignment, instance)
+        try:
+            for instance in self._instances:
+                if instance.operator.uid in with_state:  # else there is nothing to read
+                    await in_thread(_restore_instance, assignment, instance)
+        except BaseException:
+            # no task will run to close its operators: release the keyed backends here (a
+            # restart builds new ones), on the loop's thread like every hook but restore
+            for instance in self._instances:
+                if instance.keyed_backend is not None:
+                    with contextlib.suppress(Exception):
+                        instance.keyed_backend.dispose()
+            raise
 
 
 def _restore_instance(assignment: StateAssignmentOperation, instance: _InstanceRestore) -> None:
