@@ -66,8 +66,7 @@ def run_steps(steps: list[RecordStep], record: Any, ts: float | None,
                     t = float(step.fn(r))
                 else:  # flat_map: the outputs continue from the next step, in order
                     outs = step.fn(r)
-                    if outs is not None and type(outs) is not list:
-                        refuse_text(outs, "the flat_map function")  # as the runtime does
+                    refuse_text(outs, "the flat_map function")  # as the runtime does
                     outs = [] if outs is None else list(outs)
                     pending.extend((i + 1, o, t) for o in reversed(outs))
                     break

@@ -50,6 +50,9 @@ def instance_copy(fn: Any) -> Any:
 
 # iterable, but taken apart into characters (or ints) they are never what a function meant
 TEXT_TYPES = (str, bytes, bytearray, memoryview)
+# the same as a set of exact types, for a per-record check: ``type(x) in`` costs about a
+# tenth of ``isinstance(x, TEXT_TYPES)`` for a value of another type (a tuple, a generator)
+EXACT_TEXT_TYPES = frozenset(TEXT_TYPES)
 
 
 def refuse_text(res: Any, method: str,

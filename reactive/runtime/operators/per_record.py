@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ...state.descriptors import ValueStateDescriptor
-from .base import StreamOperator, refuse_text
+from .base import EXACT_TEXT_TYPES, StreamOperator, refuse_text
 
 __all__ = ["FilterOperator", "FlatMapOperator", "MapOperator", "ReduceOperator",
            "flat_map_records", "map_records"]
@@ -51,8 +51,8 @@ def flat_map_records(op: StreamOperator, fn: Callable[[Any], Iterable[Any] | Non
         for r in batch:
             res = fn(r)
             if res is not None:
-                if type(res) is not list:
-                    refuse_text(res, method)
+                if type(res) in EXACT_TEXT_TYPES:  # (a subclass of str is iterated)
+                    refuse_text(res, method)  # raises
                 extend(res)
     except Exception as exc:
         raise op.fail(r, exc, where) from exc
