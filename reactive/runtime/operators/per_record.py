@@ -50,7 +50,9 @@ def flat_map_records(op: StreamOperator, fn: Callable[[Any], Iterable[Any] | Non
     try:
         for r in batch:
             res = fn(r)
-            if res is not None:
+            if type(res) is list:  # the usual result first: no further check
+                extend(res)
+            elif res is not None:
                 if type(res) in EXACT_TEXT_TYPES:  # (a subclass of str is iterated)
                     refuse_text(res, method)  # raises
                 extend(res)
