@@ -3,7 +3,7 @@ queried, and committed window results are streamed to clients as server-sent eve
 
     python examples/http_service.py [--host 127.0.0.1] [--port 8080] [--checkpoint-dir DIR]
                                     [--interval S] [--window S] [--out-of-orderness S]
-                                    [--parallelism N] [--capacity N]
+                                    [--parallelism N] [--capacity N] [--max-future S]
 
 Needs aiohttp (``pip install 'reactive[http]'``). One process: the aiohttp server and the job
 share the event loop. The pipeline, per user: a running total of ``amount`` in keyed state
@@ -18,9 +18,13 @@ Endpoints:
 
 ``POST /events``
     A JSON event ``{"user": "ada", "amount": 3, "ts": 1700000000.5}`` (``ts``: event time,
-    seconds; ``amount``: a number) or a JSON list of them. The events are validated first: a
-    malformed one is answered with 400 and ``{"error": "events[2].amount: ..."}`` naming
-    what is wrong, and nothing of the request is pushed. Otherwise they are pushed into the
+    seconds since the Unix epoch; ``amount``: a number) or a JSON list of them. The events
+    are validated first: a malformed one is answered with 400 and
+    ``{"error": "events[2].amount: ..."}`` naming what is wrong, and nothing of the request
+    is pushed. A ``ts`` must lie between 0 and ``--max-future`` seconds (default 300: clock
+    skew) past the server's clock: one event far in the future would move the watermark
+    there and make every later event late. A body that is not JSON, or nested too deeply to
+    parse, is a 400 too. Otherwise they are pushed into the
     job's ``PushSource`` and the answer is 200 ``{"accepted": n, "durable": false}`` once they
     are accepted (waiting while the source's buffer is full: backpressure). With
     ``?durable=1`` it answers once a completed checkpoint covers them (``"durable": true``).
@@ -65,6 +69,7 @@ import json
 import logging
 import math
 import tempfile
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from typing import Any
 
@@ -102,23 +107,55 @@ class InvalidEvent(ValueError):
     """A malformed event; the message names the field and what is wrong."""
 
 
+# how far (seconds) an event's ts may be ahead of the server's clock: clients' clocks skew
+MAX_FUTURE = 300.0
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _number(event: dict[str, Any], field: str, where: str) -> float:
     if field not in event:
         raise InvalidEvent(f"{where}: missing field {field!r}")
     value = event[field]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidEvent(f"{where}.{field}: expected a number, got "
-                           f"{type(value).__name__} {value!r}")
-    if not math.isfinite(value):
-        raise InvalidEvent(f"{where}.{field}: expected a finite number, got {value!r}")
+                           f"{type(value).__name__} {_preview(value)}")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int beyond any float
+        finite = False
+    if not finite:
+        raise InvalidEvent(f"{where}.{field}: expected a finite number, got {_preview(value)}")
     return value
 
 
-def parse_event(raw: Any, where: str = "event") -> Event:
+def _event_time(event: dict[str, Any], where: str, max_ts: float | None) -> float:
+    ts = _number(event, "ts", where)
+    if ts < 0:
+        raise InvalidEvent(f"{where}.ts: expected seconds since the Unix epoch (>= 0), got "
+                           f"{ts!r}")
+    if max_ts is not None and ts > max_ts:
+        raise InvalidEvent(
+            f"{where}.ts: {ts!r} is in the future, beyond {max_ts:.0f} (the server's clock "
+            "plus the clock skew it allows): it would move the watermark there and make "
+            "every later event late")
+    return ts
+
+
+def parse_event(raw: Any, where: str = "event", max_ts: float | None = None) -> Event:
     """A validated event ``{"user": str, "amount": number, "ts": number}``.
 
+    Args:
+        raw: the decoded JSON value.
+        where: how the message names the event (``events[2]``).
+        max_ts: the largest ``ts`` accepted (seconds since the epoch; None: no bound).
+
     Raises:
-        InvalidEvent: naming the field (``where.field``) and what is wrong.
+        InvalidEvent: naming the field (``where.field``) and what is wrong: a ``ts`` that
+            is negative or beyond ``max_ts`` included.
     """
     if not isinstance(raw, dict):
         raise InvalidEvent(f"{where}: expected a JSON object, got {type(raw).__name__}")
@@ -130,11 +167,16 @@ def parse_event(raw: Any, where: str = "event") -> Event:
     user = raw["user"]
     if not isinstance(user, str) or not user:
         raise InvalidEvent(f"{where}.user: expected a non-empty string, got {user!r}")
-    return {"user": user, "amount": _number(raw, "amount", where), "ts": _number(raw, "ts", where)}
+    return {"user": user, "amount": _number(raw, "amount", where),
+            "ts": _event_time(raw, where, max_ts)}
 
 
-def parse_events(body: Any) -> list[Event]:
+def parse_events(body: Any, max_ts: float | None = None) -> list[Event]:
     """The events of a request body: one event or a non-empty list of them.
+
+    Args:
+        body: the decoded JSON body.
+        max_ts: the largest ``ts`` accepted (see :func:`parse_event`).
 
     Raises:
         InvalidEvent: for the first malformed event (``events[i]...``).
@@ -142,8 +184,8 @@ def parse_events(body: Any) -> list[Event]:
     if isinstance(body, list):
         if not body:
             raise InvalidEvent("events: empty list")
-        return [parse_event(raw, f"events[{i}]") for i, raw in enumerate(body)]
-    return [parse_event(body)]
+        return [parse_event(raw, f"events[{i}]", max_ts) for i, raw in enumerate(body)]
+    return [parse_event(body, max_ts=max_ts)]
 
 
 def event_time(event: Event) -> float:
@@ -314,6 +356,7 @@ class Service:
         query_timeout: seconds a state query may take before the answer is 503.
         drain_timeout: seconds the shutdown waits for the job to finish, then cancels it.
         keepalive: seconds between SSE keep-alive comments on an idle stream.
+        max_future: seconds an event's ``ts`` may be ahead of the server's clock.
         fail_at: inject a failure at these event counts (tests only; see
             :func:`inject_failures`).
     """
@@ -322,13 +365,14 @@ class Service:
                  out_of_orderness: float = 5.0, parallelism: int = 2, capacity: int = 10_000,
                  restarts: int = 10, restart_delay: float = 0.5, query_timeout: float = 5.0,
                  drain_timeout: float = 30.0, keepalive: float = 15.0,
-                 fail_at: Iterable[int] = ()) -> None:
+                 max_future: float = MAX_FUTURE, fail_at: Iterable[int] = ()) -> None:
         self.checkpoint_dir = checkpoint_dir
         self.interval = interval
         self.restart = RestartStrategy.fixed(restarts, restart_delay)
         self.query_timeout = query_timeout
         self.drain_timeout = drain_timeout
         self.keepalive = keepalive
+        self.max_future = max_future
         fail_at = list(fail_at)
         self.source = PushSource(capacity=capacity)
         self.flow = build_flow(self.source, window=window, out_of_orderness=out_of_orderness,
@@ -424,8 +468,11 @@ class Service:
             body = await request.json()
         except ValueError as exc:
             return _json({"error": f"the body is not JSON: {exc}"}, 400)
+        except RecursionError:
+            return _json({"error": "the body is nested too deeply to parse (an event is a "
+                                   "flat JSON object)"}, 400)
         try:
-            events = parse_events(body)
+            events = parse_events(body, max_ts=time.time() + self.max_future)
         except InvalidEvent as exc:
             return _json({"error": str(exc)}, 400)
         durable = _flag(request, "durable")
@@ -548,6 +595,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--capacity", type=int, default=10_000,
                    help="events accepted but not yet covered by a checkpoint, at most")
+    p.add_argument("--max-future", type=float, default=MAX_FUTURE,
+                   help="seconds an event's ts may be ahead of the server's clock")
     return p.parse_args(argv)
 
 
@@ -559,7 +608,7 @@ def main(argv: list[str] | None = None) -> None:
     checkpoint_dir = args.checkpoint_dir or tempfile.mkdtemp(prefix="http-service-chk-")
     app = make_app(checkpoint_dir, interval=args.interval, window=args.window,
                    out_of_orderness=args.out_of_orderness, parallelism=args.parallelism,
-                   capacity=args.capacity)
+                   capacity=args.capacity, max_future=args.max_future)
     web.run_app(app, host=args.host, port=args.port, loop=new_event_loop())
 
 

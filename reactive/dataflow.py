@@ -340,7 +340,11 @@ class Stream:
 
     def flat_map(self, fn: Callable[[Any], Iterable[Any] | None], name: str | None = None
                  ) -> Stream:
-        """Zero or more outputs per record: the items of ``fn(record)``."""
+        """Zero or more outputs per record: the items of ``fn(record)`` (None: none).
+
+        A returned ``str`` or ``bytes`` fails the job with a ``UserFunctionError`` naming
+        the operator and the record (iterating it would emit one record per character).
+        """
         return self._then("flat_map", name,
                           lambda t: ops.FlatMapOperator(t.name, t.resolved_uid, fn))
 

@@ -120,7 +120,36 @@ class StateSerializationError(CheckpointError):
 
 
 class RestoreError(ReactiveError):
-    """A checkpoint could not be restored (missing, incomplete or incompatible)."""
+    """A checkpoint could not be restored (missing, incomplete or incompatible).
+
+    Deterministic: restoring the same checkpoint again fails the same way, so a job whose
+    restore fails ends at once with this error (no restart). When the failure is one
+    operator instance's, the error says which and in which phase of its restore.
+
+    Args:
+        message: what went wrong and what to do.
+        operator: the uid of the operator whose state failed to restore.
+        subtask: the index of the operator instance.
+        phase: the step of the restore that failed: ``"state assignment"`` (reading and
+            redistributing the checkpoint's state for the instance), ``"keyed state"``
+            (the state backend's ``restore``) or ``"operator state"``.
+        checkpoint_id: the checkpoint being restored.
+
+    Attributes:
+        operator (str | None): as given (None when the error is not about one operator).
+        subtask (int | None): as given.
+        phase (str | None): as given.
+        checkpoint_id (int | None): as given.
+    """
+
+    def __init__(self, message: str = "", *, operator: str | None = None,
+                 subtask: int | None = None, phase: str | None = None,
+                 checkpoint_id: int | None = None) -> None:
+        super().__init__(message)
+        self.operator = operator
+        self.subtask = subtask
+        self.phase = phase
+        self.checkpoint_id = checkpoint_id
 
 
 class CorruptCheckpointError(RestoreError):
@@ -130,17 +159,32 @@ class CorruptCheckpointError(RestoreError):
 class JobFailedError(ReactiveError):
     """The job failed and its restart strategy gave up; ``__cause__`` is the last failure.
 
-    Attributes:
+    Args:
+        job: the job's name.
         attempts: how many times the job was started (1 + restarts).
+        cause: the last failure.
+        resumable: whether a completed checkpoint exists that ``resume=True`` would
+            continue from (one of this run, or the one it restored); the message suggests
+            resuming only then.
+
+    Attributes:
+        job: as given.
+        attempts: as given.
+        resumable: as given.
     """
 
-    def __init__(self, job: str, attempts: int, cause: BaseException) -> None:
+    def __init__(self, job: str, attempts: int, cause: BaseException, *,
+                 resumable: bool = False) -> None:
         self.job = job
         self.attempts = attempts
+        self.resumable = resumable
+        advice = ("Completed checkpoints stay on disk; run again with resume=True to "
+                  "continue from the latest one." if resumable else
+                  "No checkpoint completed in this run, so resume=True has nothing of it to "
+                  "continue from.")
         super().__init__(
             f"job {job!r} failed after {attempts} attempt(s): {type(cause).__name__}: {cause}. "
-            "Completed checkpoints stay on disk; run again with resume=True to continue "
-            "from the latest one."
+            f"{advice}"
         )
 
 

@@ -10,8 +10,10 @@ uses, in one module (the user API is :mod:`reactive`; everything else is interna
   snapshot format with :func:`register_key_group_reader`, so other backends (and the PySpark
   bridge) can restore and read your snapshots as a :class:`KeyGroupStream`; read another
   backend's with :func:`read_key_groups`. Write snapshot files with :func:`write_atomic`
-  and list them in the handle with their size and sha256. ``reactive.testing.backend_contract`` in
-  the repository is the contract suite the built-in backends pass.
+  and list them in the handle with their size and sha256. ``restore`` runs in a worker
+  thread, every other hook on the event loop's thread (:mod:`reactive.state.backend`,
+  "Threads"). ``reactive.testing.backend_contract`` in the repository is the contract suite
+  the built-in backends pass; it calls the hooks on the same threads.
 - Sources implement :class:`Source` / :class:`SourceReader` (batches, and the position as
   operator state); sinks :class:`Sink` / :class:`SinkWriter`, or :class:`TwoPhaseCommitSink`
   for exactly-once output (thesis table 4.1).

@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import json
 import random
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import ModuleType
@@ -268,3 +269,40 @@ async def test_a_job_that_fails_for_good_is_reported_to_the_clients(tmp_path):
             assert (await r.json())["job"] == "failed"
         async with session.get(f"{url}/state/ada?live=1") as r:
             assert r.status == 503
+
+
+async def test_absurd_event_times_and_unparsable_shapes_are_refused_with_400(tmp_path):
+    now = time.time()
+    refused: list[tuple[str, str]] = [
+        # (raw body, what the 400 must name)
+        (json.dumps({"user": "mallory", "amount": 1, "ts": 1e12}), "event.ts: 1000000000000.0"),
+        (json.dumps({"user": "mallory", "amount": 1, "ts": 1.7e308}), "event.ts: 1.7e+308 is in"),
+        (json.dumps({"user": "mallory", "amount": 1, "ts": now + 3_600}), "is in the future"),
+        (json.dumps({"user": "mallory", "amount": 1, "ts": -1.7e308}), "event.ts: expected "
+                                                                        "seconds since"),
+        (json.dumps([{"user": "mallory", "amount": 1, "ts": BASE_TS},
+                     {"user": "mallory", "amount": 1, "ts": 1e12}]), "events[1].ts"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ('{"user": "mallory", "amount": ' + "9" * 400 + f', "ts": {BASE_TS}}}',
+         "event.amount: expected a finite number"),
+        (json.dumps({"user": "mallory", "amount": {"a": [[1]]}, "ts": BASE_TS}),
+         "event.amount: expected a number, got dict"),
+        (json.dumps([[{"user": "mallory", "amount": 1, "ts": BASE_TS}]]),
+         "events[0]: expected a JSON object"),
+    ]
+    # the default allowed clock skew (MAX_FUTURE, 300 s)
+    app = http_service.make_app(str(tmp_path / "chk"), interval=0.05, window=WINDOW)
+    async with asyncio.timeout(60), serve(app) as url, aiohttp.ClientSession() as session:
+        for body, expected in refused:
+            async with session.post(f"{url}/events", data=body) as r:
+                assert r.status == 400, (body[:80], r.status, await r.text())
+                assert expected in (await r.json())["error"], body[:80]
+        # the server's clock plus the allowed skew is accepted, and nothing refused counted
+        ok = [{"user": "ada", "amount": 2, "ts": BASE_TS},
+              {"user": "ada", "amount": 3, "ts": now + 30}]
+        async with session.post(f"{url}/events?durable=1", json=ok) as r:
+            assert r.status == 200, await r.text()
+        async with session.get(f"{url}/state/ada") as r:
+            assert (r.status, (await r.json())["total"]) == (200, 5)
+        async with session.get(f"{url}/state/mallory") as r:
+            assert r.status == 404

@@ -346,5 +346,5 @@ def test_the_packaged_contract_runs_from_a_third_party_module_in_strict_mode(tmp
          "-q", "-rs", "test_my_backend.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "14 passed" in proc.stdout, proc.stdout
+    assert "16 passed" in proc.stdout, proc.stdout
     assert "skipped" not in proc.stdout and "failed" not in proc.stdout, proc.stdout

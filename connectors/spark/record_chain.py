@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from reactive.errors import UserFunctionError
+from reactive.runtime.operators.base import refuse_text
 
 from .translation import RecordStep, SinkStep
 
@@ -46,7 +47,8 @@ def run_steps(steps: list[RecordStep], record: Any, ts: float | None,
 
     Raises:
         UserFunctionError: naming the operator, the record and its position, when a user
-            function raises or a flat_map returns something other than an iterable.
+            function raises or a flat_map returns something other than an iterable (or a
+            string or bytes, which would be taken apart into characters).
     """
     pending: list[tuple[int, Any, float | None]] = [(0, record, ts)]
     n = len(steps)
@@ -64,6 +66,7 @@ def run_steps(steps: list[RecordStep], record: Any, ts: float | None,
                     t = float(step.fn(r))
                 else:  # flat_map: the outputs continue from the next step, in order
                     outs = step.fn(r)
+                    refuse_text(outs, "the flat_map function")  # as the runtime does
                     outs = [] if outs is None else list(outs)
                     pending.extend((i + 1, o, t) for o in reversed(outs))
                     break

@@ -13,12 +13,13 @@ nothing else touches an instance's backend or operator state while its thread fi
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 
 from ..checkpoint.off_loop import in_thread
 from ..checkpoint.state_assignment_operation import StateAssignmentOperation
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, RestoreError
 from ..graph import Edge, Transformation
 from ..key_encoding import bind_key_serializer
 from ..keygroups import KeyGroupRange, key_group_range_for_operator
@@ -260,24 +261,77 @@ class ExecutionGraph:
         Each instance is restored in a worker thread (its operator-state file and its keyed
         snapshots are read and unpickled there), one instance after the other, so the event
         loop keeps running; pickle holds the GIL, but the interpreter hands it to the loop
-        every switch interval (5 ms). Errors are those of the inline restore.
+        every switch interval (5 ms). So ``KeyedStateBackend.restore`` runs in a worker
+        thread of the loop's default executor while every other hook of the backend runs
+        on the loop's thread (the state-backend SPI says so).
 
         Raises:
-            RestoreError: a snapshot the backend cannot read (naming the file or handle), or
-                an unreadable operator-state file.
+            RestoreError: naming the operator, the instance, the phase and the checkpoint,
+                for any error of the restore (a snapshot the backend cannot read, an
+                unreadable operator-state file, a backend that fails in a worker thread);
+                the original error is its ``__cause__``. The job fails with it at once: a
+                restart would restore the same checkpoint the same way.
+            OSError: an error of the file system (perhaps transient: a restart retries it),
+                of the same errno, its message naming the operator and the phase.
         """
         with_state = assignment.checkpoint.metadata.get("operators", {})
-        for instance in self._instances:
-            if instance.operator.uid in with_state:  # else there is nothing to read
-                await in_thread(_restore_instance, assignment, instance)
+        try:
+            for instance in self._instances:
+                if instance.operator.uid in with_state:  # else there is nothing to read
+                    await in_thread(_restore_instance, assignment, instance)
+        except BaseException:
+            # no task will run to close its operators: release the keyed backends here (a
+            # restart builds new ones), on the loop's thread like every hook but restore
+            for instance in self._instances:
+                if instance.keyed_backend is not None:
+                    with contextlib.suppress(Exception):
+                        instance.keyed_backend.dispose()
+            raise
 
 
 def _restore_instance(assignment: StateAssignmentOperation, instance: _InstanceRestore) -> None:
-    """Blocking: read and install one operator instance's share of the checkpoint."""
+    """Blocking: read and install one operator instance's share of the checkpoint.
+
+    Raises:
+        RestoreError: with the operator, subtask, phase and checkpoint id set.
+        OSError: of the errno raised, saying where.
+    """
     op = instance.operator
-    r = assignment.for_subtask(op.uid, instance.subtask, instance.parallelism,
-                               instance.key_group_range)
-    if instance.keyed_backend is not None and r.keyed_handles:
-        instance.keyed_backend.restore(r.keyed_handles, assignment.checkpoint.job_dir)
-    if r.operator_state:
-        op.operator_state.restore(r.operator_state)
+    phase = "state assignment"
+    try:
+        r = assignment.for_subtask(op.uid, instance.subtask, instance.parallelism,
+                                   instance.key_group_range)
+        if instance.keyed_backend is not None and r.keyed_handles:
+            phase = "keyed state"
+            instance.keyed_backend.restore(r.keyed_handles, assignment.checkpoint.job_dir)
+        if r.operator_state:
+            phase = "operator state"
+            op.operator_state.restore(r.operator_state)
+    except Exception as exc:
+        raise _restore_failure(exc, assignment, instance, phase) from exc
+
+
+def _restore_failure(exc: Exception, assignment: StateAssignmentOperation,
+                     instance: _InstanceRestore, phase: str) -> Exception:
+    """The error a failed restore of ``instance`` raises: ``exc`` with where it happened."""
+    op = instance.operator
+    checkpoint_id = assignment.checkpoint.checkpoint_id
+    where = (f"operator {op.name!r} (uid {op.uid!r}, subtask {instance.subtask}/"
+             f"{instance.parallelism}) failed to restore its {phase} from checkpoint "
+             f"{checkpoint_id}")
+    if isinstance(exc, OSError):
+        # the file system's errors may pass (a full disk, a network mount): a restart
+        # retries them, so the error keeps its type (OSError picks the subclass of the
+        # errno) and says where it happened
+        if exc.errno is None:
+            return OSError(f"{where}: {exc}")
+        return OSError(exc.errno, f"{where}: {exc.strerror}", exc.filename)
+    if isinstance(exc, RestoreError) and exc.operator is not None:
+        return exc
+    hint = ""
+    if phase == "keyed state" and not isinstance(exc, RestoreError):
+        hint = (" (KeyedStateBackend.restore runs in a worker thread, every other hook on "
+                "the event loop's thread: a backend's connections and handles must be "
+                "usable from both)")
+    return RestoreError(f"{where}: {type(exc).__name__}: {exc}{hint}", operator=op.uid,
+                        subtask=instance.subtask, phase=phase, checkpoint_id=checkpoint_id)

@@ -475,6 +475,14 @@ class Job:
             lineage_candidates(self.storage, self.run_id, self._first_id, self._initial),
             self._replay_policy(), "failover")
 
+    def _resumable(self) -> bool:
+        """Whether ``resume=True`` has a completed checkpoint to continue from: one this run
+        completed, or the one a resume started it from (a run that completed none leaves the
+        run before it to resume)."""
+        return self.storage is not None and (
+            bool(self.metrics.completed_checkpoints)
+            or (self._initial is not None and self.options.restore_from is None))
+
     async def _forget_if_nothing_completed(self) -> None:
         """A run that failed (was not killed) before completing any checkpoint committed no
         output: drop its run record, so ``resume`` continues the run before it (e.g. after
@@ -547,7 +555,8 @@ class Job:
                 if attempt > strategy.attempts or _not_restartable(cause):
                     self.status = "failed"
                     await self._forget_if_nothing_completed()
-                    raise JobFailedError(self.name, attempt, cause) from cause
+                    raise JobFailedError(self.name, attempt, cause,
+                                         resumable=self._resumable()) from cause
                 self.metrics.restarts += 1
                 self.status = "restarting"
                 log.warning("job %r failed (%s: %s); restart %d of %d in %.2f s", self.name,
@@ -559,7 +568,8 @@ class Job:
                 except RestoreError as restore_exc:
                     self.status = "failed"
                     await self._forget_if_nothing_completed()
-                    raise JobFailedError(self.name, attempt, restore_exc) from restore_exc
+                    raise JobFailedError(self.name, attempt, restore_exc,
+                                         resumable=self._resumable()) from restore_exc
 
     async def _run_attempt(self, restore: CompletedCheckpoint | None) -> None:
         flow = self.flow

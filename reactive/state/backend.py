@@ -16,6 +16,28 @@ checkpoint metadata. Every handle has:
 - ``"shared"`` (optional): the subset of ``files`` living under the job's ``shared/`` folder
   that several checkpoints may reference (incremental snapshots); the runtime deletes a
   shared file when no retained checkpoint references it any more.
+
+Threads. The runtime calls the hooks of a keyed backend from two threads, never from two
+at once:
+
+- in a worker thread of the event loop's default executor (``asyncio.to_thread``; not
+  always the same thread from one restore to the next): :meth:`KeyedStateBackend.restore`,
+  after the instance was created and before its task runs, so the loop keeps serving the
+  application while snapshots are read (a key-group reader registered with
+  ``register_key_group_reader`` runs there too, and may be called from any other thread:
+  a committed ``query_state``, the PySpark bridge);
+- on the event loop's thread: everything else, :meth:`StateBackend.create_keyed_backend`,
+  ``set_current_key``, ``get_state`` and the state objects, ``keys``, ``snapshot``, the
+  coroutine ``KeyedStateSnapshot.write`` (a task of its own, while the task keeps
+  processing records between its awaits; blocking work inside it belongs in a worker
+  thread), ``discard``, ``notify_checkpoint_complete`` and ``dispose``.
+
+So whatever a backend opens (a database connection, a file handle) must be usable from a
+thread other than the one that opened it (``sqlite3.connect(..., check_same_thread=False)``,
+say). ``reactive.testing.backend_contract`` calls the hooks on the same threads. An error
+raised by ``restore`` fails the job at once as a ``RestoreError`` naming the operator and the
+phase (restoring the same checkpoint again would fail the same way); an ``OSError`` keeps its
+type and is retried by the restart strategy.
 """
 
 from __future__ import annotations
@@ -87,6 +109,9 @@ class KeyedStateSnapshot(ABC):
 class KeyedStateBackend(ABC):
     """Keyed state of one operator instance, organised by key group.
 
+    Every hook but :meth:`restore` (a worker thread) runs on the event loop's thread (see
+    the module's "Threads").
+
     Attributes:
         key_group_range: the key groups this instance owns.
         max_parallelism: the number of key groups of the job.
@@ -125,8 +150,10 @@ class KeyedStateBackend(ABC):
     def restore(self, handles: list[dict[str, Any]], job_dir: Path) -> None:
         """Load the key groups of this instance's range from ``handles``.
 
-        Handles may come from any number of earlier instances (rescaling); only key groups in
-        :attr:`key_group_range` are loaded.
+        Called in a worker thread (the instance was created on the event loop's thread, and
+        every later hook runs there again); at most once, before any other hook but
+        ``set_key_serializer``. Handles may come from any number of earlier instances
+        (rescaling); only key groups in :attr:`key_group_range` are loaded.
 
         Raises:
             RestoreError: when a handle is of another backend's format or unreadable.

@@ -15,23 +15,32 @@ The asynchronous tests carry ``pytest.mark.asyncio``, so they run under pytest-a
 default *strict* mode as well as its auto mode; the module needs pytest and pytest-asyncio
 (the ``test`` extra).
 
-The tests drive the backend the way the runtime does: ``create_keyed_backend`` for a key-group
-range, ``set_current_key`` + the state API per record, ``snapshot(ctx)`` (synchronous part)
-then ``await snap.write()`` (asynchronous part) returning a JSON-serializable handle,
-``notify_checkpoint_complete``, and ``restore(handles, job_dir)`` into new instances of any
-key-group range. They check value/list/map/reducing semantics, per-key isolation, the
-snapshot/restore round trip, restoring a key-group subset and merging several instances,
+The tests drive the backend the way the runtime does, on the threads the runtime uses:
+``create_keyed_backend`` for a key-group range, ``set_current_key`` + the state API per
+record, ``snapshot(ctx)`` (synchronous part) then ``await snap.write()`` (asynchronous part,
+while the task keeps changing state) returning a JSON-serializable handle,
+``notify_checkpoint_complete`` and ``dispose`` all on the event loop's thread, and
+``restore(handles, job_dir)`` into new instances of any key-group range in a worker thread (as
+the runtime restores off the loop). They check value/list/map/reducing semantics, per-key
+isolation, the snapshot/restore round trip, restoring a key-group subset and merging several
+instances,
 snapshots isolated from later updates (including in-place mutation of a value read before),
-and custom serializers.
+self-contained savepoints, and custom serializers; every handle's files are checked as the
+runtime relies on them (:func:`check_snapshot_handle`: relative paths under the job directory,
+no ``..``, existing, with the recorded size and sha256, exclusive files under ``chk-<n>``,
+shared ones under ``shared/``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import TYPE_CHECKING, Any, cast
 
+from ..checkpoint.off_loop import in_thread
 from ..errors import RestoreError, StateAccessError
 from ..extras import require
 from ..keygroups import KeyGroupRange, assign_to_key_group
@@ -50,7 +59,7 @@ else:
     pytest = require("pytest", "test", "the state backend contract suite")
     require("pytest_asyncio", "test", "the state backend contract suite")
 
-__all__ = ["BackendHarness", "StateBackendContract"]
+__all__ = ["BackendHarness", "StateBackendContract", "check_snapshot_handle"]
 
 MAX_PARALLELISM = 16
 FULL = KeyGroupRange(0, MAX_PARALLELISM - 1)
@@ -111,19 +120,21 @@ class BackendHarness:
         self.instances.append(kb)
         return kb
 
-    def context(self, kb: KeyedStateBackend, checkpoint_id: int) -> SnapshotContext:
+    def context(self, kb: KeyedStateBackend, checkpoint_id: int,
+                savepoint: bool = False) -> SnapshotContext:
         """The snapshot context the runtime would pass for ``checkpoint_id``.
 
         Args:
             kb (KeyedStateBackend): an instance this harness created.
             checkpoint_id (int): the checkpoint.
+            savepoint (bool): a self-contained savepoint's context.
 
         Returns:
             SnapshotContext: paths under :attr:`job_dir`.
         """
         return SnapshotContext(
             checkpoint_id, self.job_dir, self.job_dir / f"chk-{checkpoint_id}",
-            self.job_dir / "shared", "op", self.instances.index(kb),
+            self.job_dir / "shared", "op", self.instances.index(kb), savepoint,
         )
 
     async def checkpoint(self, kb: KeyedStateBackend, checkpoint_id: int) -> dict[str, Any]:
@@ -136,14 +147,35 @@ class BackendHarness:
         Returns:
             dict[str, Any]: the snapshot's handle.
         """
-        snap = kb.snapshot(self.context(kb, checkpoint_id))
+        ctx = self.context(kb, checkpoint_id)
+        snap = kb.snapshot(ctx)
         handle = await snap.write()
+        check_snapshot_handle(handle, ctx)
         kb.notify_checkpoint_complete(checkpoint_id)
         return handle
 
-    def restore(self, handles: list[dict[str, Any]],
-                key_group_range: KeyGroupRange = FULL) -> KeyedStateBackend:
-        """A new keyed backend of ``key_group_range`` restored from ``handles``.
+    async def savepoint(self, kb: KeyedStateBackend, checkpoint_id: int) -> dict[str, Any]:
+        """A self-contained snapshot (``SnapshotContext.savepoint``), which completes without
+        ``notify_checkpoint_complete``, as an intermediate savepoint does.
+
+        Args:
+            kb (KeyedStateBackend): an instance this harness created.
+            checkpoint_id (int): the savepoint's id.
+
+        Returns:
+            dict[str, Any]: the savepoint's handle.
+        """
+        ctx = self.context(kb, checkpoint_id, savepoint=True)
+        handle = await kb.snapshot(ctx).write()
+        check_snapshot_handle(handle, ctx)
+        return handle
+
+    async def restore(self, handles: list[dict[str, Any]],
+                      key_group_range: KeyGroupRange = FULL) -> KeyedStateBackend:
+        """A new keyed backend of ``key_group_range`` restored from ``handles``, on the
+        threads the runtime uses: created on the event loop's thread, ``restore`` called
+        in a worker thread (the runtime's :func:`~reactive.checkpoint.off_loop.in_thread`),
+        every later hook on the loop's thread again.
 
         Args:
             handles (list[dict[str, Any]]): snapshot handles (of any instances).
@@ -151,10 +183,13 @@ class BackendHarness:
 
         Returns:
             KeyedStateBackend: the restored instance.
+
+        Raises:
+            Exception: whatever the backend's ``restore`` raised.
         """
         kb = self.create(key_group_range)
         # handles travel through the JSON metadata: restore from what JSON gives back
-        kb.restore(json.loads(json.dumps(handles)), self.job_dir)
+        await in_thread(kb.restore, json.loads(json.dumps(handles)), self.job_dir)
         return kb
 
     def close(self) -> None:
@@ -162,6 +197,79 @@ class BackendHarness:
         for kb in self.instances:
             kb.dispose()
         self.instances.clear()
+
+
+def check_snapshot_handle(handle: dict[str, Any], ctx: SnapshotContext) -> None:
+    """Check what a snapshot handle says about its files, as the runtime relies on it.
+
+    The runtime stores the handle in the checkpoint's JSON metadata, verifies each listed
+    file's size and sha256 before a restore (a mismatch makes the checkpoint unrestorable),
+    resolves the paths under the job directory (refusing absolute paths and ``..``),
+    deletes ``chk-<n>`` with the checkpoint and a file of ``"shared"`` when no retained
+    checkpoint lists it, and moves a savepoint's ``chk-<n>`` elsewhere. So the handle must
+    be JSON-serializable and name its backend; every ``{"path", "size", "sha256"}`` of
+    ``"files"`` must be a relative POSIX path without ``..`` naming an existing file under
+    ``ctx.job_dir`` with that size and sha256; the ``"shared"`` entries must be files of
+    ``"files"`` under ``ctx.shared_dir`` and every other file must lie under
+    ``ctx.checkpoint_dir``; a savepoint (``ctx.savepoint``) lists no shared file.
+
+    Args:
+        handle (dict[str, Any]): what ``KeyedStateSnapshot.write`` returned.
+        ctx (SnapshotContext): the context the snapshot was taken with.
+
+    Raises:
+        AssertionError: naming the file and what is wrong with it.
+    """
+    try:
+        json.dumps(handle)
+    except (TypeError, ValueError) as exc:
+        raise AssertionError(f"the snapshot handle is not JSON-serializable: {exc}") from exc
+    assert isinstance(handle.get("backend"), str) and handle["backend"], \
+        f"the snapshot handle names no backend (its 'backend' is {handle.get('backend')!r})"
+    files = handle.get("files")
+    assert isinstance(files, list), f"the snapshot handle's 'files' is {files!r}, not a list"
+    job_dir = ctx.job_dir.resolve()
+    for ref in files:
+        assert isinstance(ref, dict) and {"path", "size", "sha256"} <= ref.keys(), \
+            f"a file of the snapshot handle is {ref!r}, not {{'path', 'size', 'sha256'}}"
+        rel = ref["path"]
+        assert isinstance(rel, str) and rel, f"file path {rel!r} is not a non-empty str"
+        assert not PurePosixPath(rel).is_absolute() and not PureWindowsPath(rel).is_absolute() \
+            and not PureWindowsPath(rel).drive, (
+                f"file path {rel!r} is absolute: handle paths are relative to the job "
+                "directory (SnapshotContext.relative), or the checkpoint cannot move")
+        assert ".." not in rel.replace("\\", "/").split("/"), (
+            f"file path {rel!r} contains '..': the runtime refuses such paths on restore")
+        path = ctx.job_dir / rel
+        assert path.resolve().is_relative_to(job_dir), \
+            f"file path {rel!r} leads outside the job directory {ctx.job_dir}"
+        assert path.is_file(), f"file {rel!r} listed by the snapshot handle does not exist"
+        size = path.stat().st_size
+        assert ref["size"] == size, \
+            f"file {rel!r} has {size} bytes, the snapshot handle says {ref['size']!r}"
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        assert ref["sha256"] == digest, (
+            f"file {rel!r} has sha256 {digest}, the snapshot handle says {ref['sha256']!r}: "
+            "the runtime would refuse to restore the checkpoint")
+    listed = {ref["path"] for ref in files}
+    shared = handle.get("shared", [])
+    assert isinstance(shared, list), f"the snapshot handle's 'shared' is {shared!r}"
+    assert not (ctx.savepoint and shared), (
+        f"a savepoint's handle lists shared files {[r.get('path') for r in shared]}: a "
+        "savepoint must be self-contained (SnapshotContext.savepoint)")
+    shared_dir, checkpoint_dir = ctx.shared_dir.resolve(), ctx.checkpoint_dir.resolve()
+    shared_paths: set[str] = set()
+    for ref in shared:
+        rel = ref.get("path") if isinstance(ref, dict) else None
+        assert isinstance(rel, str) and rel in listed, \
+            f"shared file {rel!r} is not among the handle's 'files'"
+        assert (ctx.job_dir / rel).resolve().is_relative_to(shared_dir), \
+            f"shared file {rel!r} is not under {ctx.shared_dir}"
+        shared_paths.add(rel)
+    for rel in listed - shared_paths:
+        assert (ctx.job_dir / rel).resolve().is_relative_to(checkpoint_dir), (
+            f"file {rel!r} is not under {ctx.checkpoint_dir} and not listed as shared: it "
+            "would outlive (or be deleted before) the checkpoint that needs it")
 
 
 def keys_in(kgr: KeyGroupRange, n: int) -> list[str]:
@@ -373,7 +481,7 @@ class StateBackendContract:
         handle = await harness.checkpoint(kb, 1)
         assert all(ref["path"] and ref["size"] >= 0 and len(ref["sha256"]) == 64
                    for ref in handle["files"])
-        restored = harness.restore([handle])
+        restored = await harness.restore([handle])
         assert read_all(restored, keys) == expected
         assert sorted(restored.keys("count")) == sorted(keys)
 
@@ -384,7 +492,7 @@ class StateBackendContract:
         expected = fill(kb, low + high)
         handle = await harness.checkpoint(kb, 1)
         for kgr, mine, theirs in ((LOW, low, high), (HIGH, high, low)):
-            part = harness.restore([handle], kgr)
+            part = await harness.restore([handle], kgr)
             assert sorted(part.keys("count")) == sorted(mine)
             assert sorted(part.keys("attrs")) == sorted(mine)
             assert read_all(part, mine) == {k: expected[k] for k in mine}
@@ -397,7 +505,7 @@ class StateBackendContract:
         low, high = keys_in(LOW, 150), keys_in(HIGH, 150)
         expected = {**fill(left, low), **fill(right, high)}
         handles = [await harness.checkpoint(left, 1), await harness.checkpoint(right, 1)]
-        merged = harness.restore(handles, FULL)
+        merged = await harness.restore(handles, FULL)
         assert read_all(merged, low + high) == expected
         assert sorted(merged.keys("log")) == sorted(low + high)
 
@@ -409,7 +517,8 @@ class StateBackendContract:
         items = _value(kb, ITEMS)
         kb.set_current_key(keys[0])
         items.update(["before"])
-        snap = kb.snapshot(harness.context(kb, 1))  # synchronous part only
+        ctx = harness.context(kb, 1)
+        snap = kb.snapshot(ctx)  # synchronous part only
         # the task keeps processing before the asynchronous part runs
         count, log = _value(kb, COUNT), _list(kb, LOG)
         attrs, total = _map(kb, ATTRS), _reducing(kb, TOTAL)
@@ -432,8 +541,9 @@ class StateBackendContract:
             kb.set_current_key(key)
             count.update(7)
         handle = await snap.write()
+        check_snapshot_handle(handle, ctx)
         kb.notify_checkpoint_complete(1)
-        restored = harness.restore([handle])
+        restored = await harness.restore([handle])
         assert read_all(restored, keys) == expected
         restored.set_current_key(keys[0])
         assert _value(restored, ITEMS).value() == ["before"]
@@ -442,6 +552,32 @@ class StateBackendContract:
         kb.set_current_key(keys[0])
         assert items.value() == ["before", "after"]
         assert sorted(kb.keys("count")) == sorted(keys[:50] + keys[100:] + new_keys)
+
+    @pytest.mark.asyncio
+    async def test_state_changes_while_the_asynchronous_part_runs(
+            self, harness: BackendHarness) -> None:
+        kb = harness.create()
+        keys = keys_in(FULL, 300)
+        expected = fill(kb, keys)
+        ctx = harness.context(kb, 1)
+        snap = kb.snapshot(ctx)
+        # the runtime runs the asynchronous part as its own task on the loop, and the
+        # task's records change state between any two of its steps
+        writing = asyncio.ensure_future(snap.write())
+        count = _value(kb, COUNT)
+        rounds = 0
+        while True:
+            for key in keys[rounds % 10::10]:
+                kb.set_current_key(key)
+                count.update(-rounds)
+            rounds += 1
+            if writing.done():
+                break
+            await asyncio.sleep(0)
+        handle = await writing
+        check_snapshot_handle(handle, ctx)
+        kb.notify_checkpoint_complete(1)
+        assert read_all(await harness.restore([handle]), keys) == expected
 
     @pytest.mark.asyncio
     async def test_successive_snapshots_each_restore_their_state(
@@ -461,8 +597,8 @@ class StateBackendContract:
         for key in keys[:10]:
             second[key] = (10_000, *first[key][1:])
         second[keys[10]] = (0, *first[keys[10]][1:])
-        assert read_all(harness.restore([h1]), keys) == first
-        r2 = harness.restore([h2])
+        assert read_all(await harness.restore([h1]), keys) == first
+        r2 = await harness.restore([h2])
         assert read_all(r2, keys) == second
         # a restored instance checkpoints again, and that snapshot restores too
         r2.set_current_key(keys[0])
@@ -470,7 +606,25 @@ class StateBackendContract:
         h3 = await harness.checkpoint(r2, 3)
         third = dict(second)
         third[keys[0]] = (1, *second[keys[0]][1:])
-        assert read_all(harness.restore([h3]), keys) == third
+        assert read_all(await harness.restore([h3]), keys) == third
+
+    @pytest.mark.asyncio
+    async def test_savepoint_is_self_contained(self, harness: BackendHarness) -> None:
+        kb = harness.create()
+        keys = keys_in(FULL, 200)
+        expected = fill(kb, keys)
+        await harness.checkpoint(kb, 1)  # what an incremental snapshot would build on
+        count = _value(kb, COUNT)
+        kb.set_current_key(keys[0])
+        count.update(42)
+        expected[keys[0]] = (42, *expected[keys[0]][1:])
+        savepoint = await harness.savepoint(kb, 2)  # its files all under chk-2
+        kb.set_current_key(keys[1])
+        count.update(43)
+        later = {**expected, keys[1]: (43, *expected[keys[1]][1:])}
+        checkpoint = await harness.checkpoint(kb, 3)
+        assert read_all(await harness.restore([savepoint]), keys) == expected
+        assert read_all(await harness.restore([checkpoint]), keys) == later
 
     @pytest.mark.asyncio
     async def test_discarded_snapshot_leaves_backend_usable(
@@ -480,7 +634,7 @@ class StateBackendContract:
         expected = fill(kb, keys)
         kb.snapshot(harness.context(kb, 1)).discard()
         handle = await harness.checkpoint(kb, 2)
-        assert read_all(harness.restore([handle]), keys) == expected
+        assert read_all(await harness.restore([handle]), keys) == expected
 
     @pytest.mark.asyncio
     async def test_custom_serializer(self, harness: BackendHarness) -> None:
@@ -494,7 +648,7 @@ class StateBackendContract:
             state.update(_Opaque(key))
         handle = await harness.checkpoint(kb, 1)
         assert ser.serialized >= len(keys)
-        restored = harness.restore([handle])
+        restored = await harness.restore([handle])
         state2 = _value(restored, ValueStateDescriptor("opaque", serializer=ser))
         for key in keys:
             restored.set_current_key(key)
@@ -505,5 +659,6 @@ class StateBackendContract:
     async def test_refuses_a_foreign_handle(self, harness: BackendHarness) -> None:
         kb = harness.create()
         with pytest.raises(RestoreError):
-            kb.restore([{"backend": "no-such-backend", "format": "x", "files": []}],
-                       harness.job_dir)
+            await in_thread(kb.restore,
+                            [{"backend": "no-such-backend", "format": "x", "files": []}],
+                            harness.job_dir)

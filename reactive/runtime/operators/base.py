@@ -48,6 +48,45 @@ def instance_copy(fn: Any) -> Any:
         return fn
 
 
+# iterable, but taken apart into characters (or ints) they are never what a function meant
+TEXT_TYPES = (str, bytes, bytearray, memoryview)
+# the same as a set of exact types, for a per-record check: ``type(x) in`` costs about a
+# tenth of ``isinstance(x, TEXT_TYPES)`` for a value of another type (a tuple, a generator)
+EXACT_TEXT_TYPES = frozenset(TEXT_TYPES)
+
+
+def refuse_text(res: Any, method: str,
+                must: str = "must return an iterable of records (or None)") -> None:
+    """Refuse a string or bytes returned as a function's outputs (the check that ``flat_map``
+    and the process functions share).
+
+    Iterating a returned ``"hello"`` would emit five one-character records: a function that
+    returns text almost always meant one record.
+
+    Args:
+        res: what the function returned.
+        method: the function's name for the message (``"process_element"``, ...).
+        must: what the function must return instead, for the message.
+
+    Raises:
+        TypeError: when ``res`` is a ``str``, ``bytes``, ``bytearray`` or ``memoryview``
+            (the operator wraps it in a :class:`~reactive.errors.UserFunctionError` naming
+            itself and the record).
+    """
+    if isinstance(res, TEXT_TYPES):
+        text = repr(res)
+        text = text if len(text) <= 80 else text[:77] + "..."
+        unit = "character" if isinstance(res, str) else "byte"
+        raise TypeError(
+            f"{method} {must}, but it returned a {type(res).__name__}: {text}; a "
+            f"{type(res).__name__} is not taken apart into one record per {unit}: return "
+            "[value] for one record"
+        )
+
+
+_MUST_YIELD = "must yield its outputs (or return None or a list)"
+
+
 def checked_outputs(res: Any, method: str) -> Iterable[Any]:
     """The outputs a user function returned (the slow path: a generator is taken as it is).
 
@@ -72,10 +111,11 @@ def checked_outputs(res: Any, method: str) -> Iterable[Any]:
         return res
     if res is None or (type(res) is tuple and not res):
         return ()
+    refuse_text(res, method, _MUST_YIELD)
     text = repr(res)
     text = text if len(text) <= 80 else text[:77] + "..."
     raise TypeError(
-        f"{method} must yield its outputs (or return None or a list), but it returned a "
+        f"{method} {_MUST_YIELD}, but it returned a "
         f"{type(res).__name__}: {text}; a returned {type(res).__name__} is not taken apart "
         f"into records (it may be one record or several): yield each record, or return "
         "[record, ...]"

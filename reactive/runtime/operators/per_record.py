@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ...state.descriptors import ValueStateDescriptor
-from .base import StreamOperator
+from .base import EXACT_TEXT_TYPES, StreamOperator, refuse_text
 
 __all__ = ["FilterOperator", "FlatMapOperator", "MapOperator", "ReduceOperator",
            "flat_map_records", "map_records"]
@@ -34,13 +34,15 @@ def map_records(op: StreamOperator, fn: Callable[[Any], Any], batch: list[Any],
 
 
 def flat_map_records(op: StreamOperator, fn: Callable[[Any], Iterable[Any] | None],
-                     batch: list[Any], where: str | None = None) -> list[Any]:
+                     batch: list[Any], where: str | None = None,
+                     method: str = "the flat_map function") -> list[Any]:
     """The items of every ``fn(r)`` (None: no items), in order, failing with the record
     that raised.
 
     Raises:
         UserFunctionError: naming ``op``, the record and ``where`` when ``fn`` raises or
-            returns something that cannot be iterated.
+            returns something that cannot be iterated, or a string or bytes (which would
+            be taken apart into characters: :func:`~.base.refuse_text`).
     """
     out: list[Any] = []
     extend = out.extend
@@ -48,7 +50,11 @@ def flat_map_records(op: StreamOperator, fn: Callable[[Any], Iterable[Any] | Non
     try:
         for r in batch:
             res = fn(r)
-            if res is not None:
+            if type(res) is list:  # the usual result first: no further check
+                extend(res)
+            elif res is not None:
+                if type(res) in EXACT_TEXT_TYPES:  # (a subclass of str is iterated)
+                    refuse_text(res, method)  # raises
                 extend(res)
     except Exception as exc:
         raise op.fail(r, exc, where) from exc

@@ -68,7 +68,8 @@ class CoFlatMapOperator(TwoInputOperator):
 
     def _flat_map(self, batch: list[Any], side: int) -> list[Any]:
         return flat_map_records(self, self.fns[side], batch,
-                                f"input {side + 1} (flat_map{side + 1})")
+                                f"input {side + 1} (flat_map{side + 1})",
+                                f"the flat_map function {side + 1}")
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
         return self._flat_map(batch, 0)

@@ -1,0 +1,90 @@
+"""Every ```python block of README.md runs as it is: each is written to a file of its own in a
+fresh directory and run by this interpreter, with a timeout.
+
+A block that needs a service the tests cannot start is preceded by the line
+``<!-- readme-test: skip: <reason> -->``; it is reported as skipped with that reason. A block
+importing a third-party module that is not installed is skipped likewise (every such module
+is in the ``test`` extra)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+SKIP = re.compile(r"<!--\s*readme-test:\s*skip:\s*(?P<reason>.*?)\s*-->")
+TIMEOUT = 120  # seconds per block; the blocks take a few seconds
+
+
+@dataclass
+class Block:
+    line: int  # of the opening fence, 1-based
+    code: str
+    skip: str | None  # the reason given by a skip marker, else None
+
+
+def python_blocks(text: str) -> list[Block]:
+    """The ```python blocks of a markdown text, with the skip marker each carries."""
+    lines = text.splitlines()
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() == "```python":
+            start = i
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+            marker = SKIP.search(lines[start - 1]) if start > 0 else None
+            if marker is not None and not marker["reason"]:
+                raise ValueError(f"line {start}: a readme-test skip marker needs a reason")
+            blocks.append(Block(start + 1, "\n".join(lines[start + 1:end]) + "\n",
+                                marker["reason"] if marker else None))
+            i = end
+        i += 1
+    return blocks
+
+
+def third_party_imports(code: str) -> set[str]:
+    """The top-level modules a block imports that are neither reactive nor the stdlib."""
+    names = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.partition(".")[0])
+    return {n for n in names if n != "reactive" and n not in sys.stdlib_module_names}
+
+
+BLOCKS = python_blocks(README.read_text())
+
+
+def test_the_readme_has_python_blocks():
+    assert len(BLOCKS) >= 4
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"line{b.line}" for b in BLOCKS])
+def test_readme_block_runs(block: Block, tmp_path: Path) -> None:
+    if block.skip is not None:
+        pytest.skip(f"README.md line {block.line}: {block.skip}")
+    for module in sorted(third_party_imports(block.code)):
+        pytest.importorskip(module)
+    script = tmp_path / "block.py"
+    script.write_text(block.code)
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, (
+        f"README.md's block at line {block.line} failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+def test_a_skip_marker_is_honoured_and_needs_a_reason():
+    text = ("<!-- readme-test: skip: needs a Kafka cluster -->\n```python\nraise SystemExit(1)\n"
+            "```\n\n```python\nprint(1)\n```\n")
+    marked, plain = python_blocks(text)
+    assert (marked.line, marked.skip) == (2, "needs a Kafka cluster")
+    assert (plain.line, plain.skip, plain.code) == (6, None, "print(1)\n")
+    with pytest.raises(ValueError, match="needs a reason"):
+        python_blocks("<!-- readme-test: skip: -->\n```python\npass\n```\n")
