@@ -110,6 +110,9 @@ class ForkedSnapshot(KeyedStateSnapshot):
     Attributes:
         serialized_bytes: bytes the child serialized (not copied from the previous file),
             once :meth:`write` returned.
+        child_private_bytes: the child's private dirty memory when it had written the
+            snapshot (Linux ``Private_Dirty``: the pages it copied or allocated, its extra
+            memory over the parent's image), once :meth:`write` returned; 0 where unknown.
     """
 
     def __init__(self, pid: int, read_fd: int, snapshot: HeapSnapshot) -> None:
@@ -120,6 +123,7 @@ class ForkedSnapshot(KeyedStateSnapshot):
         self._reading = False
         self._discarded = False
         self.serialized_bytes = 0
+        self.child_private_bytes = 0
 
     @property
     def ended(self) -> bool:
@@ -165,7 +169,7 @@ class ForkedSnapshot(KeyedStateSnapshot):
                 snap._on_failed()
             raise _ChildError(f"the snapshot process of {snap.ctx.operator_uid!r} "
                               f"(checkpoint {snap.ctx.checkpoint_id}) failed: {kind}: {message}")
-        _, handle, chains, self.serialized_bytes = report
+        _, handle, chains, self.serialized_bytes, self.child_private_bytes = report
         if snap._on_written is not None:
             snap._on_written(snap.ctx.checkpoint_id, chains)
         return dict(handle)
@@ -292,7 +296,8 @@ def _run_child(snapshot: HeapSnapshot, write_fd: int,
         asyncio.events._set_running_loop(None)
         loop = asyncio.SelectorEventLoop()
         handle = loop.run_until_complete(snapshot.write())
-        report: tuple[Any, ...] = ("ok", handle, chains, snapshot.serialized_bytes)
+        report: tuple[Any, ...] = ("ok", handle, chains, snapshot.serialized_bytes,
+                                   _private_bytes())
     except StateSerializationError as exc:
         cause = exc.__cause__
         key = exc.key
@@ -323,6 +328,18 @@ def _die_with(parent: int) -> None:  # pragma: no cover - child
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(1)
+
+
+def _private_bytes() -> int:  # pragma: no cover - child
+    """This process's private dirty memory in bytes (0 where /proc does not say)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Private_Dirty:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def _max_fd() -> int:  # pragma: no cover - child
