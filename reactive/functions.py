@@ -7,7 +7,8 @@ state and lifecycle. ``process_element`` returns an iterable of outputs (a gener
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,8 @@ from .errors import StateAccessError
 from .state.api import State
 from .state.descriptors import StateDescriptor
 from .state.operator_state import OperatorListState, RedistributionMode
+from .state.ttl import backend_descriptor, ttl_config, ttl_state
+from .state.ttl_config import StateTtlConfig
 
 if TYPE_CHECKING:
     from .state.backend import KeyedStateBackend
@@ -127,9 +130,38 @@ class RuntimeContext:
                 f"operator {self.operator_name!r} is not keyed: call key_by(...) before it to "
                 "use keyed state, or use get_operator_state"
             )
-        state: State = self._keyed.get_state(descriptor)
+        config = ttl_config(descriptor)
+        if config is None:
+            state: State = self._keyed.get_state(descriptor)
+        else:
+            inner = self._keyed.get_state(backend_descriptor(descriptor, config))
+            state = ttl_state(descriptor, config, inner, self._ttl_time(config))
         self.keyed_states[descriptor.name] = state
         return state
+
+    def _ttl_time(self, config: StateTtlConfig) -> Callable[[], float]:
+        """What a TTL state reads the time from (see :mod:`reactive.state.ttl`).
+
+        Raises:
+            StateAccessError: for event-time TTL outside a keyed process function (no
+                watermark to read).
+        """
+        if config.time_characteristic == "event_time":
+            if self._timer_service is None:
+                raise StateAccessError(
+                    f"operator {self.operator_name!r}: event-time ttl reads the watermark of "
+                    "a keyed process function (key_by(...).process(...)); use processing time "
+                    "here")
+            return self._timer_service.current_watermark
+        if config.clock is not None:
+            return config.clock.now
+
+        def now() -> float:
+            # the operator's processing-time clock (a test's manual one) where it has one
+            service = self._timer_service
+            return service.current_processing_time() if service is not None else time.time()
+
+        return now
 
     def get_operator_state(self, name: str, mode: RedistributionMode = "split") -> OperatorListState:
         """Return this instance's operator list state ``name`` (restored after recovery)."""

@@ -1,0 +1,359 @@
+"""State time-to-live: keyed state whose entries expire by themselves (Flink's
+``StateTtlConfig`` and its TTL state decorators, ``TtlValueState``, ``TtlListState``,
+``TtlMapState``, ``TtlReducingState``).
+
+A descriptor given ``ttl=`` (seconds, or a :class:`StateTtlConfig`) makes ``ctx.get_state``
+return a decorator over the backend's state: the backend stores each value (a value state's
+value, a list's element, a map's entry, a reducing state's accumulator) as a pair
+``(value, expires_at)``, ``expires_at`` being the time of its last write (or access, with
+``update_type="on_read_and_write"``) plus the TTL. The pairs are ordinary state values, so
+the expiry timestamps travel in every snapshot, on every backend, through savepoints, restores
+at another parallelism and restores into another backend: a restore never resurrects an
+expired value, nor expires a value earlier than the run without the failure would have (with
+processing time, expiry is wall-clock time, which a restart does not reset; with event time,
+the watermark, which a restore brings back no further than the checkpoint's).
+
+An expired entry is never returned (``visibility="never_return_expired"``, the default), or
+returned one last time (``"return_expired_if_not_cleaned_up"``); either way the access that
+finds it expired removes it (cleanup on access).
+
+Time: ``time_characteristic="processing_time"`` reads the configured clock, else the
+operator's processing-time clock where it has a timer service, else the system's wall clock;
+``"event_time"`` reads the operator's current watermark (a keyed process function's
+``ctx.timer_service.current_watermark()``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import msgpack
+
+from ..errors import ConfigurationError
+from ..serialization import Serializer
+from .api import ListState, MapState, ReducingState, State, ValueState
+from .descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
+from .ttl_config import (
+    StateTtlConfig,
+    TtlTimeCharacteristic,
+    TtlUpdateType,
+    TtlVisibility,
+)
+
+__all__ = [
+    "StateTtlConfig",
+    "TtlListState",
+    "TtlMapState",
+    "TtlReducingState",
+    "TtlTimeCharacteristic",
+    "TtlUpdateType",
+    "TtlValueState",
+    "TtlVisibility",
+    "backend_descriptor",
+    "ttl_config",
+    "ttl_state",
+]
+
+def ttl_config(descriptor: StateDescriptor) -> StateTtlConfig | None:
+    """The descriptor's TTL as a :class:`StateTtlConfig` (None: no TTL).
+
+    Raises:
+        ConfigurationError: if the descriptor's ``ttl`` is neither seconds nor a config.
+    """
+    ttl = getattr(descriptor, "ttl", None)
+    if ttl is None or isinstance(ttl, StateTtlConfig):
+        return ttl
+    if isinstance(ttl, int | float) and not isinstance(ttl, bool):
+        return StateTtlConfig(float(ttl))
+    raise ConfigurationError(f"state {descriptor.name!r}: ttl must be seconds or a "
+                             f"StateTtlConfig, got {ttl!r}")
+
+
+_MISSING = object()
+
+
+# ---------------------------------------------------------------- the backend's descriptor
+class _PairSerializer:
+    """Stores ``(value, expires_at)`` as msgpack ``[user bytes, expires_at]``: the user's
+    serializer sees only its own values."""
+
+    def __init__(self, inner: Serializer) -> None:
+        self.inner = inner
+
+    def serialize(self, value: Any) -> bytes:
+        v, expires = value
+        return msgpack.packb([self.inner.serialize(v), expires])  # type: ignore[no-any-return]
+
+    def deserialize(self, data: bytes) -> Any:
+        blob, expires = msgpack.unpackb(data)
+        return (self.inner.deserialize(blob), expires)
+
+
+class _ListPairSerializer:
+    """Stores a list of ``(element, expires_at)`` as msgpack ``[user bytes of the elements,
+    [expires_at, ...]]`` (the user's list serializer sees a plain list)."""
+
+    def __init__(self, inner: Serializer) -> None:
+        self.inner = inner
+
+    def serialize(self, value: Any) -> bytes:
+        return msgpack.packb(  # type: ignore[no-any-return]
+            [self.inner.serialize([e for e, _ in value]), [t for _, t in value]])
+
+    def deserialize(self, data: bytes) -> Any:
+        blob, times = msgpack.unpackb(data)
+        elements = self.inner.deserialize(blob)
+        return list(zip(elements, times, strict=True))
+
+
+def backend_descriptor(descriptor: StateDescriptor, config: StateTtlConfig) -> StateDescriptor:
+    """The descriptor the backend stores a TTL state under: the same name and kind, values
+    wrapped as ``(value, expires_at)`` (the serializer and reduce function adapted).
+
+    Raises:
+        ConfigurationError: for a map state with a custom serializer (its serializer takes
+            the whole map, whose entries expire one by one), or a kind without TTL.
+    """
+    serializer = getattr(descriptor, "serializer", None)
+    if isinstance(descriptor, ValueStateDescriptor):
+        return dataclasses.replace(
+            descriptor, default=None, ttl=None,
+            serializer=None if serializer is None else _PairSerializer(serializer))
+    if isinstance(descriptor, ListStateDescriptor):
+        return dataclasses.replace(
+            descriptor, ttl=None,
+            serializer=None if serializer is None else _ListPairSerializer(serializer))
+    if isinstance(descriptor, MapStateDescriptor):
+        if serializer is not None:
+            raise ConfigurationError(
+                f"map state {descriptor.name!r}: ttl with a custom serializer is not "
+                "supported (the serializer takes the whole map, whose entries expire one by "
+                "one); drop the serializer or keep the expiry in the values yourself")
+        return dataclasses.replace(descriptor, ttl=None)
+    if isinstance(descriptor, ReducingStateDescriptor):
+        fn = descriptor.reduce_fn
+
+        def reduce_pairs(acc: Any, new: Any) -> Any:
+            # the accumulator was checked for expiry before the add (TtlReducingState.add)
+            return (fn(acc[0], new[0]), new[1])
+
+        return dataclasses.replace(
+            descriptor, reduce_fn=reduce_pairs, ttl=None,
+            serializer=None if serializer is None else _PairSerializer(serializer))
+    raise ConfigurationError(f"state {descriptor.name!r}: {descriptor.kind} state has no ttl")
+
+
+# ---------------------------------------------------------------- the decorators
+class _Ttl:
+    """What every TTL decorator shares: the clock and the expiry rules."""
+
+    __slots__ = ("_now", "_refresh", "_return_expired", "_ttl")
+
+    def __init__(self, config: StateTtlConfig, now: Callable[[], float]) -> None:
+        self._ttl = config.ttl
+        self._now = now
+        self._refresh = config.update_type == "on_read_and_write"
+        self._return_expired = config.visibility == "return_expired_if_not_cleaned_up"
+
+    def _expires(self) -> float:
+        return self._now() + self._ttl
+
+
+class TtlValueState(_Ttl, ValueState):
+    """A value state whose value expires (Flink's ``TtlValueState``)."""
+
+    __slots__ = ("_default", "_inner")
+
+    def __init__(self, inner: ValueState, default: Any, config: StateTtlConfig,
+                 now: Callable[[], float]) -> None:
+        super().__init__(config, now)
+        self._inner = inner
+        self._default = default
+
+    def value(self) -> Any:
+        pair = self._inner.value()
+        if pair is None:
+            return self._default
+        v, expires = pair
+        now = self._now()
+        if expires <= now:
+            self._inner.clear()
+            return v if self._return_expired else self._default
+        if self._refresh:
+            self._inner.update((v, now + self._ttl))
+        return v
+
+    def update(self, value: Any) -> None:
+        self._inner.update((value, self._expires()))
+
+    def clear(self) -> None:
+        self._inner.clear()
+
+
+class TtlListState(_Ttl, ListState):
+    """A list state whose elements expire one by one (Flink's ``TtlListState``)."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: ListState, config: StateTtlConfig,
+                 now: Callable[[], float]) -> None:
+        super().__init__(config, now)
+        self._inner = inner
+
+    def get(self) -> list[Any]:
+        pairs = self._inner.get()
+        if not pairs:
+            return []
+        now = self._now()
+        live = [p for p in pairs if p[1] > now]
+        if len(live) == len(pairs):
+            if self._refresh:
+                self._inner.update([(v, now + self._ttl) for v, _ in pairs])
+            return [v for v, _ in pairs]
+        # cleanup on access: the expired elements go now
+        if self._refresh:
+            live = [(v, now + self._ttl) for v, _ in live]
+        if live:
+            self._inner.update(live)
+        else:
+            self._inner.clear()
+        return [v for v, _ in (pairs if self._return_expired else live)]
+
+    def add(self, value: Any) -> None:
+        self._inner.add((value, self._expires()))
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        expires = self._expires()
+        self._inner.add_all([(v, expires) for v in values])
+
+    def update(self, values: Iterable[Any]) -> None:
+        expires = self._expires()
+        pairs = [(v, expires) for v in values]
+        if pairs:
+            self._inner.update(pairs)
+        else:
+            self._inner.clear()
+
+    def clear(self) -> None:
+        self._inner.clear()
+
+
+class TtlMapState(_Ttl, MapState):
+    """A map state whose entries expire one by one (Flink's ``TtlMapState``)."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: MapState, config: StateTtlConfig,
+                 now: Callable[[], float]) -> None:
+        super().__init__(config, now)
+        self._inner = inner
+
+    def get(self, user_key: Any, default: Any = None) -> Any:
+        pair = self._inner.get(user_key, _MISSING)
+        if pair is _MISSING:
+            return default
+        v, expires = pair
+        now = self._now()
+        if expires <= now:
+            self._inner.remove(user_key)
+            return v if self._return_expired else default
+        if self._refresh:
+            self._inner.put(user_key, (v, now + self._ttl))
+        return v
+
+    def put(self, user_key: Any, value: Any) -> None:
+        self._inner.put(user_key, (value, self._expires()))
+
+    def remove(self, user_key: Any) -> None:
+        self._inner.remove(user_key)
+
+    def contains(self, user_key: Any) -> bool:
+        pair = self._inner.get(user_key, _MISSING)
+        if pair is _MISSING:
+            return False
+        if pair[1] <= self._now():
+            self._inner.remove(user_key)
+            return self._return_expired
+        return True
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        now = self._now()
+        out: list[tuple[Any, Any]] = []
+        expired: list[Any] = []
+        for uk, (v, expires) in list(self._inner.items()):
+            if expires <= now:
+                expired.append(uk)
+                if self._return_expired:
+                    out.append((uk, v))
+            else:
+                out.append((uk, v))
+        for uk in expired:
+            self._inner.remove(uk)
+        if self._refresh:
+            for uk, v in out:
+                if uk not in expired:
+                    self._inner.put(uk, (v, now + self._ttl))
+        return iter(out)
+
+    def clear(self) -> None:
+        self._inner.clear()
+
+
+class TtlReducingState(_Ttl, ReducingState):
+    """A reducing state whose accumulator expires (Flink's ``TtlReducingState``): an add
+    after expiry starts a new fold."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: ReducingState, config: StateTtlConfig,
+                 now: Callable[[], float]) -> None:
+        super().__init__(config, now)
+        self._inner = inner
+
+    def get(self) -> Any:
+        pair = self._inner.get()
+        if pair is None:
+            return None
+        v, expires = pair
+        now = self._now()
+        if expires <= now:
+            self._inner.clear()
+            return v if self._return_expired else None
+        if self._refresh:
+            self._inner.clear()
+            self._inner.add((v, now + self._ttl))
+        return v
+
+    def add(self, value: Any) -> None:
+        pair = self._inner.get()
+        if pair is not None and pair[1] <= self._now():
+            self._inner.clear()  # the expired accumulator does not take part in the fold
+        self._inner.add((value, self._expires()))
+
+    def clear(self) -> None:
+        self._inner.clear()
+
+
+def ttl_state(descriptor: StateDescriptor, config: StateTtlConfig, inner: State,
+              now: Callable[[], float]) -> State:
+    """The TTL decorator of ``descriptor``'s kind over the backend's state ``inner`` (stored
+    under :func:`backend_descriptor`), reading the time from ``now``."""
+    if isinstance(descriptor, ValueStateDescriptor):
+        assert isinstance(inner, ValueState)
+        return TtlValueState(inner, descriptor.default, config, now)
+    if isinstance(descriptor, ListStateDescriptor):
+        assert isinstance(inner, ListState)
+        return TtlListState(inner, config, now)
+    if isinstance(descriptor, MapStateDescriptor):
+        assert isinstance(inner, MapState)
+        return TtlMapState(inner, config, now)
+    assert isinstance(descriptor, ReducingStateDescriptor) and isinstance(inner, ReducingState)
+    return TtlReducingState(inner, config, now)
