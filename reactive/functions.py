@@ -16,7 +16,7 @@ from .errors import StateAccessError
 from .state.api import State
 from .state.descriptors import StateDescriptor
 from .state.operator_state import OperatorListState, RedistributionMode
-from .state.ttl import backend_descriptor, ttl_config, ttl_state
+from .state.ttl import IncrementalCleanup, backend_descriptor, ttl_config, ttl_state
 from .state.ttl_config import StateTtlConfig
 
 if TYPE_CHECKING:
@@ -70,6 +70,8 @@ class RuntimeContext:
         self._firing: tuple[float, TimeDomain] | None = None
         # the keyed states the operator's functions use, by name (for state queries)
         self.keyed_states: dict[str, State] = {}
+        # sweeps the expired entries of its TTL states' keys (created with the first one)
+        self._ttl_cleanup: IncrementalCleanup | None = None
 
     @property
     def timer_service(self) -> TimerService:
@@ -135,7 +137,10 @@ class RuntimeContext:
             state: State = self._keyed.get_state(descriptor)
         else:
             inner = self._keyed.get_state(backend_descriptor(descriptor, config))
-            state = ttl_state(descriptor, config, inner, self._ttl_time(config))
+            if self._ttl_cleanup is None:
+                self._ttl_cleanup = IncrementalCleanup(self._keyed)
+            state = ttl_state(descriptor, config, inner, self._ttl_time(config),
+                              self._ttl_cleanup)
         self.keyed_states[descriptor.name] = state
         return state
 

@@ -260,3 +260,109 @@ def test_event_time_ttl_outside_a_process_function_is_refused():
     with pytest.raises(StateAccessError, match="'windowed': event-time ttl"):
         ctx.get_state(ValueStateDescriptor(
             "v", ttl=StateTtlConfig(1.0, time_characteristic="event_time")))
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_keys_never_read_again_are_swept_and_the_state_stays_flat(tmp_path: Path, backend):
+    """An ever-growing key space (each key written once, at 1,000 keys per second of the
+    manual clock, ttl 1 s): the incremental cleanup removes the expired keys nobody reads
+    again, so the state holds about the last second's keys, not all of them; without a ttl
+    it holds all 20,000."""
+    state_backend = (HeapStateBackend() if backend == "heap"
+                     else RocksDBStateBackend(path=tmp_path / "db", incremental=True))
+    h = harness(Probe(StateTtlConfig(1.0)), state_backend=state_backend)
+    sizes = []
+    for i in range(20_000):
+        at(h, i / 1000)
+        assert ask(h, f"k{i}", "set", i) is None
+        if i % 2_000 == 1_999:
+            assert h.keyed_backend is not None
+            sizes.append(len(list(h.keyed_backend.keys("value"))))
+    # the live keys are the last 1,000; the sweep lags behind by at most a pass
+    assert max(sizes[3:]) < 4_000, sizes
+    assert ask(h, "k19999", "get") == 19_999
+    at(h, 25.0)
+    assert ask(h, "k19999", "get") == "none"
+    assert h.operator.fn.value.expired > 15_000
+
+
+class RecordTime:
+    """A processing-time clock that reads the time of the record being processed: the job's
+    expiry then depends on its input only, so a batch computation can check it."""
+
+    t = 0.0
+
+    def now(self) -> float:
+        return RecordTime.t
+
+    def call_at(self, timestamp: float, callback: Any) -> Any:  # pragma: no cover - unused
+        raise NotImplementedError
+
+
+def sessions(n: int, keys: int, seed: int) -> list[tuple[str, float]]:
+    import random
+
+    rnd = random.Random(seed)
+    t = 0.0
+    out = []
+    for _ in range(n):
+        t += rnd.expovariate(keys / 2.0)  # each key every ~2 s on average, ttl 3 s
+        out.append((f"k{rnd.randrange(keys)}", t))
+    return out
+
+
+def expected_counts(events: list[tuple[str, float]], ttl: float) -> dict[str, tuple[int, float]]:
+    """Per key: the running count at its last event, restarting when the key was not
+    written for ``ttl`` seconds, and the expiry time of that count."""
+    state: dict[str, tuple[int, float]] = {}
+    for key, t in events:
+        n, expires = state.get(key, (0, -1.0))
+        state[key] = ((n if expires > t else 0) + 1, t + ttl)
+    return state
+
+
+async def test_a_job_with_ttl_state_is_exact_through_failures(tmp_path: Path):
+    from reactive import CheckpointConfig, Dataflow, RestartStrategy
+    from reactive.connectors.collections import ListSink
+
+    from .conftest import FailureInjector, checkpoint_state, paced
+
+    events = sessions(20_000, 400, seed=3)
+    injector = FailureInjector([4_500, 9_100, 15_300])
+
+    class SessionCount(KeyedProcessFunction):
+        inj = injector
+
+        def open(self, ctx: Any) -> None:
+            self.count = ctx.get_state(ValueStateDescriptor(
+                "count", default=0, ttl=StateTtlConfig(3.0, clock=RecordTime())))
+
+        def process_element(self, event: Any, ctx: Any) -> Iterable[Any]:
+            self.inj.tick()
+            key, t = event
+            RecordTime.t = t
+            n = self.count.value() + 1
+            self.count.update(n)
+            yield (key, n)
+
+    sink = ListSink()
+    flow = Dataflow("ttl-sessions", parallelism=2, max_parallelism=32, batch_size=128)
+    (flow.source(paced(events, every=1_000)).uid("events")
+         .key_by(lambda e: e[0])
+         .process(SessionCount()).uid("count")
+         .sink(sink))
+    job = await flow.run(checkpoints=CheckpointConfig(interval=0.01, directory=tmp_path),
+                         restart=RestartStrategy.fixed(5, 0.0))
+    assert injector.failures == 3 and job.metrics.restored_checkpoints
+    expected = expected_counts(events, 3.0)
+    last: dict[str, int] = {}
+    for key, n in sink.records:
+        last[key] = n
+    assert last == {k: n for k, (n, _) in expected.items()}
+    # the final checkpoint holds each live count with its expiry time; expired ones may
+    # have been swept already, and none is resurrected
+    final = checkpoint_state(tmp_path, "ttl-sessions", "count", "count")
+    end = events[-1][1]
+    live = {k: v for k, v in expected.items() if v[1] > end}
+    assert live.items() <= final.items() <= expected.items()
+    assert len(live) < len(expected)

@@ -34,6 +34,7 @@ import msgpack
 from ..errors import ConfigurationError
 from ..serialization import Serializer
 from .api import ListState, MapState, ReducingState, State, ValueState
+from .backend import KeyedStateBackend
 from .descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -49,6 +50,7 @@ from .ttl_config import (
 )
 
 __all__ = [
+    "IncrementalCleanup",
     "StateTtlConfig",
     "TtlListState",
     "TtlMapState",
@@ -153,18 +155,29 @@ def backend_descriptor(descriptor: StateDescriptor, config: StateTtlConfig) -> S
 
 # ---------------------------------------------------------------- the decorators
 class _Ttl:
-    """What every TTL decorator shares: the clock and the expiry rules."""
+    """What every TTL decorator shares: the clock, the expiry rules, the count of entries
+    it removed, and the incremental cleanup it drives (:class:`IncrementalCleanup`)."""
 
-    __slots__ = ("_now", "_refresh", "_return_expired", "_ttl")
+    __slots__ = ("_cleanup", "_now", "_refresh", "_return_expired", "_ttl", "expired")
 
     def __init__(self, config: StateTtlConfig, now: Callable[[], float]) -> None:
         self._ttl = config.ttl
         self._now = now
         self._refresh = config.update_type == "on_read_and_write"
         self._return_expired = config.visibility == "return_expired_if_not_cleaned_up"
+        self._cleanup: IncrementalCleanup | None = None
+        #: entries this state removed because they had expired (on access or in a sweep)
+        self.expired = 0
 
     def _expires(self) -> float:
+        cleanup = self._cleanup
+        if cleanup is not None:
+            cleanup.tick()
         return self._now() + self._ttl
+
+    def purge(self, now: float) -> None:
+        """Remove the current key's expired entries (a sweep's step; refreshes nothing)."""
+        raise NotImplementedError
 
 
 class TtlValueState(_Ttl, ValueState):
@@ -186,6 +199,7 @@ class TtlValueState(_Ttl, ValueState):
         now = self._now()
         if expires <= now:
             self._inner.clear()
+            self.expired += 1
             return v if self._return_expired else self._default
         if self._refresh:
             self._inner.update((v, now + self._ttl))
@@ -196,6 +210,12 @@ class TtlValueState(_Ttl, ValueState):
 
     def clear(self) -> None:
         self._inner.clear()
+
+    def purge(self, now: float) -> None:
+        pair = self._inner.value()
+        if pair is not None and pair[1] <= now:
+            self._inner.clear()
+            self.expired += 1
 
 
 class TtlListState(_Ttl, ListState):
@@ -219,6 +239,7 @@ class TtlListState(_Ttl, ListState):
                 self._inner.update([(v, now + self._ttl) for v, _ in pairs])
             return [v for v, _ in pairs]
         # cleanup on access: the expired elements go now
+        self.expired += len(pairs) - len(live)
         if self._refresh:
             live = [(v, now + self._ttl) for v, _ in live]
         if live:
@@ -245,6 +266,18 @@ class TtlListState(_Ttl, ListState):
     def clear(self) -> None:
         self._inner.clear()
 
+    def purge(self, now: float) -> None:
+        pairs = self._inner.get()
+        if not pairs:
+            return
+        live = [p for p in pairs if p[1] > now]
+        if len(live) < len(pairs):
+            self.expired += len(pairs) - len(live)
+            if live:
+                self._inner.update(live)
+            else:
+                self._inner.clear()
+
 
 class TtlMapState(_Ttl, MapState):
     """A map state whose entries expire one by one (Flink's ``TtlMapState``)."""
@@ -264,6 +297,7 @@ class TtlMapState(_Ttl, MapState):
         now = self._now()
         if expires <= now:
             self._inner.remove(user_key)
+            self.expired += 1
             return v if self._return_expired else default
         if self._refresh:
             self._inner.put(user_key, (v, now + self._ttl))
@@ -281,6 +315,7 @@ class TtlMapState(_Ttl, MapState):
             return False
         if pair[1] <= self._now():
             self._inner.remove(user_key)
+            self.expired += 1
             return self._return_expired
         return True
 
@@ -297,6 +332,7 @@ class TtlMapState(_Ttl, MapState):
                 out.append((uk, v))
         for uk in expired:
             self._inner.remove(uk)
+        self.expired += len(expired)
         if self._refresh:
             for uk, v in out:
                 if uk not in expired:
@@ -305,6 +341,12 @@ class TtlMapState(_Ttl, MapState):
 
     def clear(self) -> None:
         self._inner.clear()
+
+    def purge(self, now: float) -> None:
+        expired = [uk for uk, (_, expires) in list(self._inner.items()) if expires <= now]
+        for uk in expired:
+            self._inner.remove(uk)
+        self.expired += len(expired)
 
 
 class TtlReducingState(_Ttl, ReducingState):
@@ -326,6 +368,7 @@ class TtlReducingState(_Ttl, ReducingState):
         now = self._now()
         if expires <= now:
             self._inner.clear()
+            self.expired += 1
             return v if self._return_expired else None
         if self._refresh:
             self._inner.clear()
@@ -336,24 +379,127 @@ class TtlReducingState(_Ttl, ReducingState):
         pair = self._inner.get()
         if pair is not None and pair[1] <= self._now():
             self._inner.clear()  # the expired accumulator does not take part in the fold
+            self.expired += 1
         self._inner.add((value, self._expires()))
 
     def clear(self) -> None:
         self._inner.clear()
 
+    def purge(self, now: float) -> None:
+        pair = self._inner.get()
+        if pair is not None and pair[1] <= now:
+            self._inner.clear()
+            self.expired += 1
+
+
+class IncrementalCleanup:
+    """Removes expired entries of keys nobody reads again (Flink's incremental cleanup of
+    heap TTL state): every :data:`EVERY` writes to the operator's TTL states, the entries of
+    the next few keys of one of them are checked and the expired ones removed.
+
+    Keys come from the backend's ``keys(state)`` (a stable copy, taken once per pass over a
+    state's keys); a step sets each key current, purges it, and sets the key that was current
+    back, so the record being processed sees its own key again. The work is proportional to
+    the writes (an idle operator sweeps nothing) and its rate adapts, pass by pass, to what
+    the passes find: ``rate`` keys checked per write, between :data:`MIN_RATE` (a pass that
+    found nothing expired: a long-lived key set costs almost nothing) and :data:`MAX_RATE`
+    (a pass that found nearly everything expired: an ever-growing key space, whose new keys
+    must be checked faster than they arrive for the state to stay flat).
+
+    Args:
+        backend: the operator's keyed state backend.
+    """
+
+    EVERY = 16
+    MIN_RATE = 1 / 16
+    MAX_RATE = 4.0
+
+    def __init__(self, backend: KeyedStateBackend) -> None:
+        self.backend = backend
+        self.rate = self.MIN_RATE
+        self._states: list[tuple[str, _Ttl]] = []
+        self._countdown = self.EVERY
+        self._turn = 0  # the state whose keys the current pass walks
+        self._pending: list[Any] = []
+        self._checked = 0  # keys checked in the current pass
+        self._expired_before = 0  # the state's expired count when the pass began
+        self._credit = 0.0  # keys owed to the sweep (fractions carried between steps)
+        self._sweeping = False
+
+    def register(self, name: str, state: _Ttl) -> None:
+        """Sweep ``state`` (stored under ``name``) too; it ticks this cleanup on writes."""
+        self._states = [(n, s) for n, s in self._states if n != name] + [(name, state)]
+        state._cleanup = self
+
+    def tick(self) -> None:
+        """One write happened: run a step every :data:`EVERY` writes."""
+        self._countdown -= 1
+        if self._countdown <= 0 and not self._sweeping:
+            self._countdown = self.EVERY
+            self.step()
+
+    def _next_pass(self) -> None:
+        if self._checked:
+            # adapt to what the last pass found: expired entries per key checked
+            state = self._states[self._turn][1]
+            found = (state.expired - self._expired_before) / self._checked
+            self.rate = min(self.MAX_RATE, max(self.MIN_RATE, 2 * self.MAX_RATE * found))
+        self._turn = (self._turn + 1) % len(self._states)
+        name, state = self._states[self._turn]
+        self._pending = list(self.backend.keys(name))
+        self._pending.reverse()  # popped from the end: the pass goes in key order
+        self._checked = 0
+        self._expired_before = state.expired
+
+    def step(self) -> None:
+        """Check the keys the writes since the last step earned (``EVERY * rate``)."""
+        if not self._states:
+            return
+        self._credit += self.EVERY * self.rate
+        n = int(self._credit)
+        if n == 0:
+            return
+        self._credit -= n
+        if not self._pending:
+            self._next_pass()
+            if not self._pending:
+                return
+        backend = self.backend
+        _, state = self._states[self._turn]
+        current = backend.current_key
+        now = state._now()
+        n = min(n, len(self._pending))
+        self._sweeping = True
+        try:
+            for _ in range(n):
+                backend.set_current_key(self._pending.pop())
+                state.purge(now)
+        finally:
+            self._sweeping = False
+            backend.set_current_key(current)
+        self._checked += n
+
 
 def ttl_state(descriptor: StateDescriptor, config: StateTtlConfig, inner: State,
-              now: Callable[[], float]) -> State:
+              now: Callable[[], float], cleanup: IncrementalCleanup | None = None) -> State:
     """The TTL decorator of ``descriptor``'s kind over the backend's state ``inner`` (stored
-    under :func:`backend_descriptor`), reading the time from ``now``."""
+    under :func:`backend_descriptor`), reading the time from ``now``; registered with the
+    operator's ``cleanup`` (None: expired entries go only when accessed)."""
+    state: _Ttl
     if isinstance(descriptor, ValueStateDescriptor):
         assert isinstance(inner, ValueState)
-        return TtlValueState(inner, descriptor.default, config, now)
-    if isinstance(descriptor, ListStateDescriptor):
+        state = TtlValueState(inner, descriptor.default, config, now)
+    elif isinstance(descriptor, ListStateDescriptor):
         assert isinstance(inner, ListState)
-        return TtlListState(inner, config, now)
-    if isinstance(descriptor, MapStateDescriptor):
+        state = TtlListState(inner, config, now)
+    elif isinstance(descriptor, MapStateDescriptor):
         assert isinstance(inner, MapState)
-        return TtlMapState(inner, config, now)
-    assert isinstance(descriptor, ReducingStateDescriptor) and isinstance(inner, ReducingState)
-    return TtlReducingState(inner, config, now)
+        state = TtlMapState(inner, config, now)
+    else:
+        assert isinstance(descriptor, ReducingStateDescriptor)
+        assert isinstance(inner, ReducingState)
+        state = TtlReducingState(inner, config, now)
+    if cleanup is not None:
+        cleanup.register(descriptor.name, state)
+    assert isinstance(state, State)
+    return state
