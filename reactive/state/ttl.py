@@ -172,7 +172,10 @@ class _Ttl:
     def _expires(self) -> float:
         cleanup = self._cleanup
         if cleanup is not None:
-            cleanup.tick()
+            # IncrementalCleanup.tick inlined: once per write
+            cleanup.countdown -= 1
+            if cleanup.countdown <= 0:
+                cleanup.tick()
         return self._now() + self._ttl
 
     def purge(self, now: float) -> None:
@@ -418,7 +421,8 @@ class IncrementalCleanup:
         self.backend = backend
         self.rate = self.MIN_RATE
         self._states: list[tuple[str, _Ttl]] = []
-        self._countdown = self.EVERY
+        #: writes until the next step (decremented by the states on each write)
+        self.countdown = self.EVERY
         self._turn = 0  # the state whose keys the current pass walks
         self._pending: list[Any] = []
         self._checked = 0  # keys checked in the current pass
@@ -432,10 +436,9 @@ class IncrementalCleanup:
         state._cleanup = self
 
     def tick(self) -> None:
-        """One write happened: run a step every :data:`EVERY` writes."""
-        self._countdown -= 1
-        if self._countdown <= 0 and not self._sweeping:
-            self._countdown = self.EVERY
+        """:attr:`countdown` writes happened since the last step: run one."""
+        self.countdown = self.EVERY
+        if not self._sweeping:
             self.step()
 
     def _next_pass(self) -> None:
