@@ -126,14 +126,29 @@ def growth(backend: str, ttl: float | None, minutes: float, directory: Path
             await asyncio.sleep(min(10.0, max(0.0, until - 1.0 - time.perf_counter())))
             keys = sum(len(list(c.ctx._keyed.keys("count")))  # the instance's backend
                        for c in Count.instances if c.ctx._keyed is not None)
-            done = job.metrics.completed_checkpoints
-            size = int(done[-1].size) if done else 0
+            size = _checkpoint_bytes(directory, flow.name)
             samples.append((time.perf_counter() - t0, keys, size, _rss_mb()))
-            print(backend, "ttl" if ttl else "no ttl", samples[-1], flush=True)
         await job.wait()
 
     run_coroutine(go())
     return samples
+
+
+def _checkpoint_bytes(directory: Path, job: str) -> int:
+    """Bytes of every file the newest completed checkpoint needs (shared ones included):
+    the state's size on disk."""
+    from reactive import CheckpointStorage
+
+    done = CheckpointStorage(directory, job).completed()
+    if not done:
+        return 0
+    total = 0
+    for op in done[-1].metadata["operators"].values():
+        for sub in op["subtasks"].values():
+            for part in (sub.get("keyed_state"), sub.get("operator_state")):
+                if part:
+                    total += sum(int(f["size"]) for f in part.get("files", []))
+    return total
 
 
 def _rss_mb() -> float:
@@ -142,6 +157,23 @@ def _rss_mb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _growth_in_child(backend: str, ttl: float | None, minutes: float
+                     ) -> list[tuple[float, int, int, float]]:
+    """:func:`growth` in a fresh process, so its RSS is its own."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.state_ttl", "--child", backend,
+         "--child-ttl", str(ttl or 0), "--minutes", str(minutes)],
+        check=True, capture_output=True, text=True).stdout
+    points = json.loads(out.strip().splitlines()[-1])
+    for point in points:
+        print(backend, "ttl" if ttl else "no ttl", point, flush=True)
+    return [tuple(p) for p in points]  # type: ignore[misc]
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -153,7 +185,16 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--skip-w1", action="store_true")
     p.add_argument("--skip-growth", action="store_true")
     p.add_argument("--png", default=str(RESULTS / "state_ttl.png"))
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--child-ttl", type=float, default=0.0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child:
+        import json
+
+        with tempfile.TemporaryDirectory() as d:
+            points = growth(args.child, args.child_ttl or None, args.minutes, Path(d))
+        print(json.dumps(points))
+        return ""
     text = ""
     if not args.skip_w1:
         from reactive.runtime.loop import run_coroutine
@@ -174,16 +215,16 @@ def main(argv: list[str] | None = None) -> str:
         series: dict[str, list[tuple[float, int, int, float]]] = {}
         for backend in args.backends.split(","):
             for ttl in (5.0, None):
-                with tempfile.TemporaryDirectory() as d:
-                    label = f"{backend}, {'ttl 5 s' if ttl else 'no ttl'}"
-                    series[label] = growth(backend, ttl, args.minutes, Path(d))
+                label = f"{backend}, {'ttl 5 s' if ttl else 'no ttl'}"
+                series[label] = _growth_in_child(backend, ttl, args.minutes)
         rows = []
         for label, points in series.items():
             first, last = points[0], points[-1]
             rows.append([label, f"{first[1]:,} -> {last[1]:,}",
                          f"{first[2]:,} -> {last[2]:,}", f"{first[3]:.0f} -> {last[3]:.0f}"])
         text += print_table(["run", "keys in state (10 s -> end)",
-                             "checkpoint bytes (10 s -> end)", "RSS MB (10 s -> end)"], rows)
+                             "state on disk, bytes (10 s -> end)", "RSS MB (10 s -> end)"],
+                            rows)
         _plot(series, Path(args.png), args.minutes)
     return text
 
@@ -203,7 +244,8 @@ def _plot(series: dict[str, list[tuple[float, int, int, float]]], path: Path,
         xs = [p[0] for p in points]
         for ax, i in zip(axes, (1, 2, 3), strict=True):
             ax.plot(xs, [p[i] for p in points], label=label)
-    for ax, title in zip(axes, ("keys in state", "checkpoint bytes", "RSS (MB)"), strict=True):
+    for ax, title in zip(axes, ("keys in state", "checkpoint's files (bytes)", "RSS (MB)"),
+                         strict=True):
         ax.set_title(title)
         ax.set_xlabel("seconds")
         ax.grid(alpha=0.3)
