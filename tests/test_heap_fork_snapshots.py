@@ -194,3 +194,56 @@ def test_an_unknown_strategy_is_refused():
 
     with pytest.raises(ConfigurationError, match="'paced' or 'fork'"):
         HeapStateBackend(snapshot="threads")  # type: ignore[arg-type]
+
+
+CHILD_OUTLIVES = """
+import os, signal, sys
+from pathlib import Path
+from reactive import KeyGroupRange, ValueStateDescriptor
+from reactive.backends.heap import HeapStateBackend, fork_snapshot
+from reactive.state.backend import SnapshotContext
+
+out = Path(sys.argv[1])
+
+def blocked(snapshot, write_fd, parent):
+    (out / "child").write_text(str(os.getpid()))
+    r, _w = os.pipe()
+    os.read(r, 1)
+
+fork_snapshot._run_child = blocked
+kb = HeapStateBackend(snapshot="fork").create_keyed_backend(
+    job_name="j", operator_uid="op", subtask=0, key_group_range=KeyGroupRange(0, 7),
+    max_parallelism=8)
+state = kb.get_state(ValueStateDescriptor("v"))
+for k in range(100):
+    kb.set_current_key(k)
+    state.update(k)
+ctx = SnapshotContext(1, out, out / "chk-1", out / "shared", "op", 0)
+kb.snapshot(ctx)
+while not (out / "child").exists():
+    pass
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_child_dies_with_its_parent(tmp_path):
+    """kill -9 of the job's process while a child writes: the child does not go on writing
+    into a checkpoint directory that the next run cleans up (it dies with its parent)."""
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.run([sys.executable, "-c", CHILD_OUTLIVES, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    child = int((tmp_path / "child").read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.01)  # polling for the kernel's delivery of the parent-death signal
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail(f"the snapshot child {child} outlived its killed parent")

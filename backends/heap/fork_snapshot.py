@@ -267,6 +267,8 @@ def fork_snapshot(snapshot: HeapSnapshot) -> ForkedSnapshot:
     if pid == 0:  # pragma: no cover - the child; its effects are what the tests check
         try:
             os.close(read_fd)
+            _die_with(parent)
+            _isolate(write_fd)
             _run_child(snapshot, write_fd, parent)
         finally:
             os._exit(0)
@@ -274,10 +276,8 @@ def fork_snapshot(snapshot: HeapSnapshot) -> ForkedSnapshot:
     return ForkedSnapshot(pid, read_fd, snapshot)
 
 
-def _run_child(snapshot: HeapSnapshot, write_fd: int,
-               parent: int) -> None:  # pragma: no cover - child
-    """Write ``snapshot`` and report on ``write_fd``; never returns to the caller's code."""
-    _die_with(parent)
+def _isolate(write_fd: int) -> None:  # pragma: no cover - child
+    """Cut the child off from what belongs to the parent's threads and loop."""
     gc.disable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(ValueError, OSError):
@@ -285,6 +285,11 @@ def _run_child(snapshot: HeapSnapshot, write_fd: int,
     # every inherited descriptor but stdio and the pipe: the parent's loop, sockets, files
     os.closerange(3, write_fd)
     os.closerange(write_fd + 1, _max_fd())
+
+
+def _run_child(snapshot: HeapSnapshot, write_fd: int,
+               parent: int) -> None:  # pragma: no cover - child
+    """Write ``snapshot`` and report on ``write_fd``; never returns to the caller's code."""
     chains: list[GroupChain] = []
     failed: list[bool] = []
     snapshot._on_written = lambda _cid, written: chains.extend(written)
