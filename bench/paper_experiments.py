@@ -45,6 +45,8 @@ class RunResult:
         p50, p99: source-to-sink latency, ms.
         checkpoints: the completed checkpoints' statistics (the final one included).
         received: records measured at the sink.
+        child_mb: the largest private memory of a forked snapshot's child, MB (heap
+            ``snapshot="fork"`` only; NaN otherwise).
     """
 
     seconds: float
@@ -54,6 +56,7 @@ class RunResult:
     p99: float
     checkpoints: list[CheckpointStats] = field(default_factory=list)
     received: int = 0
+    child_mb: float = float("nan")
 
     def periodic(self) -> list[CheckpointStats]:
         """The completed checkpoints without the job's final one (taken after the input)."""
@@ -187,10 +190,10 @@ def payload(i: int, size: int = 1000) -> bytes:
 
 
 def _backend(name: str, directory: Path) -> StateBackend:
-    if name == "heap":
+    if name in ("heap", "heap-fork"):
         from reactive.backends.heap import HeapStateBackend
 
-        return HeapStateBackend()
+        return HeapStateBackend(snapshot="fork" if name == "heap-fork" else "paced")
     from reactive.backends.rocksdb import RocksDBStateBackend
 
     return RocksDBStateBackend(path=directory / "rocksdb", incremental=False)
@@ -211,12 +214,14 @@ def snapshot_size(megabytes: int, backend: str, mode: str, directory: Path) -> R
 
 # ----------------------------------------------------------------- SDG paper, Fig. 12
 def sdg(megabytes: int, updates: int, mode: str | None, interval: float,
-        directory: Path, rate: float | None = None) -> RunResult:
+        directory: Path, rate: float | None = None, backend: str = "heap") -> RunResult:
     """Throughput and latency of updates to ``megabytes`` MB of keyed state (1,000-byte
     values on the heap), without checkpoints, with asynchronous (ABS) ones, or with
     synchronous ones (SDG paper Fig. 12). The rate and latencies cover the update phase
     only (after the state is loaded); with ``rate`` (records/s) the updates follow a
-    schedule and their latency counts from when they were due."""
+    schedule and their latency counts from when they were due. ``backend`` is ``"heap"``
+    (paced snapshots on the loop) or ``"heap-fork"`` (snapshots written by a forked child,
+    whose largest private memory the result reports)."""
     keys = megabytes * 1000
     key_of = uniform_key(keys)
     sink = LatencySink(accept=lambda r: r[1] == "update")
@@ -225,7 +230,27 @@ def sdg(megabytes: int, updates: int, mode: str | None, interval: float,
                                lambda i: payload(i) if i < keys else 1,
                                rate=rate, rate_from=keys), uid="source").set_parallelism(1)
          .key_by(lambda r: r[0]).process(Store()).uid("store").sink(sink))
-    result = _run(flow, sink, updates, _config(mode, interval, directory))
+    if backend != "heap-fork":
+        return _run(flow, sink, updates, _config(mode, interval, directory),
+                    _backend(backend, directory))
+    from reactive.backends.heap.fork_snapshot import ForkedSnapshot
+
+    children: list[int] = []
+    write = ForkedSnapshot.write
+
+    async def measured(self: ForkedSnapshot) -> dict[str, Any]:
+        handle = await write(self)
+        children.append(self.child_private_bytes)
+        return handle
+
+    ForkedSnapshot.write = measured  # type: ignore[method-assign]
+    try:
+        result = _run(flow, sink, updates, _config(mode, interval, directory),
+                      _backend(backend, directory))
+    finally:
+        ForkedSnapshot.write = write  # type: ignore[method-assign]
+    if children:
+        result.child_mb = max(children) / 2**20
     return result
 
 

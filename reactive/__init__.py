@@ -41,6 +41,7 @@ from .state import (
     ReducingStateDescriptor,
     SnapshotContext,
     StateBackend,
+    StateTtlConfig,
     ValueState,
     ValueStateDescriptor,
 )
@@ -105,6 +106,7 @@ __all__ = [
     "StateBackend",
     "StateQueryError",
     "StateSerializationError",
+    "StateTtlConfig",
     "Stream",
     "TimeDomain",
     "TimeWindow",

@@ -7,7 +7,8 @@ state and lifecycle. ``process_element`` returns an iterable of outputs (a gener
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,9 @@ from .errors import StateAccessError
 from .state.api import State
 from .state.descriptors import StateDescriptor
 from .state.operator_state import OperatorListState, RedistributionMode
+from .state.ttl import IncrementalCleanup, backend_descriptor, ttl_config, ttl_state
+from .state.ttl_config import StateTtlConfig
+from .time.clock import SystemClock
 
 if TYPE_CHECKING:
     from .state.backend import KeyedStateBackend
@@ -67,6 +71,8 @@ class RuntimeContext:
         self._firing: tuple[float, TimeDomain] | None = None
         # the keyed states the operator's functions use, by name (for state queries)
         self.keyed_states: dict[str, State] = {}
+        # sweeps the expired entries of its TTL states' keys (created with the first one)
+        self._ttl_cleanup: IncrementalCleanup | None = None
 
     @property
     def timer_service(self) -> TimerService:
@@ -127,9 +133,40 @@ class RuntimeContext:
                 f"operator {self.operator_name!r} is not keyed: call key_by(...) before it to "
                 "use keyed state, or use get_operator_state"
             )
-        state: State = self._keyed.get_state(descriptor)
+        config = ttl_config(descriptor)
+        if config is None:
+            state: State = self._keyed.get_state(descriptor)
+        else:
+            inner = self._keyed.get_state(backend_descriptor(descriptor, config))
+            if self._ttl_cleanup is None:
+                self._ttl_cleanup = IncrementalCleanup(self._keyed)
+            state = ttl_state(descriptor, config, inner, self._ttl_time(config),
+                              self._ttl_cleanup)
         self.keyed_states[descriptor.name] = state
         return state
+
+    def _ttl_time(self, config: StateTtlConfig) -> Callable[[], float]:
+        """What a TTL state reads the time from (see :mod:`reactive.state.ttl`).
+
+        Raises:
+            StateAccessError: for event-time TTL outside a keyed process function (no
+                watermark to read).
+        """
+        if config.time_characteristic == "event_time":
+            if self._timer_service is None:
+                raise StateAccessError(
+                    f"operator {self.operator_name!r}: event-time ttl reads the watermark of "
+                    "a keyed process function (key_by(...).process(...)); use processing time "
+                    "here")
+            return self._timer_service.current_watermark
+        if config.clock is not None:
+            return config.clock.now
+        # the operator's processing-time clock (a test's manual one) where it has one; the
+        # system clock's time.time bound directly: read twice per record, it is hot
+        clock = self._timer_service.clock if self._timer_service is not None else None
+        if clock is None or type(clock) is SystemClock:
+            return time.time
+        return clock.now
 
     def get_operator_state(self, name: str, mode: RedistributionMode = "split") -> OperatorListState:
         """Return this instance's operator list state ``name`` (restored after recovery)."""

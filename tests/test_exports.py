@@ -22,7 +22,7 @@ USER_API = {
     "ReducingState", "ReducingStateDescriptor", "RestartStrategy", "RestoreError",
     "RuntimeContext", "Serializer", "Sink", "SinkWriter", "SlidingEventTimeWindows",
     "SnapshotContext", "Source", "SourceReader", "StateAccessError", "StateBackend",
-    "StateQueryError", "StateSerializationError", "Stream", "TimeDomain", "TimeWindow",
+    "StateQueryError", "StateSerializationError", "StateTtlConfig", "Stream", "TimeDomain", "TimeWindow",
     "TimerService",
     "TumblingEventTimeWindows", "TwoPhaseCommitSink", "UnsupportedKeyError",
     "UserFunctionError", "ValueState", "ValueStateDescriptor", "WindowResult",

@@ -1,7 +1,8 @@
 """A whole lineage across processes, seeded: run, stop with a savepoint, restore it at another
 parallelism into the same and into a new checkpoint directory, kill -9, resume, run again.
 Committed output holds every input record exactly once and the keyed state equals a batch
-computation, on both backends. One seed per backend runs by default; ``-m slow`` runs more."""
+computation, on both backends, and on the heap backend with forked snapshots (whose children
+the kill -9 finds writing). One seed per backend runs by default; ``-m slow`` runs more."""
 
 from __future__ import annotations
 
@@ -116,13 +117,13 @@ def trial(tmp_path: Path, seed: int, backend: str) -> None:
     assert killed(log) == 2
 
 
-@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+@pytest.mark.parametrize("backend", ["heap", "heap-fork", "rocksdb"])
 def test_lineage_through_savepoint_rescale_kill_and_rerun(tmp_path, backend):
     trial(tmp_path, seed=1, backend=backend)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+@pytest.mark.parametrize("backend", ["heap", "heap-fork", "rocksdb"])
 @pytest.mark.parametrize("seed", range(2, 12))
 def test_lineage_seeded(tmp_path, backend, seed):
     trial(tmp_path, seed=seed, backend=backend)

@@ -39,3 +39,17 @@ class TestRocksDBTinyCache(StateBackendContract):
     def create_state_backend(self, tmp_path: Path) -> StateBackend:
         return RocksDBStateBackend(path=tmp_path / "state", cache_entries=1,
                                    write_batch_entries=1)
+
+
+class TestHeapForkedSnapshots(StateBackendContract):
+    """Snapshots written by a forked child process (``snapshot="fork"``)."""
+
+    def create_state_backend(self, tmp_path: Path) -> StateBackend:
+        return HeapStateBackend(snapshot="fork")
+
+
+class TestHeapForkedIncrementalSnapshots(StateBackendContract):
+    """Forked children chaining deltas onto the last completed checkpoint's files."""
+
+    def create_state_backend(self, tmp_path: Path) -> StateBackend:
+        return HeapStateBackend(incremental=True, snapshot="fork")

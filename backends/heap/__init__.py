@@ -10,6 +10,8 @@ one job each:
 - :mod:`.state`: the state tables and the value/list/map/reducing state objects;
 - :mod:`.snapshot`: the snapshots (synchronous planning, per-key copy-on-write, asynchronous
   serialization in pieces);
+- :mod:`.fork_snapshot`: snapshots written by a forked child process on another core
+  (``HeapStateBackend(snapshot="fork")``);
 - :mod:`.changelog`: dirty keys since the last completed checkpoint, chains of blobs per key
   group, and when a key group is materialized again;
 - :mod:`.file_writer`: writing, hashing and syncing a snapshot file in a worker thread;

@@ -31,9 +31,10 @@ as ``key_encoding``. A value that cannot be serialized fails the snapshot with
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from reactive.errors import (
     ConfigurationError,
@@ -65,11 +66,17 @@ from reactive.state.key_group_stream import (
 )
 
 from .changelog import ChangeLog, SnapshotPlan, limits
+from .fork_snapshot import ForkedSnapshot, fork_snapshot, fork_supported
 from .format import BACKEND, is_heap_handle, iter_heap_key_groups
 from .snapshot import HeapSnapshot
 from .state import Table, create_state, descriptor_serializer
 
-__all__ = ["HeapKeyedStateBackend", "HeapStateBackend"]
+__all__ = ["HeapKeyedStateBackend", "HeapStateBackend", "SnapshotStrategy"]
+
+log = logging.getLogger(__name__)
+
+#: how the heap backend writes a snapshot's asynchronous part
+SnapshotStrategy = Literal["paced", "fork"]
 
 _KEY_CACHE_SIZE = 200_000  # keys whose key group is memoized per memo generation
 #: keys whose key group is remembered across memo generations (the first ones seen): the
@@ -96,12 +103,16 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             written in full again; None: the mode's default.
         snapshot_share: the share of the event loop thread a snapshot's asynchronous part
             takes while the tasks are busy (None: :data:`.snapshot.SHARE`).
+        snapshot: ``"paced"`` (copy-on-write per key, serialized on the loop thread at its
+            share) or ``"fork"`` (written by a forked child process, :mod:`.fork_snapshot`;
+            the caller checked :func:`.fork_snapshot.fork_supported`).
     """
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, *,
                  operator_uid: str | None = None, incremental: bool = False,
                  max_deltas: int | None = None, delta_ratio: float | None = None,
-                 snapshot_share: float | None = None) -> None:
+                 snapshot_share: float | None = None,
+                 snapshot: SnapshotStrategy = "paced") -> None:
         self.key_group_range = key_group_range
         self.max_parallelism = max_parallelism
         self.operator_uid = operator_uid
@@ -128,6 +139,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                               delta_ratio=delta_ratio, dirty_limit=5 * _KEY_CACHE_SIZE)
         # snapshots whose asynchronous part still needs to see the keys set current
         self._watching: list[HeapSnapshot] = []
+        self._fork = snapshot == "fork"
+        # forked snapshots whose child may still run (killed by dispose)
+        self._children: list[ForkedSnapshot] = []
 
     # ------------------------------------------------------------------ keys
     def set_key_serializer(self, serializer: Serializer | None) -> None:
@@ -310,6 +324,13 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                             on_written=None if ctx.savepoint else self._log.written,
                             on_failed=self._log.reset, share=self.snapshot_share,
                             garbage=garbage, fresh_memo=not ctx.savepoint)
+        if self._fork:
+            # the child's image is the state at the barrier: nothing to watch
+            forked = fork_snapshot(snap)
+            snap._garbage = None  # the child has its own copy of the old memo
+            self._children = [c for c in self._children if not c.ended]
+            self._children.append(forked)
+            return forked
         if self._idx < self._n:
             snap.touch(self.current_key, self._idx)
         self._watching.append(snap)
@@ -378,6 +399,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     def dispose(self) -> None:
         for snap in list(self._watching):
             snap.discard()
+        for child in self._children:
+            child.discard()
+        self._children.clear()
         self._tables.clear()
 
 
@@ -413,26 +437,45 @@ class HeapStateBackend(StateBackend):
             :data:`.snapshot.SHARE`, 0.15): a saturated task keeps about ``1 - share`` of
             its rate during it, and the part takes about ``1 / share`` times its
             serialization time (an idle loop runs it at full speed).
+        snapshot: how the asynchronous part runs. ``"paced"`` (the default): on the event
+            loop thread, at ``snapshot_share`` of it, with copy-on-write per key.
+            ``"fork"``: in a child process forked at the barrier (Redis' ``BGSAVE``), which
+            writes the same files on another core while the tasks keep the whole loop
+            (:mod:`.fork_snapshot`); it costs memory instead: the pages the tasks write
+            while a child runs, and the pages the child reads, are copied, up to about the
+            state's size per child. Where ``fork()`` is unavailable or unsafe (not Linux or
+            macOS, a free-threaded build) it falls back to ``"paced"`` with a log line.
 
     Raises:
-        ConfigurationError: if ``max_deltas < 1``, ``delta_ratio <= 0`` or
-            ``snapshot_share`` is not in (0, 1].
+        ConfigurationError: if ``max_deltas < 1``, ``delta_ratio <= 0``,
+            ``snapshot_share`` is not in (0, 1] or ``snapshot`` is not a strategy.
     """
 
     name = BACKEND
 
     def __init__(self, incremental: bool = False, max_deltas: int | None = None,
                  delta_ratio: float | None = None,
-                 snapshot_share: float | None = None) -> None:
+                 snapshot_share: float | None = None,
+                 snapshot: SnapshotStrategy = "paced") -> None:
         if (max_deltas is not None and max_deltas < 1) or \
                 (delta_ratio is not None and not delta_ratio > 0):
             raise ConfigurationError("max_deltas must be >= 1 and delta_ratio > 0")
         if snapshot_share is not None and not 0 < snapshot_share <= 1:
             raise ConfigurationError(f"snapshot_share must be in (0, 1], got {snapshot_share}")
+        if snapshot not in ("paced", "fork"):
+            raise ConfigurationError(
+                f"snapshot must be 'paced' or 'fork', got {snapshot!r}")
+        if snapshot == "fork":
+            why = fork_supported()
+            if why is not None:
+                log.warning("heap snapshots are paced on the event loop instead of forked: %s",
+                            why)
+                snapshot = "paced"
         self.incremental = incremental
         self.max_deltas = max_deltas
         self.delta_ratio = delta_ratio
         self.snapshot_share = snapshot_share
+        self.snapshot: SnapshotStrategy = snapshot
 
     def create_keyed_backend(
         self,
@@ -446,4 +489,5 @@ class HeapStateBackend(StateBackend):
         return HeapKeyedStateBackend(key_group_range, max_parallelism, operator_uid=operator_uid,
                                      incremental=self.incremental, max_deltas=self.max_deltas,
                                      delta_ratio=self.delta_ratio,
-                                     snapshot_share=self.snapshot_share)
+                                     snapshot_share=self.snapshot_share,
+                                     snapshot=self.snapshot)

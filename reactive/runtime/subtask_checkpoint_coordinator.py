@@ -116,6 +116,10 @@ class SubtaskCheckpointCoordinator:
         # set when the newest asynchronous part has ended (acknowledged, declined or
         # cancelled): the next part acknowledges only after it (see _async_part)
         self._previous_part: asyncio.Event | None = None
+        # checkpoint id -> the captures of its asynchronous part while it runs: an abort
+        # discards them, so a part that cannot end by itself (a hung writer) does not hold
+        # back the acknowledgements of the parts after it
+        self._in_flight: dict[int, list[_Capture]] = {}
 
     async def checkpoint_state(self, barrier: CheckpointBarrier, alignment: float) -> None:
         """Snapshot for ``barrier`` (synchronous part), forward it, start the asynchronous
@@ -150,6 +154,7 @@ class SubtaskCheckpointCoordinator:
             await self.broadcast(barrier)
             return
         sync = time.perf_counter() - t0
+        self._in_flight[cid] = captures
         await self.broadcast(barrier)
         previous, ended = self._previous_part, asyncio.Event()
         self._previous_part = ended
@@ -214,6 +219,7 @@ class SubtaskCheckpointCoordinator:
                 states[op.uid] = entry
         except asyncio.CancelledError:
             # the attempt is being torn down: release what the synchronous part captured
+            self._in_flight.pop(cid, None)
             for _, _, keyed, _ in captures:
                 if keyed is not None:
                     keyed.discard()
@@ -222,8 +228,11 @@ class SubtaskCheckpointCoordinator:
             for _, _, keyed, _ in captures:
                 if keyed is not None:
                     keyed.discard()
-            coordinator.decline(cid, self.task, exc)
+            if self._in_flight.pop(cid, None) is not None:
+                coordinator.decline(cid, self.task, exc)
+            # else the checkpoint was aborted, which discarded the captures: nothing to say
             return
+        self._in_flight.pop(cid, None)
         if self.is_closed():
             # the task failed (or ended) while this part ran and its operators were closed:
             # a disposed heap backend serializes empty key groups, and acknowledging them
@@ -246,7 +255,12 @@ class SubtaskCheckpointCoordinator:
             await maybe_await(op.notify_checkpoint_complete(checkpoint_id))
 
     async def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
-        """Mailbox action: checkpoint ``checkpoint_id`` was aborted."""
+        """Mailbox action: checkpoint ``checkpoint_id`` was aborted: its asynchronous part,
+        if it still runs, is discarded (it fails at its next step: the paced heap writer at
+        its next piece, a forked writer's child is killed), then the operators are told."""
+        for _, _, keyed, _ in self._in_flight.pop(checkpoint_id, ()):
+            if keyed is not None:
+                keyed.discard()
         for op in self.operators:
             await maybe_await(op.notify_checkpoint_aborted(checkpoint_id))
 

@@ -1,4 +1,5 @@
-"""Keyed and operator state: descriptors, the state API, and the state-backend protocol."""
+"""Keyed and operator state: descriptors (with time-to-live), the state API, and the
+state-backend protocol."""
 
 from .api import ListState, MapState, ReducingState, State, ValueState
 from .backend import KeyedStateBackend, KeyedStateSnapshot, SnapshotContext, StateBackend
@@ -10,6 +11,7 @@ from .descriptors import (
     ValueStateDescriptor,
 )
 from .operator_state import OperatorListState, OperatorStateStore
+from .ttl_config import StateTtlConfig
 
 __all__ = [
     "KeyedStateBackend",
@@ -26,6 +28,7 @@ __all__ = [
     "State",
     "StateBackend",
     "StateDescriptor",
+    "StateTtlConfig",
     "ValueState",
     "ValueStateDescriptor",
 ]

@@ -2,15 +2,22 @@
 
 Created in a function's ``open()`` and passed to ``ctx.get_state(...)``. The name is the
 state's identity inside its operator: it is what a snapshot stores and a restore matches.
+Every kind takes a keyword ``ttl``: seconds, or a
+:class:`~reactive.state.ttl_config.StateTtlConfig`, after which an entry expires
+(:mod:`reactive.state.ttl`). Adding or removing a ttl changes how the state is stored: a job
+restored from a checkpoint must keep it as it was.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..serialization import Serializer
+
+if TYPE_CHECKING:
+    from .ttl_config import StateTtlConfig
 
 __all__ = [
     "ListStateDescriptor",
@@ -41,6 +48,7 @@ class ValueStateDescriptor(StateDescriptor):
 
     default: Any = None
     serializer: Serializer | None = field(default=None, compare=False)
+    ttl: StateTtlConfig | float | None = field(default=None, compare=False, kw_only=True)
     kind: ClassVar[str] = "value"
 
 
@@ -49,6 +57,7 @@ class ListStateDescriptor(StateDescriptor):
     """A list of elements per key; ``serializer`` applies to the whole list."""
 
     serializer: Serializer | None = field(default=None, compare=False)
+    ttl: StateTtlConfig | float | None = field(default=None, compare=False, kw_only=True)
     kind: ClassVar[str] = "list"
 
 
@@ -57,6 +66,7 @@ class MapStateDescriptor(StateDescriptor):
     """A map of user keys to values per key; ``serializer`` applies to the whole map."""
 
     serializer: Serializer | None = field(default=None, compare=False)
+    ttl: StateTtlConfig | float | None = field(default=None, compare=False, kw_only=True)
     kind: ClassVar[str] = "map"
 
 
@@ -66,4 +76,5 @@ class ReducingStateDescriptor(StateDescriptor):
 
     reduce_fn: Callable[[Any, Any], Any] = field(default=lambda a, b: b, compare=False)
     serializer: Serializer | None = field(default=None, compare=False)
+    ttl: StateTtlConfig | float | None = field(default=None, compare=False, kw_only=True)
     kind: ClassVar[str] = "reducing"

@@ -647,7 +647,8 @@ class StateBackendContract:
             kb.set_current_key(key)
             state.update(_Opaque(key))
         handle = await harness.checkpoint(kb, 1)
-        assert ser.serialized >= len(keys)
+        # pickle refuses _Opaque: values that restore went through the serializer (whose
+        # calls a backend may make in another process, e.g. a forked snapshot writer)
         restored = await harness.restore([handle])
         state2 = _value(restored, ValueStateDescriptor("opaque", serializer=ser))
         for key in keys:

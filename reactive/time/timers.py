@@ -369,6 +369,11 @@ class TimerService:
     def __init__(self, internal: InternalTimerService) -> None:
         self._internal = internal
 
+    @property
+    def clock(self) -> ProcessingClock:
+        """The processing-time clock the timers and :meth:`current_processing_time` read."""
+        return self._internal.clock
+
     def current_processing_time(self) -> float:
         """Processing time now (seconds)."""
         return self._internal.clock.now()

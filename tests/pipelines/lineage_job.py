@@ -75,10 +75,10 @@ class Count(KeyedProcessFunction):
 
 
 def backend(name: str, checkpoints: str) -> Any:
-    if name == "heap":
+    if name in ("heap", "heap-fork"):
         from reactive.backends.heap import HeapStateBackend
 
-        return HeapStateBackend()
+        return HeapStateBackend(snapshot="fork" if name == "heap-fork" else "paced")
     from reactive.backends.rocksdb import RocksDBStateBackend
 
     return RocksDBStateBackend(path=os.path.join(checkpoints, "_rocksdb"), incremental=True)
@@ -129,7 +129,7 @@ if __name__ == "__main__":
     p.add_argument("checkpoints")
     p.add_argument("parallelism", type=int)
     p.add_argument("records", type=int)
-    p.add_argument("backend", choices=["heap", "rocksdb"])
+    p.add_argument("backend", choices=["heap", "heap-fork", "rocksdb"])
     p.add_argument("--restore-from", default=None)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--stop-at", type=int, default=0)
