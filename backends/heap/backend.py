@@ -286,6 +286,12 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             return iter(())
         return iter([k for d in table.maps[: self._n] for k in d])
 
+    def keys_in_key_group(self, state_name: str, key_group: int) -> list[Any]:
+        table = self._tables.get(state_name)
+        if table is None or not self._start <= key_group < self._start + self._n:
+            return []
+        return list(table.maps[key_group - self._start])
+
     # ------------------------------------------------------------------ snapshots
     def snapshot(self, ctx: SnapshotContext) -> KeyedStateSnapshot:
         """Synchronous part: plan the snapshot in O(number of key groups) and start watching

@@ -168,17 +168,29 @@ class RocksDBKeyedStateBackend(WriteBackCache, KeyedStateBackend):
         if table is None:
             return iter(())
         self._flush_dirty()
-        out = []
-        sid = table.sid
+        out: list[Any] = []
         for kg in range(self._start, self._end + 1):
-            prefix = self._kg[kg] + sid
-            n = len(prefix)
-            for k in self._db.keys(from_key=prefix):
-                k = cast(bytes, k)  # raw mode: keys are bytes
-                if k[:n] != prefix:
-                    break
-                out.append(self._decode_key(k[n:]))
+            self._key_group_keys(table.sid, kg, out)
         return iter(out)
+
+    def keys_in_key_group(self, state_name: str, key_group: int) -> list[Any]:
+        table = self._tables.get(state_name)
+        if table is None or not self._start <= key_group <= self._end:
+            return []
+        self._flush_dirty()
+        out: list[Any] = []
+        self._key_group_keys(table.sid, key_group, out)
+        return out
+
+    def _key_group_keys(self, sid: bytes, kg: int, out: list[Any]) -> None:
+        """Append the keys of state ``sid`` in key group ``kg`` (one prefix scan)."""
+        prefix = self._kg[kg] + sid
+        n = len(prefix)
+        for k in self._db.keys(from_key=prefix):
+            k = cast(bytes, k)  # raw mode: keys are bytes
+            if k[:n] != prefix:
+                break
+            out.append(self._decode_key(k[n:]))
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self, ctx: SnapshotContext) -> KeyedStateSnapshot:

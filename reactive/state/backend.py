@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..keygroups import KeyGroupRange
+from ..keygroups import KeyGroupRange, assign_to_key_group
 from .api import State
 from .descriptors import StateDescriptor
 
@@ -141,6 +141,15 @@ class KeyedStateBackend(ABC):
     @abstractmethod
     def keys(self, state_name: str) -> Iterator[Any]:
         """Iterate over the keys that have a value in ``state_name`` (a stable copy)."""
+
+    def keys_in_key_group(self, state_name: str, key_group: int) -> list[Any]:
+        """The keys that have a value in ``state_name`` in ``key_group`` (of this instance's
+        range), as a list: what an incremental walk over the state reads one key group at a
+        time (the TTL cleanup). The default filters :meth:`keys`, O(keys of the instance);
+        the built-in backends read the one key group.
+        """
+        maxp = self.max_parallelism
+        return [k for k in self.keys(state_name) if assign_to_key_group(k, maxp) == key_group]
 
     @abstractmethod
     def snapshot(self, ctx: SnapshotContext) -> KeyedStateSnapshot:

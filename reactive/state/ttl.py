@@ -400,14 +400,15 @@ class IncrementalCleanup:
     heap TTL state): every :data:`EVERY` writes to the operator's TTL states, the entries of
     the next few keys of one of them are checked and the expired ones removed.
 
-    Keys come from the backend's ``keys(state)`` (a stable copy, taken once per pass over a
-    state's keys); a step sets each key current, purges it, and sets the key that was current
-    back, so the record being processed sees its own key again. The work is proportional to
-    the writes (an idle operator sweeps nothing) and its rate adapts, pass by pass, to what
-    the passes find: ``rate`` keys checked per write, between :data:`MIN_RATE` (a pass that
-    found nothing expired: a long-lived key set costs almost nothing) and :data:`MAX_RATE`
-    (a pass that found nearly everything expired: an ever-growing key space, whose new keys
-    must be checked faster than they arrive for the state to stay flat).
+    A pass walks one state's keys key group by key group of the instance's range (each key
+    group's keys read once, as a stable copy: ``keys_in_key_group``), then the next state's.
+    A step sets each key current, purges it, and sets the key that was current back, so the
+    record being processed sees its own key again. The work is proportional to the writes (an
+    idle operator sweeps nothing) and its rate follows what the recent steps found (a moving
+    average of the expired share of the keys they checked): ``rate`` keys checked per
+    write, between :data:`MIN_RATE` (nothing expired: a long-lived key set costs almost
+    nothing) and :data:`MAX_RATE` (nearly everything expired: an ever-growing key space,
+    whose new keys must be checked faster than they arrive for the state to stay flat).
 
     Args:
         backend: the operator's keyed state backend.
@@ -423,10 +424,10 @@ class IncrementalCleanup:
         self._states: list[tuple[str, _Ttl]] = []
         #: writes until the next step (decremented by the states on each write)
         self.countdown = self.EVERY
-        self._turn = 0  # the state whose keys the current pass walks
+        self._turn = -1  # the state whose keys the current pass walks
+        self._key_group = 0  # the next key group of the pass
         self._pending: list[Any] = []
-        self._checked = 0  # keys checked in the current pass
-        self._expired_before = 0  # the state's expired count when the pass began
+        self._found = 0.0  # moving average of the expired share of the keys checked
         self._credit = 0.0  # keys owed to the sweep (fractions carried between steps)
         self._sweeping = False
 
@@ -441,18 +442,22 @@ class IncrementalCleanup:
         if not self._sweeping:
             self.step()
 
-    def _next_pass(self) -> None:
-        if self._checked:
-            # adapt to what the last pass found: expired entries per key checked
-            state = self._states[self._turn][1]
-            found = (state.expired - self._expired_before) / self._checked
-            self.rate = min(self.MAX_RATE, max(self.MIN_RATE, 2 * self.MAX_RATE * found))
-        self._turn = (self._turn + 1) % len(self._states)
-        name, state = self._states[self._turn]
-        self._pending = list(self.backend.keys(name))
-        self._pending.reverse()  # popped from the end: the pass goes in key order
-        self._checked = 0
-        self._expired_before = state.expired
+    def _refill(self) -> bool:
+        """Read the next key group's keys into the pending list (starting the next pass
+        after the range's last key group); False when every state is empty."""
+        kgs = self.backend.key_group_range
+        for _ in range(len(self._states) * len(kgs) + 1):
+            if self._turn < 0 or self._key_group > kgs.end:
+                self._turn = (self._turn + 1) % len(self._states)
+                self._key_group = kgs.start
+            name, _ = self._states[self._turn]
+            kg = self._key_group
+            self._key_group += 1
+            self._pending = self.backend.keys_in_key_group(name, kg)
+            if self._pending:
+                self._pending.reverse()  # popped from the end: in the key group's order
+                return True
+        return False
 
     def step(self) -> None:
         """Check the keys the writes since the last step earned (``EVERY * rate``)."""
@@ -463,15 +468,14 @@ class IncrementalCleanup:
         if n == 0:
             return
         self._credit -= n
-        if not self._pending:
-            self._next_pass()
-            if not self._pending:
-                return
+        if not self._pending and not self._refill():
+            return
         backend = self.backend
         _, state = self._states[self._turn]
         current = backend.current_key
         now = state._now()
         n = min(n, len(self._pending))
+        before = state.expired
         self._sweeping = True
         try:
             for _ in range(n):
@@ -480,7 +484,8 @@ class IncrementalCleanup:
         finally:
             self._sweeping = False
             backend.set_current_key(current)
-        self._checked += n
+        self._found = 0.9 * self._found + 0.1 * min(1.0, (state.expired - before) / n)
+        self.rate = min(self.MAX_RATE, max(self.MIN_RATE, 2 * self.MAX_RATE * self._found))
 
 
 def ttl_state(descriptor: StateDescriptor, config: StateTtlConfig, inner: State,
