@@ -1,0 +1,230 @@
+"""Distinct keys of a record batch mapped once to dense slots, and each slot's key group.
+
+This is the key handling of DataFusion's ``GroupsAccumulator`` design: a batch's key
+column is dictionary-encoded (Arrow's hash kernel, in C++), only its *distinct* values are
+looked up in a ``dict`` of known keys, and every per-row step after that is an array
+operation over the rows' codes. A new key gets the next slot; its key group is computed
+from its canonical bytes exactly as the per-record API computes it
+(:func:`reactive.keygroups.assign_to_key_group` over :func:`reactive.key_encoding.encode_key`
+of the Python value), so a row lands in the key group its key has through ``Stream.key_by``
+and state stays compatible across both APIs and across rescaling.
+
+A dictionary-typed key column whose dictionary is the one of the previous batch (the usual
+case: the batches of a Parquet column chunk, or a source with a fixed vocabulary) skips the
+lookups altogether: the dictionary's slots are kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import UnsupportedKeyError
+from ..keygroups import assign_to_key_group
+from .schema import pa
+
+__all__ = ["BatchKeys", "KeyIndex"]
+
+
+class BatchKeys:
+    """The keys of one batch.
+
+    Attributes:
+        codes: per row, the index of its key among the batch's groups (``int64`` array of
+            the batch's length).
+        slots: per group, its slot in the :class:`KeyIndex` (``int64`` array).
+        num_groups: the number of groups (``codes`` lie in ``[0, num_groups)``).
+    """
+
+    __slots__ = ("codes", "num_groups", "slots")
+
+    def __init__(self, codes: np.ndarray, slots: np.ndarray) -> None:
+        self.codes = codes
+        self.slots = slots
+        self.num_groups = len(slots)
+
+
+class KeyIndex:
+    """Known keys -> dense slots, with each slot's key group and the keys as Arrow arrays.
+
+    Args:
+        key_columns: the names of the key columns (one or more).
+        max_parallelism: the number of key groups.
+        operator: the keyed operator's uid, named in key errors.
+        capacity: forget every key once this many are known (a partitioner, which needs
+            key groups only, bounds its memory this way); None: keep all (keyed state).
+
+    Attributes:
+        size: the number of slots in use.
+        key_groups: per slot, its key group (``int32``; valid up to ``size``).
+    """
+
+    def __init__(self, key_columns: list[str], max_parallelism: int,
+                 operator: str | None = None, capacity: int | None = None) -> None:
+        self.key_columns = key_columns
+        self.max_parallelism = max_parallelism
+        self.operator = operator
+        self.capacity = capacity
+        self.size = 0
+        self.key_groups = np.zeros(1024, np.int32)
+        self._slot_of: dict[Any, int] = {}
+        # the keys of slots [0, size) as Arrow arrays, one list of chunks per key column,
+        # appended to only (a snapshot captures a prefix in O(number of chunks))
+        self.key_chunks: list[list[Any]] = [[] for _ in key_columns]
+        self._dictionary: Any = None
+        self._dictionary_slots: np.ndarray | None = None
+
+    # ------------------------------------------------------------------ lookups
+    def lookup(self, batch: Any) -> BatchKeys:
+        """Map the rows of ``batch`` to slots, adding the keys not seen before.
+
+        Args:
+            batch: a ``pyarrow.RecordBatch`` with the key columns.
+
+        Returns:
+            The batch's :class:`BatchKeys`.
+
+        Raises:
+            UnsupportedKeyError: for a key without a canonical encoding (NaN, a timestamp
+                ...), naming the operator.
+        """
+        if len(self.key_columns) == 1:
+            column = batch.column(self.key_columns[0])
+            if pa.types.is_dictionary(column.type) and column.null_count == 0:
+                return self._lookup_dictionary(column)
+            encoded = column.dictionary_encode(null_encoding="encode")
+            codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            uniques = encoded.dictionary
+            return BatchKeys(codes, self._slots_for([uniques], uniques.to_pylist()))
+        return self._lookup_tuples(batch)
+
+    def _lookup_dictionary(self, column: Any) -> BatchKeys:
+        dictionary = column.dictionary
+        codes = column.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        known = self._dictionary
+        if known is None or not (known is dictionary or _same_buffers(known, dictionary)
+                                 or known.equals(dictionary)):
+            slots = self._slots_for([dictionary], dictionary.to_pylist())
+            self._dictionary, self._dictionary_slots = dictionary, slots
+        assert self._dictionary_slots is not None
+        return BatchKeys(codes, self._dictionary_slots)
+
+    def _lookup_tuples(self, batch: Any) -> BatchKeys:
+        # each column dictionary-encoded, the codes combined into one integer per row,
+        # its distinct values found by numpy (a sort), the tuples built per distinct key
+        combined = np.zeros(batch.num_rows, np.int64)
+        dictionaries = []
+        for name in self.key_columns:
+            encoded = batch.column(name).dictionary_encode(null_encoding="encode")
+            if pa.types.is_dictionary(batch.column(name).type):
+                encoded = batch.column(name).cast(batch.column(name).type.value_type) \
+                    .dictionary_encode(null_encoding="encode")
+            d = encoded.dictionary
+            combined = combined * len(d) + encoded.indices.to_numpy(zero_copy_only=False)
+            dictionaries.append((d, len(d)))
+        uniques, codes = np.unique(combined, return_inverse=True)
+        positions = []
+        rest = uniques
+        for _, n in reversed(dictionaries):
+            positions.append(rest % n)
+            rest = rest // n
+        positions.reverse()
+        columns = [d.take(pa.array(p)) for (d, _), p in zip(dictionaries, positions,
+                                                            strict=True)]
+        keys = list(zip(*(c.to_pylist() for c in columns), strict=True))
+        return BatchKeys(codes.astype(np.int64, copy=False).reshape(-1),
+                         self._slots_for(columns, keys))
+
+    def _slots_for(self, columns: list[Any], keys: list[Any]) -> np.ndarray:
+        """The slots of distinct ``keys`` (the rows of the Arrow ``columns``), adding the
+        new ones."""
+        if self.capacity is not None and self.size + len(keys) > self.capacity:
+            self.clear()
+        get = self._slot_of.get
+        slots = np.fromiter((get(k, -1) for k in keys), np.int64, len(keys))
+        new = np.flatnonzero(slots < 0)
+        if len(new):
+            self._add(columns, keys, new, slots)
+        return slots
+
+    def _add(self, columns: list[Any], keys: list[Any], new: np.ndarray,
+             slots: np.ndarray) -> None:
+        start = self.size
+        end = start + len(new)
+        if end > len(self.key_groups):
+            grown = np.zeros(max(end, 2 * len(self.key_groups)), np.int32)
+            grown[:start] = self.key_groups[:start]
+            self.key_groups = grown
+        slot_of = self._slot_of
+        maxp = self.max_parallelism
+        kgs = self.key_groups
+        slot = start
+        added: list[int] = []
+        k = None
+        try:
+            for i in new.tolist():
+                k = keys[i]
+                known = slot_of.get(k)
+                if known is not None:  # an equal key earlier in the batch (1 and 1.0)
+                    slots[i] = known
+                    continue
+                kgs[slot] = assign_to_key_group(k, maxp)
+                slot_of[k] = slots[i] = slot
+                added.append(i)
+                slot += 1
+        except UnsupportedKeyError as exc:
+            for j in added:  # leave the index as it was
+                slot_of.pop(keys[j], None)
+            raise exc.for_operator(self.operator) from None
+        self.size = slot
+        taken = pa.array(added, pa.int64())
+        for chunks, column in zip(self.key_chunks, columns, strict=True):
+            chunks.append(column.take(taken))
+
+    def clear(self) -> None:
+        """Forget every key (slots restart at 0)."""
+        self._slot_of.clear()
+        self.size = 0
+        self.key_chunks = [[] for _ in self.key_columns]
+        self._dictionary = self._dictionary_slots = None
+
+    # ------------------------------------------------------------------ snapshots
+    def keys_prefix(self, chunk_counts: list[int]) -> list[Any]:
+        """The key columns of the slots the first ``chunk_counts[i]`` chunks hold (one
+        ``pyarrow.Array`` per key column)."""
+        out = []
+        for chunks, n in zip(self.key_chunks, chunk_counts, strict=True):
+            part = chunks[:n]
+            out.append(pa.concat_arrays(part) if part else None)
+        return out
+
+    def install(self, key_columns: list[Any], key_groups: np.ndarray) -> np.ndarray:
+        """Add restored keys (one Arrow array per key column) with their key groups;
+        returns their slots."""
+        if len(self.key_columns) == 1:
+            keys = key_columns[0].to_pylist()
+        else:
+            keys = list(zip(*(c.to_pylist() for c in key_columns), strict=True))
+        n = len(keys)
+        start = self.size
+        end = start + n
+        if end > len(self.key_groups):
+            grown = np.zeros(max(end, 2 * len(self.key_groups)), np.int32)
+            grown[:start] = self.key_groups[:start]
+            self.key_groups = grown
+        self.key_groups[start:end] = key_groups
+        self._slot_of.update(zip(keys, range(start, end), strict=True))
+        for chunks, column in zip(self.key_chunks, key_columns, strict=True):
+            chunks.append(column)
+        self.size = end
+        return np.arange(start, end, dtype=np.int64)
+
+
+def _same_buffers(a: Any, b: Any) -> bool:
+    """Whether two arrays are views of the same memory (the same dictionary object behind
+    two batches): equal type, length, offset and buffer addresses."""
+    if len(a) != len(b) or a.offset != b.offset or not a.type.equals(b.type):
+        return False
+    return [x.address if x is not None else None for x in a.buffers()] == \
+        [x.address if x is not None else None for x in b.buffers()]

@@ -1,0 +1,274 @@
+"""Columnar streams: record batches through sources, vectorized operators, the columnar
+key_by exchange (agreeing with the per-record key groups) and keyed aggregation with
+columnar state, exactly once across a failure and a restore at another parallelism."""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reactive import (
+    CheckpointConfig,
+    ConfigurationError,
+    Dataflow,
+    JobFailedError,
+    RestartStrategy,
+    UnsupportedKeyError,
+    assign_to_key_group,
+    key_group_range_for_operator,
+)
+from reactive.columnar import SchemaMismatchError
+from reactive.columnar.grouping import Grouping
+from reactive.columnar.key_index import KeyIndex
+from reactive.columnar.partitioning import ColumnarKeyGroupPartitioner
+from reactive.connectors.collections import ListSink
+from reactive.connectors.files import CommittingFileSink
+
+
+def words_table(n: int = 2000, vocabulary: int = 50, seed: int = 1) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    idx = rng.zipf(1.3, n) % vocabulary
+    return pa.table({"word": [f"w{i}" for i in idx], "n": rng.integers(-50, 50, n),
+                     "x": rng.normal(size=n)})
+
+
+def chain(exc: BaseException | None) -> list[BaseException]:
+    out = []
+    while exc is not None:
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+# ---------------------------------------------------------------------- stateless
+async def test_filter_select_map_batches_match_a_batch_computation():
+    table = words_table()
+    flow = Dataflow("columnar-stateless")
+    sink = ListSink()
+    (flow.from_arrow(table, batch_size=128)
+         .filter(pc.field("n") > 0)
+         .select("word", "n", doubled=pc.field("n") * 2)
+         .map_batches(lambda b: b.append_column("neg", pc.negate(b.column("n"))),
+                      schema=pa.schema([("word", pa.string()), ("n", pa.int64()),
+                                        ("doubled", pa.int64()), ("neg", pa.int64())]))
+         .to_records().sink(sink))
+    await flow.run()
+    kept = table.filter(pc.field("n") > 0)
+    expected = [{"word": w, "n": n, "doubled": 2 * n, "neg": -n}
+                for w, n in zip(kept.column("word").to_pylist(), kept.column("n").to_pylist(),
+                                strict=True)]
+    assert sink.records == expected
+
+
+async def test_to_columnar_and_back():
+    records = [{"word": f"w{i % 7}", "n": i} for i in range(500)]
+    schema = pa.schema([("word", pa.string()), ("n", pa.int64())])
+    flow = Dataflow("columnar-roundtrip", batch_size=64)
+    sink = ListSink()
+    (flow.from_collection(records).to_columnar(schema).key_by("word")
+         .agg(count=("n", "count"), total=("n", "sum")).to_records().sink(sink))
+    await flow.run()
+    counts: dict[str, int] = collections.Counter()
+    totals: dict[str, int] = collections.Counter()
+    expected = []
+    for r in records:
+        counts[r["word"]] += 1
+        totals[r["word"]] += r["n"]
+        expected.append({"word": r["word"], "count": counts[r["word"]],
+                         "total": totals[r["word"]]})
+    assert sink.records == expected  # parallelism 1: the input order
+
+
+async def test_a_batch_of_another_schema_fails_naming_operator_column_and_position():
+    table = words_table(1000)
+
+    def breaks(b: pa.RecordBatch) -> pa.RecordBatch:
+        return b.set_column(1, "n", pc.cast(b.column("n"), pa.float64()))
+
+    flow = Dataflow("columnar-schema")
+    flow.from_arrow(table, batch_size=300).map_batches(breaks, name="cast-n").to_records() \
+        .sink(ListSink())
+    with pytest.raises(JobFailedError) as info:
+        await flow.run(restart=RestartStrategy.none())
+    err = next(e for e in chain(info.value) if isinstance(e, SchemaMismatchError))
+    assert err.operator == "cast-n" and err.column == "n" and err.position == "row 0"
+    assert "double" in str(err) and "int64" in str(err)
+
+
+def test_from_arrow_refuses_batches_of_different_schemas():
+    a = pa.record_batch({"k": ["a"], "n": [1]})
+    b = pa.record_batch({"k": ["b"], "n": [1.5]})
+    with pytest.raises(ConfigurationError, match=r"column 'n'.*row 1"):
+        Dataflow("bad").from_arrow([a, b])
+
+
+def test_unknown_columns_and_functions_fail_when_built():
+    s = Dataflow("bad").from_arrow(words_table(10))
+    with pytest.raises(ConfigurationError, match="no column 'nope'"):
+        s.key_by("nope")
+    with pytest.raises(ConfigurationError, match="unknown function 'median'"):
+        s.key_by("word").agg(m=("n", "median"))
+    with pytest.raises(ConfigurationError, match="numeric"):
+        s.key_by("n").agg(m=("word", "sum"))
+
+
+# ---------------------------------------------------------------------- key groups
+keys_st = st.one_of(
+    st.lists(st.text(max_size=12), min_size=1, max_size=60),
+    st.lists(st.integers(min_value=-2**63, max_value=2**63 - 1), min_size=1, max_size=60),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(keys=keys_st, maxp=st.integers(1, 300), parallelism=st.integers(1, 7),
+       dictionary=st.booleans())
+def test_columnar_key_groups_agree_with_the_per_record_api(keys, maxp, parallelism, dictionary):
+    parallelism = min(parallelism, maxp)
+    column = pa.array(keys)
+    if dictionary:
+        column = column.dictionary_encode()
+    batch = pa.record_batch({"k": column, "row": list(range(len(keys)))})
+    index = KeyIndex(["k"], maxp)
+    found = index.lookup(batch)
+    row_kgs = index.key_groups[found.slots][found.codes]
+    assert row_kgs.tolist() == [assign_to_key_group(k, maxp) for k in keys]
+    # the exchange sends each row to the instance owning its key group, in input order
+    partitioner = ColumnarKeyGroupPartitioner(parallelism, ["k"], maxp)
+    parts = partitioner.split([batch])
+    for channel, batches in enumerate(parts):
+        kgr = key_group_range_for_operator(channel, parallelism, maxp)
+        rows = [r for b in batches for r in b.column("row").to_pylist()]
+        assert rows == sorted(rows)
+        assert all(assign_to_key_group(keys[r], maxp) in kgr for r in rows)
+    assert sorted(r for bs in parts for b in bs for r in b.column("row").to_pylist()) == \
+        list(range(len(keys)))
+
+
+def test_a_key_without_canonical_encoding_names_the_operator():
+    index = KeyIndex(["x"], 128, operator="agg-x")
+    with pytest.raises(UnsupportedKeyError, match="NaN") as info:
+        index.lookup(pa.record_batch({"x": [1.5, float("nan")]}))
+    assert info.value.operator == "agg-x"
+    assert index.size == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(codes=st.lists(st.integers(0, 70_000), min_size=1, max_size=200))
+def test_grouping_ranks_and_running_extrema(codes):
+    arr = np.array(codes, np.int64)
+    _, dense = np.unique(arr, return_inverse=True)
+    # the codes as given (large, sparse) and as dense indices take both sort paths
+    for c, ng in ((arr, 70_001), (dense.astype(np.int64), int(dense.max()) + 1)):
+        g = Grouping(c, ng)
+        values = (c * 7919) % 101 - 50
+        seen: dict[int, list[int]] = collections.defaultdict(list)
+        ranks, maxima, sums = [], [], []
+        for code, v in zip(c.tolist(), values.tolist(), strict=True):
+            seen[code].append(v)
+            ranks.append(len(seen[code]) - 1)
+            maxima.append(max(seen[code]))
+            sums.append(sum(seen[code]))
+        assert g.rank().tolist() == ranks
+        assert g.running_max(values)[0].tolist() == maxima
+        assert g.running_sum(values)[0].tolist() == sums
+
+
+# ---------------------------------------------------------------------- aggregation
+async def test_final_aggregates_equal_pyarrow_group_by_with_nulls():
+    table = words_table(3000)
+    n = table.column("n").to_pylist()
+    table = table.set_column(1, "n", pa.array([None if i % 11 == 0 else v
+                                               for i, v in enumerate(n)], pa.int64()))
+    flow = Dataflow("columnar-final", parallelism=3, max_parallelism=16)
+    sink = ListSink()
+    (flow.from_arrow(table, batch_size=257).key_by("word")
+         .agg(emit="final", count=("n", "count"), total=("n", "sum"), lo=("n", "min"),
+              hi=("n", "max"), avg=("x", "mean"), xmax=("x", "max"))
+         .to_records().sink(sink))
+    await flow.run()
+    expected = table.group_by("word").aggregate(
+        [("n", "count"), ("n", "sum"), ("n", "min"), ("n", "max"), ("x", "mean"),
+         ("x", "max")]).to_pylist()
+    got = {r["word"]: r for r in sink.records}
+    assert len(got) == len(sink.records) == len(expected)
+    for e in expected:
+        r = got[e["word"]]
+        assert (r["count"], r["total"], r["lo"], r["hi"]) == \
+            (e["n_count"], e["n_sum"], e["n_min"], e["n_max"])
+        assert r["avg"] == pytest.approx(e["x_mean"]) and r["xmax"] == e["x_max"]
+
+
+async def test_changelog_running_count_per_row_with_dictionary_keys():
+    table = words_table(4000)
+    table = table.set_column(0, "word", table.column("word").dictionary_encode())
+    flow = Dataflow("columnar-changelog", parallelism=2, max_parallelism=32)
+    sink = ListSink()
+    (flow.from_arrow(table, batch_size=500).key_by("word")
+         .agg(count=("word", "count")).to_records().sink(sink))
+    await flow.run()
+    per_word: dict[str, list[int]] = collections.defaultdict(list)
+    for r in sink.records:
+        per_word[r["word"]].append(r["count"])
+    expected = collections.Counter(table.column("word").to_pylist())
+    assert {w: c for w, c in per_word.items()} == \
+        {w: list(range(1, n + 1)) for w, n in expected.items()}
+
+
+# ---------------------------------------------------------------------- exactly once
+def committed_rows(directory: Path) -> list[dict[str, Any]]:
+    rows = []
+    for part in sorted(directory.glob("part-*")):
+        rows.extend(json.loads(line) for line in part.read_text().splitlines())
+    return rows
+
+
+def agg_job(name: str, table: pa.Table, parallelism: int, out: Path, fail_at: int | None,
+            checkpoints: Path) -> Dataflow:
+    def crash(b: pa.RecordBatch) -> pa.RecordBatch:
+        row = int(b.schema.metadata[b"reactive.position"].split()[1])
+        done = any(checkpoints.glob("*/chk-*/_metadata"))
+        if fail_at is not None and row >= fail_at and done:
+            raise RuntimeError(f"injected failure at row {row}")
+        return b
+
+    # one record batch per channel batch: the channels' bounds pace the source, so
+    # checkpoints complete while the input is read
+    flow = Dataflow(name, parallelism=parallelism, max_parallelism=16, batch_size=1)
+    (flow.from_arrow(table, batch_size=50).uid("source").map_batches(crash)
+         .key_by("word").agg(count=("word", "count"), total=("n", "sum")).uid("agg")
+         .to_records().sink(CommittingFileSink(out, format="jsonl"), name="sink")
+         .uid("sink"))
+    return flow
+
+
+async def test_exactly_once_through_a_failure_and_a_restore_at_another_parallelism(tmp_path):
+    table = words_table(20_000, vocabulary=40)
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    config = CheckpointConfig(interval=0.01, directory=chk)
+    first = agg_job("columnar-eo", table, 2, out, fail_at=10_000, checkpoints=chk)
+    with pytest.raises(JobFailedError) as info:
+        await first.run(checkpoints=config, restart=RestartStrategy.none())
+    assert any("injected failure" in str(e) for e in chain(info.value))
+    assert len(committed_rows(out)) < table.num_rows  # it failed part way
+    second = agg_job("columnar-eo", table, 3, out, fail_at=None, checkpoints=chk)
+    await second.run(checkpoints=config, resume=True)
+
+    rows = committed_rows(out)
+    assert len(rows) == table.num_rows  # no row lost, none twice
+    per_word: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
+    for r in rows:
+        per_word[r["word"]].append((r["count"], r["total"]))
+    batch = table.group_by("word").aggregate([("word", "count"), ("n", "sum")])
+    for e in batch.to_pylist():
+        updates = sorted(per_word[e["word"]])
+        assert [c for c, _ in updates] == list(range(1, e["word_count"] + 1))
+        assert updates[-1][1] == e["n_sum"]
