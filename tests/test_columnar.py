@@ -272,3 +272,28 @@ async def test_exactly_once_through_a_failure_and_a_restore_at_another_paralleli
         updates = sorted(per_word[e["word"]])
         assert [c for c, _ in updates] == list(range(1, e["word_count"] + 1))
         assert updates[-1][1] == e["n_sum"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(values=st.one_of(
+    st.lists(st.text(max_size=70), max_size=40),
+    st.lists(st.binary(max_size=70), max_size=40),
+    st.lists(st.integers(min_value=-2**63, max_value=2**63 - 1), max_size=40)),
+    large=st.booleans(), cut=st.integers(0, 3), maxp=st.integers(1, 32768))
+def test_vectorized_canonical_hash_equals_mmh3_of_encode_key(values, large, cut, maxp):
+    from reactive.columnar.canonical_hash import key_groups_of
+
+    array = pa.array(values)
+    if pa.types.is_null(array.type):  # [] has no value type
+        return
+    if large and pa.types.is_string(array.type):
+        array = array.cast(pa.large_string())
+    elif large and pa.types.is_binary(array.type):
+        array = array.cast(pa.large_binary())
+    array = array.slice(min(cut, len(array)))  # an offset into the buffers
+    found = key_groups_of(array, maxp)
+    if found is None:  # only rows wider than MAX_WIDTH bytes fall back
+        assert any(len(v.encode() if isinstance(v, str) else v) > 60
+                   for v in array.to_pylist())
+        return
+    assert found.tolist() == [assign_to_key_group(v, maxp) for v in array.to_pylist()]

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import UnsupportedKeyError
 from ..keygroups import assign_to_key_group
+from .canonical_hash import key_groups_of
 from .schema import pa
 
 __all__ = ["BatchKeys", "KeyIndex"]
@@ -151,36 +152,47 @@ class KeyIndex:
     def _add(self, columns: list[Any], keys: list[Any], new: np.ndarray,
              slots: np.ndarray) -> None:
         start = self.size
-        end = start + len(new)
-        if end > len(self.key_groups):
-            grown = np.zeros(max(end, 2 * len(self.key_groups)), np.int32)
+        if start + len(new) > len(self.key_groups):
+            grown = np.zeros(max(start + len(new), 2 * len(self.key_groups)), np.int32)
             grown[:start] = self.key_groups[:start]
             self.key_groups = grown
         slot_of = self._slot_of
-        maxp = self.max_parallelism
-        kgs = self.key_groups
-        slot = start
+        # distinct Python values may still be equal keys (1 and 1.0 across batches are
+        # not, within one typed Arrow array they cannot be): keep the first of equal ones
         added: list[int] = []
-        k = None
-        try:
-            for i in new.tolist():
-                k = keys[i]
-                known = slot_of.get(k)
-                if known is not None:  # an equal key earlier in the batch (1 and 1.0)
-                    slots[i] = known
-                    continue
-                kgs[slot] = assign_to_key_group(k, maxp)
+        slot = start
+        for i in new.tolist():
+            k = keys[i]
+            known = slot_of.get(k)
+            if known is None:
                 slot_of[k] = slots[i] = slot
                 added.append(i)
                 slot += 1
+            else:
+                slots[i] = known
+        taken = pa.array(added, pa.int64())
+        new_columns = [column.take(taken) for column in columns]
+        try:
+            self.key_groups[start:slot] = self._key_groups_of(new_columns,
+                                                              [keys[i] for i in added])
         except UnsupportedKeyError as exc:
-            for j in added:  # leave the index as it was
-                slot_of.pop(keys[j], None)
+            for i in added:  # leave the index as it was
+                del slot_of[keys[i]]
             raise exc.for_operator(self.operator) from None
         self.size = slot
-        taken = pa.array(added, pa.int64())
-        for chunks, column in zip(self.key_chunks, columns, strict=True):
-            chunks.append(column.take(taken))
+        for chunks, column in zip(self.key_chunks, new_columns, strict=True):
+            chunks.append(column)
+
+    def _key_groups_of(self, columns: list[Any], keys: list[Any]) -> Any:
+        """The key groups of new keys: over the Arrow column at once where
+        :func:`~reactive.columnar.canonical_hash.key_groups_of` covers its type, else key
+        by key (the same function as the per-record API)."""
+        if len(columns) == 1:
+            found = key_groups_of(columns[0], self.max_parallelism)
+            if found is not None:
+                return found
+        maxp = self.max_parallelism
+        return [assign_to_key_group(k, maxp) for k in keys]
 
     def clear(self) -> None:
         """Forget every key (slots restart at 0)."""
