@@ -297,3 +297,32 @@ def test_vectorized_canonical_hash_equals_mmh3_of_encode_key(values, large, cut,
                    for v in array.to_pylist())
         return
     assert found.tolist() == [assign_to_key_group(v, maxp) for v in array.to_pylist()]
+
+
+@pytest.mark.parametrize("collide", [False, True])
+def test_key_index_slots_are_one_per_distinct_key(monkeypatch, collide):
+    """The hash table only proposes slots: with every hash equal (collide), distinct keys
+    still get distinct slots and a key keeps its slot across batches and a restore."""
+    import reactive.columnar.key_index as key_index
+
+    if collide:
+        monkeypatch.setattr(key_index, "identity_hashes",
+                            lambda a: np.zeros(len(a), np.uint64))
+    rng = np.random.default_rng(3)
+    index = KeyIndex(["k"], 64)
+    slot_of: dict[str, int] = {}
+    for _ in range(6):
+        words = [f"k{i}" for i in rng.integers(0, 300, 400)]
+        keys = index.lookup(pa.record_batch({"k": words}))
+        row_slots = keys.slots[keys.codes].tolist()
+        for w, s in zip(words, row_slots, strict=True):
+            assert slot_of.setdefault(w, s) == s
+    assert len(set(slot_of.values())) == len(slot_of) == index.size
+    # a restored index (keys installed with their key groups) finds the same keys
+    restored = KeyIndex(["k"], 64)
+    columns = index.keys_prefix([len(c) for c in index.key_chunks])
+    restored.install(columns, index.key_groups[:index.size])
+    words = sorted(slot_of)
+    keys = restored.lookup(pa.record_batch({"k": words}))
+    assert keys.slots[keys.codes].tolist() == [slot_of[w] for w in words]
+    assert restored.size == index.size

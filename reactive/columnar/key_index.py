@@ -23,7 +23,8 @@ import numpy as np
 from ..errors import UnsupportedKeyError
 from ..keygroups import assign_to_key_group
 from .canonical_hash import key_groups_of
-from .schema import pa
+from .schema import pa, pc
+from .slot_table import SlotTable, identity_hashes
 
 __all__ = ["BatchKeys", "KeyIndex"]
 
@@ -75,6 +76,9 @@ class KeyIndex:
         self.key_chunks: list[list[Any]] = [[] for _ in key_columns]
         self._dictionary: Any = None
         self._dictionary_slots: np.ndarray | None = None
+        # hashes of the keys of one key column -> slots, probed for a batch's distinct
+        # values at once; the dict above stays the authority (a hash only proposes a slot)
+        self._table = SlotTable() if len(key_columns) == 1 else None
 
     # ------------------------------------------------------------------ lookups
     def lookup(self, batch: Any) -> BatchKeys:
@@ -90,15 +94,48 @@ class KeyIndex:
             UnsupportedKeyError: for a key without a canonical encoding (NaN, a timestamp
                 ...), naming the operator.
         """
+        if self.capacity is not None and self.size + batch.num_rows > self.capacity:
+            self.clear()
         if len(self.key_columns) == 1:
             column = batch.column(self.key_columns[0])
             if pa.types.is_dictionary(column.type) and column.null_count == 0:
                 return self._lookup_dictionary(column)
             encoded = column.dictionary_encode(null_encoding="encode")
             codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-            uniques = encoded.dictionary
-            return BatchKeys(codes, self._slots_for([uniques], uniques.to_pylist()))
+            return BatchKeys(codes, self._slots_of_values(encoded.dictionary))
         return self._lookup_tuples(batch)
+
+    def _slots_of_values(self, uniques: Any) -> np.ndarray:
+        """The slots of the distinct values of one key column (a ``pyarrow.Array``),
+        adding the new ones: through the hash table where the type has
+        :func:`identity_hashes`, each proposed slot checked against its key."""
+        hashes = identity_hashes(uniques) if self._table is not None else None
+        if hashes is None:
+            return self._slots_for([uniques], uniques.to_pylist())
+        assert self._table is not None
+        slots = self._table.lookup(hashes)
+        found = np.flatnonzero(slots >= 0)
+        if len(found):
+            found_at = pa.array(found)
+            same = pc.equal(uniques.take(found_at), self._all_keys().take(pa.array(slots[found])))
+            slots[found[~same.to_numpy(zero_copy_only=False)]] = -1
+        missing = np.flatnonzero(slots < 0)
+        if len(missing):
+            before = self.size
+            rest = uniques.take(pa.array(missing))
+            resolved = self._slots_for([rest], rest.to_pylist())
+            slots[missing] = resolved
+            added = resolved >= before
+            self._table.insert(hashes[missing][added], resolved[added])
+        return slots
+
+    def _all_keys(self) -> Any:
+        """The keys of every slot, in slot order, as one chunked array (its chunks merged
+        once there are many)."""
+        chunks = self.key_chunks[0]
+        if len(chunks) > 32:
+            chunks[:] = [pa.concat_arrays(chunks)]
+        return pa.chunked_array(chunks, type=chunks[0].type)
 
     def _lookup_dictionary(self, column: Any) -> BatchKeys:
         dictionary = column.dictionary
@@ -140,8 +177,6 @@ class KeyIndex:
     def _slots_for(self, columns: list[Any], keys: list[Any]) -> np.ndarray:
         """The slots of distinct ``keys`` (the rows of the Arrow ``columns``), adding the
         new ones."""
-        if self.capacity is not None and self.size + len(keys) > self.capacity:
-            self.clear()
         get = self._slot_of.get
         slots = np.fromiter((get(k, -1) for k in keys), np.int64, len(keys))
         new = np.flatnonzero(slots < 0)
@@ -200,6 +235,8 @@ class KeyIndex:
         self.size = 0
         self.key_chunks = [[] for _ in self.key_columns]
         self._dictionary = self._dictionary_slots = None
+        if self._table is not None:
+            self._table.clear()
 
     # ------------------------------------------------------------------ snapshots
     def keys_prefix(self, chunk_counts: list[int]) -> list[Any]:
@@ -230,7 +267,12 @@ class KeyIndex:
         for chunks, column in zip(self.key_chunks, key_columns, strict=True):
             chunks.append(column)
         self.size = end
-        return np.arange(start, end, dtype=np.int64)
+        slots = np.arange(start, end, dtype=np.int64)
+        hashes = identity_hashes(key_columns[0]) if self._table is not None else None
+        if hashes is not None:
+            assert self._table is not None
+            self._table.insert(hashes, slots)
+        return slots
 
 
 def _same_buffers(a: Any, b: Any) -> bool:
