@@ -32,7 +32,8 @@ def _fmix64(h: np.ndarray) -> np.ndarray:
         h = h * _M1
         h = h ^ (h >> np.uint64(33))
         h = h * _M2
-        return h ^ (h >> np.uint64(33))
+        out: np.ndarray = h ^ (h >> np.uint64(33))
+        return out
 
 
 def _power_table(n: int) -> np.ndarray:
