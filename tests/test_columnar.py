@@ -192,12 +192,13 @@ async def test_final_aggregates_equal_pyarrow_group_by_with_nulls():
     sink = ListSink()
     (flow.from_arrow(table, batch_size=257).key_by("word")
          .agg(emit="final", count=("n", "count"), total=("n", "sum"), lo=("n", "min"),
-              hi=("n", "max"), avg=("x", "mean"), xmax=("x", "max"))
+              hi=("n", "max"), avg=("x", "mean"), xmax=("x", "max"), first=("n", "first"),
+              last=("n", "last"))
          .to_records().sink(sink))
     await flow.run()
-    expected = table.group_by("word").aggregate(
+    expected = table.group_by("word", use_threads=False).aggregate(
         [("n", "count"), ("n", "sum"), ("n", "min"), ("n", "max"), ("x", "mean"),
-         ("x", "max")]).to_pylist()
+         ("x", "max"), ("n", "first"), ("n", "last")]).to_pylist()
     got = {r["word"]: r for r in sink.records}
     assert len(got) == len(sink.records) == len(expected)
     for e in expected:
@@ -205,6 +206,7 @@ async def test_final_aggregates_equal_pyarrow_group_by_with_nulls():
         assert (r["count"], r["total"], r["lo"], r["hi"]) == \
             (e["n_count"], e["n_sum"], e["n_min"], e["n_max"])
         assert r["avg"] == pytest.approx(e["x_mean"]) and r["xmax"] == e["x_max"]
+        assert (r["first"], r["last"]) == (e["n_first"], e["n_last"])
 
 
 async def test_changelog_running_count_per_row_with_dictionary_keys():
@@ -326,3 +328,30 @@ def test_key_index_slots_are_one_per_distinct_key(monkeypatch, collide):
     keys = restored.lookup(pa.record_batch({"k": words}))
     assert keys.slots[keys.codes].tolist() == [slot_of[w] for w in words]
     assert restored.size == index.size
+
+
+async def test_changelog_values_of_every_function_equal_a_per_row_reference():
+    table = words_table(3000, vocabulary=30)
+    n = table.column("n").to_pylist()
+    table = table.set_column(1, "n", pa.array([None if i % 7 == 0 else v
+                                               for i, v in enumerate(n)], pa.int64()))
+    flow = Dataflow("columnar-changelog-all", batch_size=4)
+    sink = ListSink()
+    functions = ["count", "sum", "mean", "min", "max", "first", "last"]
+    (flow.from_arrow(table, batch_size=173).key_by("word")
+         .agg(**{f: ("n", f) for f in functions}).to_records().sink(sink))
+    await flow.run()
+    seen: dict[str, list[int]] = collections.defaultdict(list)
+    expected = []
+    for w, v in zip(table.column("word").to_pylist(), table.column("n").to_pylist(),
+                    strict=True):
+        if v is not None:
+            seen[w].append(v)
+        vs = seen[w]
+        expected.append({"word": w, "count": len(vs), "sum": sum(vs) if vs else None,
+                         "mean": sum(vs) / len(vs) if vs else None,
+                         "min": min(vs, default=None), "max": max(vs, default=None),
+                         "first": vs[0] if vs else None, "last": vs[-1] if vs else None})
+    assert len(sink.records) == len(expected)
+    for got, want in zip(sink.records, expected, strict=True):
+        assert got == pytest.approx(want) if want["mean"] is not None else got == want

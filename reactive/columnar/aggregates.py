@@ -1,9 +1,10 @@
-"""The built-in columnar aggregates: count, sum, mean, min and max over a column, kept per
+"""The built-in columnar aggregates: count, sum, mean, min, max, first and last over a column, kept per
 slot in numpy arrays and updated from a whole batch (DataFusion's ``GroupsAccumulator``:
 ``update_batch`` over a batch's group indices, state as arrays indexed by group).
 
 Nulls are skipped as in SQL: ``count`` counts the non-null values; ``sum``, ``mean``,
-``min`` and ``max`` of a key with no non-null value so far are null.
+``min``, ``max``, ``first`` and ``last`` of a key with no non-null value so far are null
+(``first``/``last``: the first/last non-null value in input order).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigurationError
-from .grouping import Grouping
+from .grouping import Grouping, running_first, running_last
 from .schema import pa
 
 __all__ = ["FUNCTIONS", "AggregateSpec", "parse_aggregates"]
 
-FUNCTIONS = ("count", "sum", "mean", "min", "max")
+FUNCTIONS = ("count", "sum", "mean", "min", "max", "first", "last")
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,23 @@ def update(spec: AggregateSpec, state: dict[str, np.ndarray], batch: Any, groupi
         n_totals = grouping.counts
     else:
         run_n, n_totals = grouping.running_sum(valid.astype(np.int64))
-    if spec.function in ("sum", "mean"):
+    if spec.function in ("first", "last"):
+        pick = running_first if spec.function == "first" else running_last
+        rows, group_rows = pick(grouping, valid)
+        if row_slots is not None:
+            before = acc[row_slots]  # the keys' values before this batch (a copy)
+            values_run = np.where(rows >= 0, values[np.maximum(rows, 0)], 0)
+            if spec.function == "last":
+                # rows before their key's first valid value in the batch keep the old one
+                values_run = np.where(rows >= 0, values_run, before)
+            else:
+                # a key that had a first value before this batch keeps it
+                values_run = np.where(n[row_slots] > 0, before, values_run)
+        has = group_rows >= 0
+        if spec.function == "first":
+            has &= n[slots] == 0  # a key's first value never changes
+        acc[slots[has]] = values[group_rows[has]]
+    elif spec.function in ("sum", "mean"):
         values_run, totals = grouping.running_sum(values)
         if row_slots is not None:
             values_run = acc[row_slots] + values_run

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Grouping"]
+__all__ = ["Grouping", "running_first", "running_last"]
 
 _RADIX = 1 << 16
 
@@ -102,6 +102,55 @@ class Grouping:
         nonempty = self.counts > 0
         totals[nonempty] = running[(self.starts + self.counts - 1)[nonempty]]
         return self.unsort(running), totals
+
+
+def _segment_positions(grouping: Grouping, valid: np.ndarray | None
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n = len(grouping.order)
+    positions = np.arange(n, dtype=np.int64)
+    valid_sorted = np.ones(n, bool) if valid is None else valid[grouping.order]
+    return positions, valid_sorted, grouping.starts[grouping.sorted_groups]
+
+
+def running_last(grouping: Grouping, valid: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the row (an index into the batch) of the last valid value of its group up
+    to and including it, or -1; and per group, the row of its last valid value, or -1.
+
+    Args:
+        grouping: the batch's grouping.
+        valid: per row, whether its value counts (None: all do).
+    """
+    positions, valid_sorted, group_start = _segment_positions(grouping, valid)
+    # positions grow along the group order, so a plain cumulative maximum is segmented
+    # once a position before the group's start is read as "none"
+    last = np.maximum.accumulate(np.where(valid_sorted, positions, -1)) if len(positions) \
+        else positions
+    last = np.where(last >= group_start, last, -1)
+    rows = np.where(last >= 0, grouping.order[np.maximum(last, 0)], -1)
+    ends = grouping.starts + grouping.counts - 1
+    per_group = np.where(grouping.counts > 0, rows[np.maximum(ends, 0)] if len(rows) else -1, -1)
+    return grouping.unsort(rows), per_group
+
+
+def running_first(grouping: Grouping, valid: np.ndarray | None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the row of the first valid value of its group up to and including it, or
+    -1; and per group, the row of its first valid value, or -1."""
+    positions, valid_sorted, _ = _segment_positions(grouping, valid)
+    n = len(positions)
+    per_group_pos = np.full(len(grouping.counts), n, np.int64)
+    nonempty = grouping.counts > 0
+    if n:
+        per_group_pos[nonempty] = np.minimum.reduceat(np.where(valid_sorted, positions, n),
+                                                      grouping.starts[nonempty])
+    first = per_group_pos[grouping.sorted_groups] if n else positions
+    reached = positions >= first
+    rows = np.where(reached, grouping.order[np.minimum(first, max(n - 1, 0))], -1) \
+        if n else positions
+    per_group = np.where(per_group_pos < n, grouping.order[np.minimum(per_group_pos,
+                                                                      max(n - 1, 0))], -1) \
+        if n else np.full(len(grouping.counts), -1, np.int64)
+    return grouping.unsort(rows), per_group
 
 
 def _lowest(dtype: np.dtype) -> object:

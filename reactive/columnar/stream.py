@@ -178,8 +178,8 @@ class KeyedColumnarStream:
     def agg(self, emit: Literal["changelog", "final"] = "changelog",
             name: str | None = None, **aggregates: tuple[str, str]) -> ColumnarStream:
         """Keyed aggregation over the batches: ``agg(count=("word", "count"),
-        total=("amount", "sum"))``, with ``count``, ``sum``, ``mean``, ``min``, ``max``
-        (nulls skipped, as SQL's aggregates).
+        total=("amount", "sum"))``, with ``count``, ``sum``, ``mean``, ``min``, ``max``,
+        ``first``, ``last`` (nulls skipped, as SQL's aggregates).
 
         Args:
             emit: ``"changelog"``: one output row per input row, the key columns and each
