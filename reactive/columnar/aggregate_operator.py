@@ -49,8 +49,9 @@ class ColumnarAggregateOperator(StreamOperator):
 
     def keyed_state_backend(self, job_backend: StateBackend) -> StateBackend:
         """The backend of this operator's keyed state: columnar arrays in memory, whatever
-        the job's backend."""
-        return ColumnarStateBackend()
+        the job's backend; incremental snapshots when the job's backend is incremental."""
+        return ColumnarStateBackend(incremental=bool(getattr(job_backend, "incremental",
+                                                             False)))
 
     def setup(self, subtask: int, parallelism: int, max_parallelism: int,
               keyed_backend: KeyedStateBackend | None) -> None:
@@ -66,6 +67,7 @@ class ColumnarAggregateOperator(StreamOperator):
 
     def open(self) -> None:
         for keys, table in self.backend.restored:
+            table = table.combine_chunks()
             slots = self.index.install(keys, table.column("_key_group").to_numpy())
             self._grow(self.index.size)
             for name, array in self.arrays.items():
@@ -104,6 +106,7 @@ class ColumnarAggregateOperator(StreamOperator):
     def _fold(self, b: Any, changelog: bool) -> Any:
         keys = self.index.lookup(b)
         self.backend.thaw()
+        self.backend.touch(keys.slots, self.index.size)
         self._grow(self.index.size)
         grouping = Grouping(keys.codes, keys.num_groups)
         row_slots = keys.slots[keys.codes] if changelog else None

@@ -1,21 +1,36 @@
 """Columnar keyed state: per-slot numpy arrays beside a :class:`KeyIndex`, snapshotted per
-key group into an Arrow IPC file.
+key group into Arrow IPC files, in full or incrementally (the slots changed since the last
+completed checkpoint).
 
 The state of one operator instance is a set of named arrays indexed by slot (the dense
 index :class:`~reactive.columnar.key_index.KeyIndex` gives each distinct key). A snapshot's
 synchronous part captures references: the arrays (marked frozen; the operator copies an
-array before its next write to it, copy-on-write per array) and the key index's chunk lists
-(append-only, so a prefix is stable). That is O(number of arrays + key chunks), independent
-of the number of keys. The asynchronous part, in a worker thread (pyarrow and numpy release
-the GIL for their bulk work), sorts the slots by key group and writes one record batch per
-key group (key columns, then the state arrays) into an Arrow IPC file; the handle maps each
-key group to its batch, so a restore at any parallelism reads only the key groups of its
-range (rescaling: thesis section 4.2).
+array before its next write to it, copy-on-write per array), the key index's chunk lists
+(append-only, so a prefix is stable) and the mask of slots changed since the previous
+snapshot (swapped for a fresh one). That is O(number of arrays + key chunks), independent of
+the number of keys. The asynchronous part, in a worker thread (pyarrow and numpy release
+the GIL for their bulk work), sorts the slots it writes by key group and writes one record
+batch per key group (key columns, ``_key_group``, the state arrays) into an Arrow IPC file.
+
+- Full snapshots (``arrow-ipc-v1``): one file in the checkpoint's directory; the handle maps
+  each key group to its batch.
+- Incremental snapshots (``arrow-ipc-chain-v1``, when the job's state backend is
+  incremental, e.g. ``HeapStateBackend(incremental=True)``): a file under ``shared/`` with
+  the slots changed since the last *completed* checkpoint (the masks of every snapshot
+  taken since, so an aborted checkpoint's changes go into the next one), appended to that
+  checkpoint's chain of files; a chain of :data:`MAX_CHAIN` files is replaced by a full
+  file. A restore reads a key group's batches along the chain, the later row of a key
+  winning (Flink's changelog / incremental heap snapshots; SDG paper section 5's dirty
+  state). Savepoints are always full and self-contained.
+
+A restore at any parallelism reads only the key groups of its range (rescaling: thesis
+section 4.2); its first checkpoint afterwards is full.
 """
 
 from __future__ import annotations
 
 import io
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,32 +48,49 @@ from ..state.descriptors import StateDescriptor
 from .key_index import KeyIndex
 from .schema import pa
 
-__all__ = ["BACKEND_NAME", "ColumnarKeyedStateBackend", "ColumnarStateBackend"]
+__all__ = ["BACKEND_NAME", "MAX_CHAIN", "ColumnarKeyedStateBackend", "ColumnarStateBackend"]
 
 BACKEND_NAME = "columnar-heap"
 FORMAT = "arrow-ipc-v1"
+CHAIN_FORMAT = "arrow-ipc-chain-v1"
 KEY_GROUP_COLUMN = "_key_group"
+ROW_COLUMN = "_row"
+MAX_CHAIN = 8
+"""Files an incremental snapshot's chain may reach before a full file replaces it."""
+
+Chain = list[tuple[dict[str, Any], dict[str, int]]]
+"""An incremental snapshot's files, oldest first: (file reference, key group -> batch)."""
 
 
 class ColumnarKeyedStateBackend(KeyedStateBackend):
     """The columnar keyed state of one operator instance.
 
-    The operator binds its :class:`KeyIndex` and its arrays (:meth:`bind`), and asks
-    :meth:`thaw` before changing its arrays in place.
+    The operator binds its :class:`KeyIndex` and its arrays (:meth:`bind`), calls
+    :meth:`thaw` before changing its arrays in place and :meth:`touch` with the slots a
+    batch changed.
 
     Args:
         key_group_range: the key groups this instance owns.
         max_parallelism: the number of key groups.
+        incremental: write the changed slots only (see the module docstring).
     """
 
-    def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int) -> None:
+    def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int,
+                 incremental: bool = False) -> None:
         self.key_group_range = key_group_range
         self.max_parallelism = max_parallelism
+        self.incremental = incremental
         self.current_key = None
         self.index: KeyIndex | None = None
         self.arrays: dict[str, np.ndarray] = {}
         self._frozen: set[str] = set()
         self.restored: list[tuple[list[Any], Any]] = []
+        # slots changed since the last snapshot, and the masks of the snapshots taken
+        # since the last completed checkpoint (checkpoint id, mask)
+        self.dirty = np.zeros(1024, bool)
+        self._pending: list[tuple[int, np.ndarray]] = []
+        self._base: Chain = []  # the chain of the last completed checkpoint
+        self._written: dict[int, Chain] = {}
 
     def bind(self, index: KeyIndex, arrays: dict[str, np.ndarray]) -> None:
         """Attach the operator's key index and arrays (by name; the dict is shared)."""
@@ -73,6 +105,16 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
                 if name in self.arrays:
                     self.arrays[name] = self.arrays[name].copy()
             self._frozen = set()
+
+    def touch(self, slots: np.ndarray, size: int) -> None:
+        """Mark ``slots`` changed (``size``: the slots in use)."""
+        if not self.incremental:
+            return
+        if size > len(self.dirty):
+            grown = np.zeros(max(size, 2 * len(self.dirty)), bool)
+            grown[:len(self.dirty)] = self.dirty
+            self.dirty = grown
+        self.dirty[slots] = True
 
     # the per-record state API does not address columnar state
     def set_current_key(self, key: Any) -> None:
@@ -96,91 +138,160 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
         index = self.index
         assert index is not None, "snapshot before the operator bound its state"
         self._frozen = set(self.arrays)
+        mask, self.dirty = self.dirty, np.zeros(len(self.dirty), bool)
+        masks = [m for _, m in self._pending] + [mask]
+        self._pending.append((ctx.checkpoint_id, mask))
+        incremental = self.incremental and not ctx.savepoint
+        base = list(self._base) if incremental and 0 < len(self._base) < MAX_CHAIN else []
         return _ColumnarSnapshot(
-            ctx, self.key_group_range, index.size, list(index.key_columns),
-            [list(chunks) for chunks in index.key_chunks],
-            index.key_groups, dict(self.arrays))
+            self, ctx, index.size, list(index.key_columns),
+            [list(chunks) for chunks in index.key_chunks], index.key_groups,
+            dict(self.arrays), incremental, base, masks if base else None)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        chain = self._written.pop(checkpoint_id, None)
+        if chain is not None:
+            self._base = chain
+            self._pending = [(c, m) for c, m in self._pending if c > checkpoint_id]
+        for c in [c for c in self._written if c < checkpoint_id]:
+            del self._written[c]
 
     def restore(self, handles: list[dict[str, Any]], job_dir: Path) -> None:
         """Read the key groups of this instance's range; the operator installs them
-        (:attr:`restored`: ``(key columns, state table)`` per key group) when it opens."""
+        (:attr:`restored`: ``(key columns, state table)`` per handle) when it opens."""
         for handle in handles:
-            if handle.get("backend") != BACKEND_NAME or handle.get("format") != FORMAT:
+            fmt = handle.get("format")
+            if handle.get("backend") != BACKEND_NAME or fmt not in (FORMAT, CHAIN_FORMAT):
                 raise RestoreError(
                     f"a columnar aggregate cannot restore a {handle.get('backend')!r} "
-                    f"snapshot ({handle.get('format')!r}): was the operator's uid given to "
-                    "another operator?")
-            path = job_dir / handle["files"][0]["path"]
-            try:
-                reader = pa.ipc.open_file(pa.memory_map(str(path)))
-                for kg, i in handle["key_groups"].items():
-                    if int(kg) in self.key_group_range:
-                        batch = reader.get_batch(int(i))
-                        keys = [batch.column(c) for c in handle["key_columns"]]
-                        self.restored.append((keys, batch))
-            except (OSError, pa.ArrowInvalid) as exc:
-                raise RestoreError(f"cannot read columnar snapshot {path}: {exc}") from exc
+                    f"snapshot ({fmt!r}): was the operator's uid given to another operator?")
+            chain = [(handle["files"][0], handle["key_groups"])] if fmt == FORMAT else \
+                [(handle["files"][int(e["file"])], e["key_groups"]) for e in handle["chain"]]
+            batches: list[Any] = []
+            for ref, key_groups in chain:
+                path = job_dir / ref["path"]
+                try:
+                    reader = pa.ipc.open_file(pa.memory_map(str(path)))
+                    batches.extend(reader.get_batch(int(i)) for kg, i in key_groups.items()
+                                   if int(kg) in self.key_group_range)
+                except (OSError, pa.ArrowInvalid) as exc:
+                    raise RestoreError(f"cannot read columnar snapshot {path}: {exc}") from exc
+            if batches:
+                table = _latest_per_key(pa.Table.from_batches(batches), handle["key_columns"])
+                self.restored.append(([table.column(c).combine_chunks()
+                                       for c in handle["key_columns"]], table))
+        self._base, self._pending = [], []  # the next checkpoint is full
 
     def dispose(self) -> None:
         self.arrays = {}
         self.index = None
 
 
+def _latest_per_key(table: Any, key_columns: list[str]) -> Any:
+    """The last row of each key (rows in chain order: a later file's row is newer)."""
+    rows = table.append_column(ROW_COLUMN, pa.array(np.arange(table.num_rows)))
+    latest = rows.group_by(key_columns, use_threads=False).aggregate([(ROW_COLUMN, "max")])
+    if latest.num_rows == table.num_rows:
+        return table
+    return table.take(latest.column(f"{ROW_COLUMN}_max")).combine_chunks()
+
+
 class _ColumnarSnapshot(KeyedStateSnapshot):
-    def __init__(self, ctx: SnapshotContext, key_group_range: KeyGroupRange, size: int,
+    def __init__(self, backend: ColumnarKeyedStateBackend, ctx: SnapshotContext, size: int,
                  key_columns: list[str], key_chunks: list[list[Any]], key_groups: np.ndarray,
-                 arrays: dict[str, np.ndarray]) -> None:
+                 arrays: dict[str, np.ndarray], incremental: bool, base: Chain,
+                 masks: list[np.ndarray] | None) -> None:
+        self.backend = backend
         self.ctx = ctx
-        self.key_group_range = key_group_range
         self.size = size
         self.key_columns = key_columns
         self.key_chunks = key_chunks
         self.key_groups = key_groups
         self.arrays = arrays
+        self.incremental = incremental
+        self.base = base
+        self.masks = masks  # None: write every slot
 
     async def write(self) -> dict[str, Any]:
-        return await in_thread(self._write)
+        handle, chain = await in_thread(self._write)
+        if chain is not None:
+            self.backend._written[self.ctx.checkpoint_id] = chain
+        return handle
 
-    def _write(self) -> dict[str, Any]:
+    def _slots(self) -> np.ndarray:
         size = self.size
-        kgs = self.key_groups[:size]
-        # slots sorted by key group (< 2**15: numpy's radix sort)
-        order = np.argsort(kgs.astype(np.uint16), kind="stable")
-        sorted_kgs = kgs[order]
-        columns = [pa.concat_arrays(c).take(pa.array(order)) if c else pa.array([])
+        if self.masks is None:
+            return np.arange(size)
+        changed = np.zeros(size, bool)
+        for m in self.masks:
+            n = min(len(m), size)
+            changed[:n] |= m[:n]
+        return np.flatnonzero(changed)
+
+    def _file(self, slots: np.ndarray) -> tuple[bytes, dict[str, int]]:
+        """The IPC file of ``slots``, one record batch per key group, and its index."""
+        kgs = self.key_groups[slots]
+        # key groups < 2**15: numpy's radix sort
+        order = slots[np.argsort(kgs.astype(np.uint16), kind="stable")]
+        sorted_kgs = self.key_groups[order]
+        taken = pa.array(order)
+        columns = [pa.concat_arrays(c).take(taken) if c else pa.array([], pa.null())
                    for c in self.key_chunks]
-        names = [*self.key_columns, KEY_GROUP_COLUMN, *sorted(self.arrays)]
-        data = columns + [pa.array(sorted_kgs)] + \
-            [pa.array(self.arrays[n][:size][order]) for n in sorted(self.arrays)]
-        table = pa.RecordBatch.from_arrays(data, names=names)
+        names = sorted(self.arrays)
+        table = pa.RecordBatch.from_arrays(
+            [*columns, pa.array(sorted_kgs), *(pa.array(self.arrays[n][order]) for n in names)],
+            names=[*self.key_columns, KEY_GROUP_COLUMN, *names])
         sink = io.BytesIO()
         index: dict[str, int] = {}
+        n = len(order)
         with pa.ipc.new_file(sink, table.schema) as writer:
-            bounds = np.flatnonzero(np.diff(sorted_kgs)) + 1
-            starts = np.concatenate([[0], bounds]) if size else np.array([], np.int64)
-            ends = np.concatenate([bounds, [size]]) if size else np.array([], np.int64)
-            for i, (lo, hi) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
-                writer.write_batch(table.slice(lo, hi - lo))
-                index[str(int(sorted_kgs[lo]))] = i
-        path = self.ctx.exclusive_path(".arrow")
-        n, sha = write_atomic(path, [sink.getvalue()])
-        return {
-            "backend": BACKEND_NAME,
-            "format": FORMAT,
-            "key_encoding": KEY_ENCODING,
-            "key_columns": self.key_columns,
-            "key_groups": index,
-            "files": [{"path": self.ctx.relative(path), "size": n, "sha256": sha}],
-        }
+            bounds = (np.flatnonzero(np.diff(sorted_kgs)) + 1).tolist()
+            starts, ends = [0, *bounds], [*bounds, n]
+            for i, (lo, hi) in enumerate(zip(starts, ends, strict=True)):
+                if hi > lo:
+                    writer.write_batch(table.slice(lo, hi - lo))
+                    index[str(int(sorted_kgs[lo]))] = i
+        return sink.getvalue(), index
+
+    def _write(self) -> tuple[dict[str, Any], Chain | None]:
+        data, index = self._file(self._slots())
+        ctx = self.ctx
+        handle: dict[str, Any] = {"backend": BACKEND_NAME, "key_encoding": KEY_ENCODING,
+                                  "key_columns": self.key_columns}
+        if not self.incremental:
+            path = ctx.exclusive_path(".arrow")
+            n, sha = write_atomic(path, [data])
+            ref = {"path": ctx.relative(path), "size": n, "sha256": sha}
+            handle.update(format=FORMAT, key_groups=index, files=[ref])
+            return handle, None
+        ctx.shared_dir.mkdir(parents=True, exist_ok=True)
+        uid = "".join(c if c.isalnum() or c in "-_." else "_" for c in ctx.operator_uid)
+        path = ctx.shared_dir / (f"{uid}-{ctx.subtask}-{ctx.checkpoint_id}-"
+                                 f"{uuid.uuid4().hex[:8]}.arrow")
+        n, sha = write_atomic(path, [data])
+        ref = {"path": ctx.relative(path), "size": n, "sha256": sha}
+        chain: Chain = [*self.base, (ref, index)]
+        files = [r for r, _ in chain]
+        handle.update(format=CHAIN_FORMAT, files=files, shared=files,
+                      shared_reused=[r for r, _ in self.base],
+                      chain=[{"file": i, "key_groups": kgs} for i, (_, kgs) in enumerate(chain)])
+        return handle, chain
 
 
 class ColumnarStateBackend(StateBackend):
     """Creates :class:`ColumnarKeyedStateBackend` s (in memory; the columnar operators use
-    it whatever backend the job runs with)."""
+    it whatever backend the job runs with, incremental when that one is).
+
+    Args:
+        incremental: write the slots changed since the last completed checkpoint only.
+    """
 
     name = BACKEND_NAME
+
+    def __init__(self, incremental: bool = False) -> None:
+        self.incremental = incremental
 
     def create_keyed_backend(self, *, job_name: str, operator_uid: str, subtask: int,
                              key_group_range: KeyGroupRange, max_parallelism: int
                              ) -> KeyedStateBackend:
-        return ColumnarKeyedStateBackend(key_group_range, max_parallelism)
+        return ColumnarKeyedStateBackend(key_group_range, max_parallelism, self.incremental)
