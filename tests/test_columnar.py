@@ -469,3 +469,59 @@ async def test_exactly_once_with_the_heap_backend_full_and_incremental(tmp_path,
     expected = collections.Counter(table.column("word").to_pylist())
     assert {w: sorted(c) for w, c in per_word.items()} == \
         {w: list(range(1, n + 1)) for w, n in expected.items()}
+
+
+async def test_a_savepoint_of_columnar_state_restores_at_another_parallelism(tmp_path):
+    """Stop-with-savepoint while the job runs (incremental backend: the savepoint is still
+    full and self-contained), move it, and finish the input from it at parallelism 2."""
+    import shutil
+
+    from reactive import PushSource
+    from reactive.backends.heap import HeapStateBackend
+
+    words = [f"w{i % 13}" for i in range(300)] + [f"v{i % 5}" for i in range(200)]
+    schema = pa.schema([("word", pa.string())])
+
+    def build(flow: Dataflow, source_stream) -> ListSink:
+        sink = ListSink()
+        (source_stream.to_columnar(schema).key_by("word")
+             .agg(emit="final", count=("word", "count")).uid("agg")
+             .to_records().sink(sink))
+        return sink
+
+    backend = HeapStateBackend(incremental=True)
+    source = PushSource(capacity=1000)
+    flow = Dataflow("columnar-savepoint", parallelism=3, max_parallelism=16)
+    build(flow, flow.source(source, uid="push"))
+    job = await flow.start(checkpoints=CheckpointConfig(interval=0.01, directory=tmp_path / "c"),
+                           state_backend=backend)
+    for w in words[:299]:
+        await source.send({"word": w})
+    await source.send({"word": words[299]}, durable=True)  # all 300 in a checkpoint
+    savepoint = await job.stop(path=tmp_path / "sp")
+    await job.wait()
+    assert savepoint is not None
+    moved = tmp_path / "moved"
+    shutil.move(str(tmp_path / "sp"), moved)
+
+    flow2 = Dataflow("columnar-savepoint", parallelism=2, max_parallelism=16)
+    sink = build(flow2, flow2.from_collection([{"word": w} for w in words[300:]]))
+    await flow2.run(checkpoints=CheckpointConfig(interval=0.01, directory=tmp_path / "c2"),
+                    restore_from=moved, allow_non_restored_state=True, state_backend=backend)
+    assert {r["word"]: r["count"] for r in sink.records} == collections.Counter(words)
+    assert len(sink.records) == len(set(words))
+
+
+async def test_to_columnar_fails_naming_the_record_and_the_column():
+    from reactive import UserFunctionError
+
+    schema = pa.schema([("word", pa.string()), ("n", pa.int64())])
+    records = [{"word": "a", "n": 1}, {"word": "b", "n": "two"}, {"word": "c", "n": 3}]
+    flow = Dataflow("columnar-bad-record")
+    flow.from_collection(records).to_columnar(schema, name="to-arrow").to_records() \
+        .sink(ListSink())
+    with pytest.raises(JobFailedError) as info:
+        await flow.run(restart=RestartStrategy.none())
+    err = next(e for e in chain(info.value) if isinstance(e, UserFunctionError))
+    assert err.operator == "to-arrow" and err.record == {"word": "b", "n": "two"}
+    assert "column 'n'" in str(err)
