@@ -525,3 +525,21 @@ async def test_to_columnar_fails_naming_the_record_and_the_column():
     err = next(e for e in chain(info.value) if isinstance(e, UserFunctionError))
     assert err.operator == "to-arrow" and err.record == {"word": "b", "n": "two"}
     assert "column 'n'" in str(err)
+
+
+async def test_several_key_columns_key_by_the_tuple():
+    rng = np.random.default_rng(9)
+    a = [f"a{i}" for i in rng.integers(0, 6, 800)]
+    b = rng.integers(0, 5, 800).tolist()
+    table = pa.table({"a": pa.array(a).dictionary_encode(), "b": b})
+    index = KeyIndex(["a", "b"], 32)
+    keys = index.lookup(table.to_batches()[0])
+    assert index.key_groups[keys.slots][keys.codes].tolist() == \
+        [assign_to_key_group((x, y), 32) for x, y in zip(a, b, strict=True)]
+    flow = Dataflow("columnar-tuple-keys", parallelism=2, max_parallelism=32)
+    sink = ListSink()
+    (flow.from_arrow(table, batch_size=97).key_by("a", "b")
+         .agg(emit="final", count=("b", "count")).to_records().sink(sink))
+    await flow.run()
+    assert {(r["a"], r["b"]): r["count"] for r in sink.records} == \
+        collections.Counter(zip(a, b, strict=True))

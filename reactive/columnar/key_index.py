@@ -114,19 +114,20 @@ class KeyIndex:
             return self._slots_for([uniques], uniques.to_pylist())
         assert self._table is not None
         slots = self._table.lookup(hashes)
-        found = np.flatnonzero(slots >= 0)
+        absent = slots < 0  # keys the table does not know (new, or known to the dict only)
+        found = np.flatnonzero(~absent)
         if len(found):
             found_at = pa.array(found)
             same = pc.equal(uniques.take(found_at), self._all_keys().take(pa.array(slots[found])))
+            # a hash shared with another key: the dict decides, the table stays as it is
             slots[found[~same.to_numpy(zero_copy_only=False)]] = -1
         missing = np.flatnonzero(slots < 0)
         if len(missing):
-            before = self.size
             rest = uniques.take(pa.array(missing))
             resolved = self._slots_for([rest], rest.to_pylist())
             slots[missing] = resolved
-            added = resolved >= before
-            self._table.insert(hashes[missing][added], resolved[added])
+            learn = absent[missing]
+            self._table.insert(hashes[missing][learn], resolved[learn])
         return slots
 
     def _all_keys(self) -> Any:
@@ -143,7 +144,7 @@ class KeyIndex:
         known = self._dictionary
         if known is None or not (known is dictionary or _same_buffers(known, dictionary)
                                  or known.equals(dictionary)):
-            slots = self._slots_for([dictionary], dictionary.to_pylist())
+            slots = self._slots_of_values(dictionary)
             self._dictionary, self._dictionary_slots = dictionary, slots
         assert self._dictionary_slots is not None
         return BatchKeys(codes, self._dictionary_slots)
@@ -154,10 +155,10 @@ class KeyIndex:
         combined = np.zeros(batch.num_rows, np.int64)
         dictionaries = []
         for name in self.key_columns:
-            encoded = batch.column(name).dictionary_encode(null_encoding="encode")
-            if pa.types.is_dictionary(batch.column(name).type):
-                encoded = batch.column(name).cast(batch.column(name).type.value_type) \
-                    .dictionary_encode(null_encoding="encode")
+            column = batch.column(name)
+            if pa.types.is_dictionary(column.type):
+                column = column.cast(column.type.value_type)
+            encoded = column.dictionary_encode(null_encoding="encode")
             d = encoded.dictionary
             combined = combined * len(d) + encoded.indices.to_numpy(zero_copy_only=False)
             dictionaries.append((d, len(d)))

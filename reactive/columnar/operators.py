@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..extras import require
 from ..runtime.operators import StreamOperator
 from .schema import check_batch, pa, position_of, with_position
 
@@ -23,7 +24,7 @@ __all__ = [
     "ToRecordsOperator",
 ]
 
-acero: Any = __import__("pyarrow.acero", fromlist=["Declaration"])
+acero: Any = require("pyarrow.acero", "columnar", "columnar projections")
 
 
 class ColumnarFilterOperator(StreamOperator):
