@@ -552,3 +552,19 @@ async def test_several_key_columns_key_by_the_tuple():
     await flow.run()
     assert {(r["a"], r["b"]): r["count"] for r in sink.records} == \
         collections.Counter(zip(a, b, strict=True))
+
+
+def test_the_parquet_sink_refuses_record_batches_of_another_schema_or_after_records(tmp_path):
+    def transaction(directory: Path):
+        directory.mkdir()
+        instance = CommittingFileSink(directory, format="parquet").create_writer(0, 1).sink
+        return instance, instance.begin_transaction()
+
+    sink, txn = transaction(tmp_path / "a")
+    sink.write(txn, [pa.record_batch({"a": [1, 2]})])
+    with pytest.raises(ValueError, match=r"schema \['a'\] \(string\) does not match"):
+        sink.write(txn, [pa.record_batch({"a": ["x"]})])
+    sink, txn = transaction(tmp_path / "b")
+    sink.write(txn, [{"a": 1}])
+    with pytest.raises(ValueError, match="a record batch after dict records"):
+        sink.write(txn, [pa.record_batch({"a": [1]})])
