@@ -568,3 +568,22 @@ def test_the_parquet_sink_refuses_record_batches_of_another_schema_or_after_reco
     sink.write(txn, [{"a": 1}])
     with pytest.raises(ValueError, match="a record batch after dict records"):
         sink.write(txn, [pa.record_batch({"a": [1]})])
+
+
+async def test_job_results_of_a_columnar_sink_are_record_batches(tmp_path):
+    from reactive.connectors.collections import DiscardingSink
+
+    table = words_table(1000)
+    flow = Dataflow("columnar-results")
+    (flow.from_arrow(table, batch_size=100).key_by("word").agg(count=("word", "count"))
+         .sink(DiscardingSink()).uid("out"))
+    job = await flow.start(checkpoints=CheckpointConfig(interval=0.01, directory=tmp_path))
+    batches = [b async for b in job.results("out")]
+    await job.wait()
+    assert all(isinstance(b, pa.RecordBatch) for b in batches)
+    counts = collections.Counter(table.column("word").to_pylist())
+    final: dict[str, int] = {}
+    for b in batches:
+        final.update(zip(b.column("word").to_pylist(), b.column("count").to_pylist(),
+                         strict=True))
+    assert final == counts
