@@ -587,3 +587,31 @@ async def test_job_results_of_a_columnar_sink_are_record_batches(tmp_path):
         final.update(zip(b.column("word").to_pylist(), b.column("count").to_pylist(),
                          strict=True))
     assert final == counts
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_columnar_snapshots_read_as_key_group_streams(tmp_path, incremental):
+    """What the embedding's state queries and the PySpark bridge's checkpoint reader see:
+    per key, each aggregate's value (a mean, not its sum and count)."""
+    from reactive import CheckpointStorage
+    from reactive.backends.heap import HeapStateBackend
+    from reactive.state.key_group_stream import merge_key_groups, read_key_groups
+
+    table = words_table(5000)
+    flow = Dataflow("columnar-read", parallelism=2, max_parallelism=16, batch_size=1)
+    (flow.from_arrow(table, batch_size=250).key_by("word")
+         .agg(count=("n", "count"), avg=("n", "mean")).uid("agg").sink(ListSink()))
+    job = await flow.run(checkpoints=CheckpointConfig(interval=0.01, directory=tmp_path),
+                         state_backend=HeapStateBackend(incremental=incremental))
+    chk = CheckpointStorage(tmp_path, "columnar-read").completed()[-1]
+    states: dict[str, dict[Any, Any]] = {}
+    for sub in chk.metadata["operators"]["agg"]["subtasks"].values():
+        with read_key_groups(sub["keyed_state"], chk.job_dir) as stream:
+            for name, values in merge_key_groups(stream).items():
+                states.setdefault(name, {}).update(values)
+    expected = table.group_by("word").aggregate([("n", "count"), ("n", "mean")]).to_pylist()
+    assert states["count"] == {e["word"]: e["n_count"] for e in expected}
+    assert states["avg"] == pytest.approx({e["word"]: e["n_mean"] for e in expected})
+    # the embedding's committed state queries go through the same reader
+    word = expected[0]["word"]
+    assert await job.query_state("agg", "count", word) == expected[0]["n_count"]

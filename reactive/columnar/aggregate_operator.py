@@ -63,7 +63,7 @@ class ColumnarAggregateOperator(StreamOperator):
         self.arrays = {f"{s.output}.{part}": np.full(1024, s.initial(part), s.value_dtype
                                                      if part == "acc" else np.int64)
                        for s in self.specs for part in s.state_columns()}
-        keyed_backend.bind(self.index, self.arrays)
+        keyed_backend.bind(self.index, self.arrays, self.specs)
 
     def open(self) -> None:
         for keys, table in self.backend.restored:

@@ -45,10 +45,18 @@ from ..keygroups import KeyGroupRange
 from ..state.api import State
 from ..state.backend import KeyedStateBackend, KeyedStateSnapshot, SnapshotContext, StateBackend
 from ..state.descriptors import StateDescriptor
+from ..state.key_group_stream import (
+    KeyDecoder,
+    KeyGroupState,
+    KeyGroupStream,
+    register_key_group_reader,
+)
+from .aggregates import AggregateSpec, results
 from .key_index import KeyIndex
 from .schema import pa
 
-__all__ = ["BACKEND_NAME", "MAX_CHAIN", "ColumnarKeyedStateBackend", "ColumnarStateBackend"]
+__all__ = ["BACKEND_NAME", "MAX_CHAIN", "ColumnarKeyedStateBackend", "ColumnarStateBackend",
+           "iter_columnar_key_groups"]
 
 BACKEND_NAME = "columnar-heap"
 FORMAT = "arrow-ipc-v1"
@@ -83,6 +91,7 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
         self.current_key = None
         self.index: KeyIndex | None = None
         self.arrays: dict[str, np.ndarray] = {}
+        self.aggregates: list[AggregateSpec] = []
         self._frozen: set[str] = set()
         self.restored: list[tuple[list[Any], Any]] = []
         # slots changed since the last snapshot, and the masks of the snapshots taken
@@ -92,10 +101,13 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
         self._base: Chain = []  # the chain of the last completed checkpoint
         self._written: dict[int, Chain] = {}
 
-    def bind(self, index: KeyIndex, arrays: dict[str, np.ndarray]) -> None:
-        """Attach the operator's key index and arrays (by name; the dict is shared)."""
+    def bind(self, index: KeyIndex, arrays: dict[str, np.ndarray],
+             aggregates: list[AggregateSpec]) -> None:
+        """Attach the operator's key index, arrays (by name; the dict is shared) and the
+        aggregates they hold (recorded in handles, for readers of the snapshots)."""
         self.index = index
         self.arrays = arrays
+        self.aggregates = aggregates
 
     def thaw(self) -> None:
         """Copy the arrays a snapshot still reads (copy-on-write), before the operator
@@ -144,7 +156,7 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
         incremental = self.incremental and not ctx.savepoint
         base = list(self._base) if incremental and 0 < len(self._base) < MAX_CHAIN else []
         return _ColumnarSnapshot(
-            self, ctx, index.size, list(index.key_columns),
+            self, ctx, index.size, list(index.key_columns), list(self.aggregates),
             [list(chunks) for chunks in index.key_chunks], index.key_groups,
             dict(self.arrays), incremental, base, masks if base else None)
 
@@ -160,22 +172,8 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
         """Read the key groups of this instance's range; the operator installs them
         (:attr:`restored`: ``(key columns, state table)`` per handle) when it opens."""
         for handle in handles:
-            fmt = handle.get("format")
-            if handle.get("backend") != BACKEND_NAME or fmt not in (FORMAT, CHAIN_FORMAT):
-                raise RestoreError(
-                    f"a columnar aggregate cannot restore a {handle.get('backend')!r} "
-                    f"snapshot ({fmt!r}): was the operator's uid given to another operator?")
-            chain = [(handle["files"][0], handle["key_groups"])] if fmt == FORMAT else \
-                [(handle["files"][int(e["file"])], e["key_groups"]) for e in handle["chain"]]
-            batches: list[Any] = []
-            for ref, key_groups in chain:
-                path = job_dir / ref["path"]
-                try:
-                    reader = pa.ipc.open_file(pa.memory_map(str(path)))
-                    batches.extend(reader.get_batch(int(i)) for kg, i in key_groups.items()
-                                   if int(kg) in self.key_group_range)
-                except (OSError, pa.ArrowInvalid) as exc:
-                    raise RestoreError(f"cannot read columnar snapshot {path}: {exc}") from exc
+            batches = [b for _, bs in _key_group_batches(handle, job_dir, self.key_group_range)
+                       for b in bs]
             if batches:
                 table = _latest_per_key(pa.Table.from_batches(batches), handle["key_columns"])
                 self.restored.append(([table.column(c).combine_chunks()
@@ -185,6 +183,74 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
     def dispose(self) -> None:
         self.arrays = {}
         self.index = None
+
+
+def _key_group_batches(handle: dict[str, Any], job_dir: Path,
+                       key_group_range: KeyGroupRange | None) -> list[tuple[int, list[Any]]]:
+    """Per key group of ``key_group_range`` (None: all) that the handle holds, ascending,
+    its record batches along the handle's chain (oldest first).
+
+    Raises:
+        RestoreError: for a handle of another format, or a file that cannot be read.
+    """
+    fmt = handle.get("format")
+    if handle.get("backend") != BACKEND_NAME or fmt not in (FORMAT, CHAIN_FORMAT):
+        raise RestoreError(
+            f"a columnar aggregate cannot restore a {handle.get('backend')!r} snapshot "
+            f"({fmt!r}): was the operator's uid given to another operator?")
+    chain = [(handle["files"][0], handle["key_groups"])] if fmt == FORMAT else \
+        [(handle["files"][int(e["file"])], e["key_groups"]) for e in handle["chain"]]
+    out: dict[int, list[Any]] = {}
+    for ref, key_groups in chain:
+        path = job_dir / ref["path"]
+        try:
+            reader = pa.ipc.open_file(pa.memory_map(str(path)))
+            for kg, i in key_groups.items():
+                if key_group_range is None or int(kg) in key_group_range:
+                    out.setdefault(int(kg), []).append(reader.get_batch(int(i)))
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise RestoreError(f"cannot read columnar snapshot {path}: {exc}") from exc
+    return sorted(out.items())
+
+
+def iter_columnar_key_groups(handle: dict[str, Any], job_dir: Path, *,
+                             key_group_range: KeyGroupRange | None = None,
+                             key_decoder: KeyDecoder | None = None) -> KeyGroupStream:
+    """A columnar snapshot as a key-group stream (:mod:`reactive.state.key_group_stream`):
+    per key group, ``{aggregate output: {key: value}}``, the key as the per-record API sees
+    it (the column's value, or the tuple of the key columns' values), the value as the
+    aggregate's result (a mean, not its sum and count). For the embedding's state queries and
+    the PySpark bridge's checkpoint reader.
+
+    Args:
+        handle: a ``"columnar-heap"`` handle.
+        job_dir: the job directory its paths are relative to.
+        key_group_range: only these key groups; None: all.
+        key_decoder: unused (the keys are stored as Arrow values, not bytes).
+
+    Raises:
+        RestoreError: for a handle of another format or a file that cannot be read.
+    """
+    specs = [AggregateSpec(*a) for a in handle.get("aggregates", [])]
+    key_columns = handle["key_columns"]
+    groups = _key_group_batches(handle, job_dir, key_group_range)
+
+    def key_groups() -> Iterator[KeyGroupState]:
+        for kg, batches in groups:
+            table = _latest_per_key(pa.Table.from_batches(batches), key_columns) \
+                .combine_chunks()
+            columns = [table.column(c).to_pylist() for c in key_columns]
+            keys = columns[0] if len(columns) == 1 else list(zip(*columns, strict=True))
+            states = {}
+            for spec in specs:
+                arrays = {part: table.column(f"{spec.output}.{part}").to_numpy()
+                          for part in spec.state_columns()}
+                values = results(spec, arrays, table.num_rows).to_pylist()
+                states[spec.output] = dict(zip(keys, values, strict=True))
+            yield KeyGroupState(kg, frozenset(), states)
+
+    return KeyGroupStream(key_groups(), backend=BACKEND_NAME,
+                          key_encoding=handle.get("key_encoding", KEY_ENCODING))
 
 
 def _latest_per_key(table: Any, key_columns: list[str]) -> Any:
@@ -198,13 +264,15 @@ def _latest_per_key(table: Any, key_columns: list[str]) -> Any:
 
 class _ColumnarSnapshot(KeyedStateSnapshot):
     def __init__(self, backend: ColumnarKeyedStateBackend, ctx: SnapshotContext, size: int,
-                 key_columns: list[str], key_chunks: list[list[Any]], key_groups: np.ndarray,
+                 key_columns: list[str], aggregates: list[AggregateSpec],
+                 key_chunks: list[list[Any]], key_groups: np.ndarray,
                  arrays: dict[str, np.ndarray], incremental: bool, base: Chain,
                  masks: list[np.ndarray] | None) -> None:
         self.backend = backend
         self.ctx = ctx
         self.size = size
         self.key_columns = key_columns
+        self.aggregates = aggregates
         self.key_chunks = key_chunks
         self.key_groups = key_groups
         self.arrays = arrays
@@ -256,8 +324,11 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
     def _write(self) -> tuple[dict[str, Any], Chain | None]:
         data, index = self._file(self._slots())
         ctx = self.ctx
-        handle: dict[str, Any] = {"backend": BACKEND_NAME, "key_encoding": KEY_ENCODING,
-                                  "key_columns": self.key_columns}
+        handle: dict[str, Any] = {
+            "backend": BACKEND_NAME, "key_encoding": KEY_ENCODING,
+            "key_columns": self.key_columns,
+            "aggregates": [[a.output, a.column, a.function, a.floating]
+                           for a in self.aggregates]}
         if not self.incremental:
             path = ctx.exclusive_path(".arrow")
             n, sha = write_atomic(path, [data])
@@ -295,3 +366,6 @@ class ColumnarStateBackend(StateBackend):
                              key_group_range: KeyGroupRange, max_parallelism: int
                              ) -> KeyedStateBackend:
         return ColumnarKeyedStateBackend(key_group_range, max_parallelism, self.incremental)
+
+
+register_key_group_reader(BACKEND_NAME, iter_columnar_key_groups)
