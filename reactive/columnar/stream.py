@@ -10,9 +10,10 @@ flow = Dataflow("counts")
      .sink(results))
 ```
 
-A :class:`ColumnarStream` is a :class:`~reactive.dataflow.Stream` whose records are
-``pyarrow.RecordBatch`` es of :attr:`ColumnarStream.schema`; its operators run once per
-record batch, in the same tasks, channels, barriers and watermarks as any stream.
+A :class:`ColumnarStream` is to record batches what a :class:`~reactive.dataflow.Stream`
+is to records: its elements are ``pyarrow.RecordBatch`` es of :attr:`ColumnarStream.schema`,
+its operators run once per record batch, and they run in the same tasks, channels, barriers
+and watermarks as any stream (a record batch is one element of a channel batch).
 """
 
 from __future__ import annotations
