@@ -123,9 +123,10 @@ def test_unknown_columns_and_functions_fail_when_built():
 
 # ---------------------------------------------------------------------- key groups
 keys_st = st.one_of(
-    st.lists(st.text(max_size=12), min_size=1, max_size=60),
-    st.lists(st.integers(min_value=-2**63, max_value=2**63 - 1), min_size=1, max_size=60),
-)
+    st.lists(st.one_of(st.none(), st.text(max_size=12)), min_size=1, max_size=60),
+    st.lists(st.one_of(st.none(), st.integers(min_value=-2**63, max_value=2**63 - 1)),
+             min_size=1, max_size=60),
+).filter(lambda keys: any(k is not None for k in keys))  # a column of nulls has no type
 
 
 @settings(max_examples=60, deadline=None)
@@ -141,6 +142,11 @@ def test_columnar_key_groups_agree_with_the_per_record_api(keys, maxp, paralleli
     found = index.lookup(batch)
     row_kgs = index.key_groups[found.slots][found.codes]
     assert row_kgs.tolist() == [assign_to_key_group(k, maxp) for k in keys]
+    # one slot per distinct key (None included), the same in a second batch
+    row_slots = found.slots[found.codes].tolist()
+    assert len(set(row_slots)) == len(set(keys)) == index.size
+    again = index.lookup(batch.slice(len(keys) // 2))
+    assert again.slots[again.codes].tolist() == row_slots[len(keys) // 2:]
     # the exchange sends each row to the instance owning its key group, in input order
     partitioner = ColumnarKeyGroupPartitioner(parallelism, ["k"], maxp)
     parts = partitioner.split([batch])
@@ -332,7 +338,7 @@ def test_key_index_slots_are_one_per_distinct_key(monkeypatch, collide):
     # a restored index (keys installed with their key groups) finds the same keys
     restored = KeyIndex(["k"], 64)
     columns = index.keys_prefix([len(c) for c in index.key_chunks])
-    restored.install(columns, index.key_groups[:index.size])
+    restored.install(columns)
     words = sorted(slot_of)
     keys = restored.lookup(pa.record_batch({"k": words}))
     assert keys.slots[keys.codes].tolist() == [slot_of[w] for w in words]

@@ -68,7 +68,7 @@ class ColumnarAggregateOperator(StreamOperator):
     def open(self) -> None:
         for keys, table in self.backend.restored:
             table = table.combine_chunks()
-            slots = self.index.install(keys, table.column("_key_group").to_numpy())
+            slots = self.index.install(keys)
             self._grow(self.index.size)
             for name, array in self.arrays.items():
                 array[slots] = table.column(name).to_numpy(zero_copy_only=False)

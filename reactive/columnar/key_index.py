@@ -76,9 +76,13 @@ class KeyIndex:
         self.key_chunks: list[list[Any]] = [[] for _ in key_columns]
         self._dictionary: Any = None
         self._dictionary_slots: np.ndarray | None = None
-        # hashes of the keys of one key column -> slots, probed for a batch's distinct
-        # values at once; the dict above stays the authority (a hash only proposes a slot)
+        # one key column of strings, binary or integers: hashes -> slots, probed for a
+        # batch's distinct values at once (a hash only proposes a slot); the keys whose
+        # hash another key has, and the null key, beside it
         self._table = SlotTable() if len(key_columns) == 1 else None
+        self._hashed: bool | None = None  # decided by the column's type, at first sight
+        self._overflow: dict[Any, int] = {}
+        self._null: int | None = None
 
     # ------------------------------------------------------------------ lookups
     def lookup(self, batch: Any) -> BatchKeys:
@@ -98,37 +102,106 @@ class KeyIndex:
             self.clear()
         if len(self.key_columns) == 1:
             column = batch.column(self.key_columns[0])
-            if pa.types.is_dictionary(column.type) and column.null_count == 0:
-                return self._lookup_dictionary(column)
+            if pa.types.is_dictionary(column.type):
+                if column.null_count == 0:
+                    return self._lookup_dictionary(column)
+                column = column.cast(column.type.value_type)  # null indices: decoded
             encoded = column.dictionary_encode(null_encoding="encode")
             codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
             return BatchKeys(codes, self._slots_of_values(encoded.dictionary))
         return self._lookup_tuples(batch)
 
     def _slots_of_values(self, uniques: Any) -> np.ndarray:
-        """The slots of the distinct values of one key column (a ``pyarrow.Array``),
-        adding the new ones: through the hash table where the type has
-        :func:`identity_hashes`, each proposed slot checked against its key."""
-        hashes = identity_hashes(uniques) if self._table is not None else None
-        if hashes is None:
+        """The slots of the values of one key column (a ``pyarrow.Array`` of distinct
+        values, except that a dictionary may repeat one), adding the new ones.
+
+        Strings, binary and integers go through the slot table alone: a batch's values are
+        hashed at once (:func:`identity_hashes`), probed at once, and each proposed slot is
+        confirmed by comparing the keys (``pyarrow.compute.equal``); new keys get the next
+        slots and their key groups without a Python call per key. The rare key whose hash
+        another key has lives in a small dict (``_overflow``). Other types go through the
+        dict of all keys (``_slot_of``); a column is one or the other for the index's life.
+        """
+        if self._hashed is None:
+            self._hashed = self._table is not None and _hashable(uniques.type)
+        if not self._hashed:
             return self._slots_for([uniques], uniques.to_pylist())
-        assert self._table is not None
-        slots = self._table.lookup(hashes)
-        absent = slots < 0  # keys the table does not know (new, or known to the dict only)
-        found = np.flatnonzero(~absent)
-        if len(found):
-            found_at = pa.array(found)
-            same = pc.equal(uniques.take(found_at), self._all_keys().take(pa.array(slots[found])))
-            # a hash shared with another key: the dict decides, the table stays as it is
-            slots[found[~same.to_numpy(zero_copy_only=False)]] = -1
-        missing = np.flatnonzero(slots < 0)
-        if len(missing):
-            rest = uniques.take(pa.array(missing))
-            resolved = self._slots_for([rest], rest.to_pylist())
-            slots[missing] = resolved
-            learn = absent[missing]
-            self._table.insert(hashes[missing][learn], resolved[learn])
+        if not _hashable(uniques.type):
+            raise TypeError(f"key column {self.key_columns[0]!r} changed type to "
+                            f"{uniques.type}")
+        if not uniques.null_count:
+            return self._hashed_slots(uniques)
+        is_null = uniques.is_null().to_numpy(zero_copy_only=False)
+        slots = np.empty(len(uniques), np.int64)
+        slots[is_null] = self._null_slot(uniques.type)
+        slots[~is_null] = self._hashed_slots(uniques.filter(pa.array(~is_null)))
         return slots
+
+    def _hashed_slots(self, values: Any) -> np.ndarray:
+        table = self._table
+        assert table is not None
+        hashes = identity_hashes(values)
+        assert hashes is not None
+        slots = table.lookup(hashes)
+        found = np.flatnonzero(slots >= 0)
+        if len(found):
+            same = pc.equal(values.take(pa.array(found)),
+                            self._all_keys().take(pa.array(slots[found])))
+            slots[found[~same.to_numpy(zero_copy_only=False)]] = -2  # another key's hash
+        new = np.flatnonzero(slots == -1)
+        if len(new):
+            # a hash twice among the new keys: the first occurrence goes into the table,
+            # the others are resolved one by one below
+            _, first = np.unique(hashes[new], return_index=True)
+            if len(first) < len(new):
+                later = np.ones(len(new), bool)
+                later[first] = False
+                slots[new[later]] = -2
+                new = new[~later]
+            slots[new] = self._append(values.take(pa.array(new)), hashes[new])
+        for i in np.flatnonzero(slots == -2).tolist():
+            key = values[i].as_py()
+            slot = self._overflow.get(key)
+            if slot is None:
+                holder = int(table.lookup(hashes[i:i + 1])[0])
+                if holder >= 0 and self._all_keys()[holder].as_py() == key:
+                    slot = holder
+                else:
+                    slot = int(self._append(values.slice(i, 1), None)[0])
+                    self._overflow[key] = slot
+            slots[i] = slot
+        return slots
+
+    def _append(self, values: Any, hashes: np.ndarray | None) -> np.ndarray:
+        """Give new keys (an Arrow array) the next slots; ``hashes`` go into the table."""
+        maxp = self.max_parallelism
+        kgs = key_groups_of(values, maxp)
+        if kgs is None:
+            try:
+                kgs = np.array([assign_to_key_group(k, maxp) for k in values.to_pylist()],
+                               np.int32)
+            except UnsupportedKeyError as exc:
+                raise exc.for_operator(self.operator) from None
+        start = self.size
+        end = start + len(values)
+        if end > len(self.key_groups):
+            grown = np.zeros(max(end, 2 * len(self.key_groups)), np.int32)
+            grown[:start] = self.key_groups[:start]
+            self.key_groups = grown
+        self.key_groups[start:end] = kgs
+        self.key_chunks[0].append(values)
+        self.size = end
+        slots = np.arange(start, end, dtype=np.int64)
+        if hashes is not None:
+            assert self._table is not None
+            self._table.insert(hashes, slots)
+        return slots
+
+    def _null_slot(self, value_type: Any) -> int:
+        """The slot of the null key (None, as in the per-record API), added when new."""
+        if self._null is None:
+            self._null = int(self._append(pa.nulls(1, value_type), None)[0])
+        return self._null
 
     def _all_keys(self) -> Any:
         """The keys of every slot, in slot order, as one chunked array (its chunks merged
@@ -238,6 +311,8 @@ class KeyIndex:
         self._dictionary = self._dictionary_slots = None
         if self._table is not None:
             self._table.clear()
+        self._overflow.clear()
+        self._null = None
 
     # ------------------------------------------------------------------ snapshots
     def keys_prefix(self, chunk_counts: list[int]) -> list[Any]:
@@ -249,31 +324,21 @@ class KeyIndex:
             out.append(pa.concat_arrays(part) if part else None)
         return out
 
-    def install(self, key_columns: list[Any], key_groups: np.ndarray) -> np.ndarray:
-        """Add restored keys (one Arrow array per key column) with their key groups;
-        returns their slots."""
+    def install(self, key_columns: list[Any]) -> np.ndarray:
+        """Add restored keys (one Arrow array per key column, distinct keys); returns their
+        slots, in order. Their key groups are computed again, as for any new key."""
         if len(self.key_columns) == 1:
-            keys = key_columns[0].to_pylist()
-        else:
-            keys = list(zip(*(c.to_pylist() for c in key_columns), strict=True))
-        n = len(keys)
-        start = self.size
-        end = start + n
-        if end > len(self.key_groups):
-            grown = np.zeros(max(end, 2 * len(self.key_groups)), np.int32)
-            grown[:start] = self.key_groups[:start]
-            self.key_groups = grown
-        self.key_groups[start:end] = key_groups
-        self._slot_of.update(zip(keys, range(start, end), strict=True))
-        for chunks, column in zip(self.key_chunks, key_columns, strict=True):
-            chunks.append(column)
-        self.size = end
-        slots = np.arange(start, end, dtype=np.int64)
-        hashes = identity_hashes(key_columns[0]) if self._table is not None else None
-        if hashes is not None:
-            assert self._table is not None
-            self._table.insert(hashes, slots)
-        return slots
+            return self._slots_of_values(key_columns[0])
+        keys = list(zip(*(c.to_pylist() for c in key_columns), strict=True))
+        return self._slots_for(key_columns, keys)
+
+
+def _hashable(value_type: Any) -> bool:
+    """Whether a key column of this type goes through the slot table."""
+    t = pa.types
+    return bool(t.is_string(value_type) or t.is_large_string(value_type)
+                or t.is_binary(value_type) or t.is_large_binary(value_type)
+                or t.is_integer(value_type))
 
 
 def _same_buffers(a: Any, b: Any) -> bool:
