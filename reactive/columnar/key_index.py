@@ -2,12 +2,14 @@
 
 This is the key handling of DataFusion's ``GroupsAccumulator`` design: a batch's key
 column is dictionary-encoded (Arrow's hash kernel, in C++), only its *distinct* values are
-looked up in a ``dict`` of known keys, and every per-row step after that is an array
-operation over the rows' codes. A new key gets the next slot; its key group is computed
-from its canonical bytes exactly as the per-record API computes it
-(:func:`reactive.keygroups.assign_to_key_group` over :func:`reactive.key_encoding.encode_key`
-of the Python value), so a row lands in the key group its key has through ``Stream.key_by``
-and state stays compatible across both APIs and across rescaling.
+looked up among the known keys, and every per-row step after that is an array operation
+over the rows' codes. For string, binary and integer columns the lookup is itself
+vectorized (:mod:`.slot_table`: hashes proposed, keys compared); other types and tuples
+of several columns are looked up in a ``dict``. A new key gets the next slot; its key group
+is the one the per-record API computes, ``murmur3(encode_key(key)) mod max_parallelism``
+(:mod:`.canonical_hash` over the array, else :func:`reactive.keygroups.assign_to_key_group`
+per key), so a row lands in the key group its key has through ``Stream.key_by`` and state
+stays compatible across both APIs and across rescaling.
 
 A dictionary-typed key column whose dictionary is the one of the previous batch (the usual
 case: the batches of a Parquet column chunk, or a source with a fixed vocabulary) skips the
