@@ -253,9 +253,9 @@ def agg_job(name: str, table: pa.Table, parallelism: int, out: Path, fail_at: in
             raise RuntimeError(f"injected failure at row {row}")
         return b
 
-    # one record batch per channel batch: the channels' bounds pace the source, so
-    # checkpoints complete while the input is read
-    flow = Dataflow(name, parallelism=parallelism, max_parallelism=16, batch_size=1)
+    # each record batch is a channel batch of its own (whatever the dataflow's batch_size):
+    # the channels' bounds pace the source, so checkpoints complete while it reads
+    flow = Dataflow(name, parallelism=parallelism, max_parallelism=16)
     counts = (flow.from_arrow(table, batch_size=50).uid("source").map_batches(crash)
               .key_by("word").agg(count=("word", "count"), total=("n", "sum")).uid("agg"))
     if fmt == "parquet":  # the record batches themselves, no per-row conversion
@@ -604,7 +604,7 @@ async def test_columnar_snapshots_read_as_key_group_streams(tmp_path, incrementa
     from reactive.state.key_group_stream import merge_key_groups, read_key_groups
 
     table = words_table(5000)
-    flow = Dataflow("columnar-read", parallelism=2, max_parallelism=16, batch_size=1)
+    flow = Dataflow("columnar-read", parallelism=2, max_parallelism=16)
     (flow.from_arrow(table, batch_size=250).key_by("word")
          .agg(count=("n", "count"), avg=("n", "mean")).uid("agg").sink(ListSink()))
     job = await flow.run(checkpoints=CheckpointConfig(interval=0.01, directory=tmp_path),

@@ -58,6 +58,10 @@ class ColumnarStream:
         self.transformation = transformation
         self.schema = schema
         self.stream_of = stream_of
+        # each record batch is a channel batch of its own: the channels' bounds then pace
+        # the producer and barriers pass between record batches (a channel batch of up to
+        # the dataflow's batch_size record batches would hold a source's whole input)
+        transformation.batch_size = 1
 
     def _then(self, kind: str, name: str | None, factory: Callable[[Transformation], Any],
               schema: Any, edge: Edge | None = None) -> ColumnarStream:

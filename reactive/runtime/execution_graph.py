@@ -197,7 +197,8 @@ class ExecutionGraph:
                             if create is not None else KeyGroupPartitioner(
                                 p_down, e.key_selector, max_parallelism,
                                 key_serializer=e.key_serializer, operator=c.head.resolved_uid)
-                    writers[up.id][i].append(RecordWriter(partitioner, channels, batch_size))
+                    writers[up.id][i].append(
+                        RecordWriter(partitioner, channels, up.batch_size or batch_size))
 
         # feedback channels of iterations: tail instance i -> head instance i, unbounded
         # (a bounded channel in a cycle can deadlock), last in the head's gate

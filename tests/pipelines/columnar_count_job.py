@@ -63,9 +63,7 @@ def maybe_kill(batch: Any) -> Any:
 async def main(out: str, checkpoints: str, records: int, parallelism: int, backend: str
                ) -> None:
     """Run (resume) the job."""
-    # one record batch per channel batch: the channels' bounds pace the source, so
-    # checkpoints complete while the input is read
-    flow = Dataflow(JOB, parallelism=parallelism, max_parallelism=32, batch_size=1)
+    flow = Dataflow(JOB, parallelism=parallelism, max_parallelism=32)
     (flow.from_arrow(words_table(records), batch_size=BATCH_ROWS).uid("words")
          .map_batches(maybe_kill).uid("kill")
          .key_by("word").agg(count=("word", "count"), total=("n", "sum")).uid("agg")
