@@ -50,5 +50,24 @@ def _read_rocksdb(handle: dict[str, Any], job_dir: Path, *,
     return iter_rocksdb_key_groups(handle, job_dir, None, key_group_range, key_decoder)
 
 
+def _read_columnar(handle: dict[str, Any], job_dir: Path, *,
+                   key_group_range: KeyGroupRange | None = None,
+                   key_decoder: KeyDecoder | None = None) -> KeyGroupStream:
+    """The ``"columnar-heap"`` key-group reader (the columnar aggregates' state):
+    :func:`reactive.columnar.state.iter_columnar_key_groups`, registered here too so that
+    a process that reads checkpoints without building a columnar program reads it.
+
+    Raises:
+        RestoreError: if pyarrow is not installed.
+    """
+    try:
+        from reactive.columnar.state import iter_columnar_key_groups
+    except ImportError as exc:  # pyarrow not installed
+        raise RestoreError(f"reading a columnar snapshot needs pyarrow: {exc}") from exc
+    return iter_columnar_key_groups(handle, job_dir, key_group_range=key_group_range,
+                                    key_decoder=key_decoder)
+
+
 register_key_group_reader("heap", _read_heap)
 register_key_group_reader("rocksdb", _read_rocksdb)
+register_key_group_reader("columnar-heap", _read_columnar)

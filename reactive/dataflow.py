@@ -29,6 +29,7 @@ from .sources import Source
 from .time.clock import ProcessingClock, SystemClock
 
 if TYPE_CHECKING:
+    from .columnar import ColumnarStream
     from .connected_streams import BroadcastConnectedStream, BroadcastStream, ConnectedStreams
     from .joined_streams import IntervalJoin, JoinedStreams
     from .runtime.job import Job
@@ -149,6 +150,23 @@ class Dataflow:
 
         return self.source(line_file_source(Path(path), with_offsets, errors),
                            name=name or "file", uid=uid)
+
+    def from_arrow(self, data: Any, batch_size: int = 65536, name: str | None = None,
+                   uid: str | None = None) -> ColumnarStream:
+        """A non-parallel columnar source over an Arrow table (or record batches): a
+        stream of record batches of ``batch_size`` rows; the position is the row index,
+        so a restore resumes at the exact row (see ``reactive.columnar``).
+
+        Raises:
+            ConfigurationError: for a batch size < 1, or batches of different schemas.
+            MissingExtraError: without pyarrow (the ``columnar`` extra).
+        """
+        from .columnar import ArrowSource, ColumnarStream
+
+        source = ArrowSource(data, batch_size, name or "arrow")
+        stream = self.source(source, name=name or "arrow", uid=uid)
+        return ColumnarStream(self, stream.transformation, source.schema,
+                              lambda t: Stream(self, t))
 
     # ------------------------------------------------------------------ running
     async def start(
@@ -484,6 +502,22 @@ class Stream:
                 f"got {type(key_serializer).__name__}"
             )
         return KeyedStream(self.flow, self.transformation, key_selector, key_serializer)
+
+    def to_columnar(self, schema: Any, name: str | None = None) -> ColumnarStream:
+        """A columnar stream of this stream's records (``dict`` s: column -> value), each
+        channel batch converted to one record batch of ``schema`` (a ``pyarrow.Schema``).
+
+        Raises:
+            UserFunctionError: (when running) for a record that does not convert, naming
+                the operator, the record and the column.
+        """
+        from .columnar import ColumnarStream
+        from .columnar.operators import ToColumnarOperator
+
+        t = self._then("to_columnar", name,
+                       lambda t: ToColumnarOperator(t.name, t.resolved_uid, schema))
+        flow = self.flow
+        return ColumnarStream(flow, t.transformation, schema, lambda t: Stream(flow, t))
 
     def rebalance(self) -> Stream:
         """Distribute batches round robin over the next operator's instances."""

@@ -61,6 +61,9 @@ class Transformation:
             it whether it is exactly-once when choosing a checkpoint to restore).
         loop_head: for an iteration's tail, the iteration's head, which its feedback
             reaches through the loop's back edge (the one edge not in ``inputs``).
+        batch_size: elements per channel batch on its output edges (None: the dataflow's);
+            1 for operators that emit Arrow record batches, so each record batch is sent
+            on its own, paced by the channels' bounds, and barriers pass between them.
     """
 
     id: int
@@ -74,6 +77,7 @@ class Transformation:
     timestamp_fn: Callable[[Any], float] | None = None
     sink: Any = None
     loop_head: Transformation | None = None
+    batch_size: int | None = None
 
     @property
     def resolved_uid(self) -> str:

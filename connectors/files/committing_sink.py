@@ -88,6 +88,12 @@ _COMMITTED = re.compile(r"^part-\d+-\d+\.\w+$")
 _MODES = ("error", "append")
 
 
+def _is_record_batch(value: Any) -> bool:
+    """Whether ``value`` is a ``pyarrow.RecordBatch`` (without importing pyarrow)."""
+    t = type(value)
+    return t.__name__ == "RecordBatch" and t.__module__.startswith("pyarrow")
+
+
 def _committed_parts(directory: Path) -> list[str]:
     """The committed part files (``part-<subtask>-<checkpoint>.<ext>``) in ``directory``,
     sorted ([] when it does not exist)."""
@@ -201,7 +207,8 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
 
     def write(self, txn: FileTransaction, batch: list[Any]) -> None:
         """Append ``batch`` to the in-progress file (parquet: to the row buffer, written as a
-        row group every ``row_group_size`` rows).
+        row group every ``row_group_size`` rows). A batch of ``pyarrow.RecordBatch`` es (a
+        columnar stream's) goes to parquet as it is, and to JSON lines row by row.
 
         Raises:
             TypeError: a record JSON cannot encode (jsonl).
@@ -215,6 +222,17 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
                 f"failed ({txn.failure!r}); failing the task so the job restarts from the last "
                 "completed checkpoint"
             ) from txn.failure
+        if batch and _is_record_batch(batch[0]):
+            # a columnar stream's record batches: parquet takes them as they are
+            if self.format == "parquet":
+                self._buffer_record_batches(txn, batch)
+                if txn.buffered >= self.row_group_size:
+                    self._write_row_group(txn)
+                txn.records += sum(b.num_rows for b in batch)
+                return
+            batch = [row for b in batch for row in b.to_pylist()]
+            if not batch:
+                return
         if self.format == "jsonl":
             encode = self._encode
             if encode is None:

@@ -67,6 +67,29 @@ class ParquetRowBuffer:
             txn.columns[0].extend(batch)
         txn.buffered += len(batch)
 
+    def _buffer_record_batches(self, txn: FileTransaction, batch: list[Any]) -> None:
+        """Append Arrow record batches (a columnar stream's output) as they are, without a
+        per-row conversion; the first one fixes the schema unless one was declared.
+
+        Raises:
+            ValueError: for a record batch of another schema, or record batches after
+                records (one sink takes one kind).
+        """
+        if self._kind not in (None, "batches"):
+            raise ValueError(f"a record batch after {self._kind} records: a sink takes "
+                             "records or record batches, not both")
+        self._kind = "batches"
+        for b in batch:
+            b = b.replace_schema_metadata(None)
+            if self.schema is None:
+                self.schema = b.schema
+            elif not b.schema.equals(self.schema):
+                raise ValueError(f"a record batch with schema {b.schema.names} "
+                                 f"({', '.join(map(str, b.schema.types))}) does not match the "
+                                 f"sink's schema {self.schema}")
+            txn.record_batches.append(b)
+            txn.buffered += b.num_rows
+
     @staticmethod
     def _kind_of(record: Any) -> str:
         return "dict" if isinstance(record, dict) else \
@@ -97,6 +120,13 @@ class ParquetRowBuffer:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        if txn.record_batches:
+            batches, txn.record_batches, txn.buffered = txn.record_batches, [], 0
+            if txn.writer is None:
+                txn.writer = pq.ParquetWriter(txn.file, self.schema)
+            txn.writer.write_table(pa.Table.from_batches(batches, schema=self.schema),
+                                   row_group_size=self.row_group_size)
+            return
         columns, txn.columns, txn.buffered = txn.columns, [], 0
         schema = self.schema
         try:

@@ -38,6 +38,8 @@ class FileTransaction:
     file: Any = field(default=None, repr=False)  # a _HashingFile while in progress
     writer: Any = field(default=None, repr=False)  # pyarrow.parquet.ParquetWriter
     columns: list[list[Any]] = field(default_factory=list, repr=False)  # parquet rows to write
+    # parquet: Arrow record batches to write as they are (a columnar stream's output)
+    record_batches: list[Any] = field(default_factory=list, repr=False)
     buffered: int = 0
     failure: BaseException | None = field(default=None, repr=False)  # why pre-commit failed
 

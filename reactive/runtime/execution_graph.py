@@ -192,10 +192,14 @@ class ExecutionGraph:
                         partitioner = BroadcastPartitioner(p_down)
                     else:
                         assert e.key_selector is not None
-                        partitioner = KeyGroupPartitioner(
-                            p_down, e.key_selector, max_parallelism,
-                            key_serializer=e.key_serializer, operator=c.head.resolved_uid)
-                    writers[up.id][i].append(RecordWriter(partitioner, channels, batch_size))
+                        # a columnar key_by's selector makes its own (vectorized) partitioner
+                        create = getattr(e.key_selector, "create_partitioner", None)
+                        partitioner = create(p_down, max_parallelism, c.head.resolved_uid) \
+                            if create is not None else KeyGroupPartitioner(
+                                p_down, e.key_selector, max_parallelism,
+                                key_serializer=e.key_serializer, operator=c.head.resolved_uid)
+                    writers[up.id][i].append(
+                        RecordWriter(partitioner, channels, up.batch_size or batch_size))
 
         # feedback channels of iterations: tail instance i -> head instance i, unbounded
         # (a bounded channel in a cycle can deadlock), last in the head's gate
@@ -231,7 +235,12 @@ class ExecutionGraph:
                     kgr = None
                     if op.keyed:
                         kgr = key_group_range_for_operator(i, c.parallelism, max_parallelism)
-                        keyed_backend = state_backend.create_keyed_backend(
+                        # an operator with its own kind of keyed state (columnar
+                        # aggregates) names the state backend that holds it
+                        factory = getattr(op, "keyed_state_backend", None)
+                        backend = factory(state_backend) if factory is not None \
+                            else state_backend
+                        keyed_backend = backend.create_keyed_backend(
                             job_name=env.job_name, operator_uid=op.uid, subtask=i,
                             key_group_range=kgr, max_parallelism=max_parallelism,
                         )
