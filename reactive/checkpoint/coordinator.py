@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import CheckpointConfig
-from ..errors import CheckpointError, StateSerializationError
+from ..errors import CheckpointError, CheckpointProgressError, StateSerializationError
 from ..runtime.events import CheckpointBarrier
 from .completed_checkpoint_store import CompletedCheckpointStore
 from .failure_reason import CheckpointFailureReason
@@ -161,6 +161,8 @@ class CheckpointCoordinator:
         self.sources: list[StreamTask] = []
         self.pending: dict[int, PendingCheckpoint] = {}
         self.consecutive_failures = 0
+        # why the consecutive failures failed, counted per reason (for the job's error)
+        self._failure_streak: dict[CheckpointFailureReason, int] = {}
         self.latest_completed: CompletedCheckpoint | None = None
         self._periodic = config.interval is not None
         self._stopped = asyncio.Event()
@@ -393,6 +395,7 @@ class CheckpointCoordinator:
         completed = CompletedCheckpoint(p.checkpoint_id, path, body)
         self.latest_completed = completed
         self.consecutive_failures = 0
+        self._failure_streak.clear()
         for older in [cid for cid in self.pending if cid < p.checkpoint_id]:
             self.abort(older, CheckpointFailureReason.CHECKPOINT_SUBSUMED,
                        f"subsumed by checkpoint {p.checkpoint_id}")
@@ -494,12 +497,29 @@ class CheckpointCoordinator:
         log.warning("checkpoint %d aborted: %s", p.checkpoint_id, reason)
         if why.counts_as_failure:
             self.consecutive_failures += 1
+            self._failure_streak[why] = self._failure_streak.get(why, 0) + 1
             if self.consecutive_failures > self.config.tolerable_failed_checkpoints:
-                self._failure = CheckpointError(
-                    f"{self.consecutive_failures} consecutive checkpoints failed (tolerable: "
-                    f"{self.config.tolerable_failed_checkpoints}); last: {reason}"
-                )
+                self._failure = self._too_many_failures(reason)
                 self._stopped.set()
+
+    def _too_many_failures(self, last: str) -> CheckpointError:
+        """The error that fails the attempt after too many consecutive failed checkpoints:
+        a :class:`~reactive.errors.CheckpointProgressError` when none completed in this
+        attempt (a restart would repeat it), naming the reasons."""
+        reasons = ", ".join(f"{n} {why.message}" for why, n in self._failure_streak.items())
+        text = (f"{self.consecutive_failures} consecutive checkpoints failed (tolerable: "
+                f"{self.config.tolerable_failed_checkpoints}: {reasons}); last: {last}")
+        if self.latest_completed is not None:
+            return CheckpointError(text)
+        hint = ""
+        if CheckpointFailureReason.CHECKPOINT_EXPIRED in self._failure_streak:
+            hint = (" Checkpoints that time out while the job runs are usually stuck behind "
+                    "backpressure: a barrier waits behind every record queued in front of "
+                    "a slow operator or sink; raise CheckpointConfig.timeout or speed up "
+                    "the slow step.")
+        return CheckpointProgressError(
+            f"no checkpoint completed in this job attempt: {text}. A restart would restore "
+            "the same state and repeat the attempt, so the job fails." + hint)
 
     def _discard_in_background(self, checkpoint_id: int) -> None:
         """Remove an aborted checkpoint's directory in a worker thread.

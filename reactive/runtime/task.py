@@ -57,6 +57,18 @@ TIME_SLICE = 0.002
 MIN_SLICE = 16
 
 
+class _SuspensionProbe:
+    """A loop callback that records whether it ran (see :meth:`StreamTask._write_sink`)."""
+
+    __slots__ = ("suspended",)
+
+    def __init__(self) -> None:
+        self.suspended = False
+
+    def mark(self) -> None:
+        self.suspended = True
+
+
 @dataclass
 class TaskEnvironment:
     """What every task of one job attempt shares.
@@ -307,9 +319,11 @@ class StreamTask:
         each batch: processing only, not the yields, nor the waits for room in a full output
         channel (a backpressured task would otherwise see its own cost grow and cut its
         batches into ever smaller slices, each one paying the per-batch overheads; measured:
-        slices of 68-127 records behind a slow task). A sink's writing counts as processing
-        (most of it is, and a sink cannot tell its computing from its waiting). A cheap
-        chain's batches stay whole.
+        slices of 68-127 records behind a slow task), nor a sink's write that awaited I/O
+        (a sink taking 0.1 s per remote write would be handed the fewest records,
+        :data:`MIN_SLICE`, per call, and the job would crawl; see :meth:`_write_sink`). A
+        sink writing without suspending (encoding, a local file) counts as processing. A
+        cheap chain's batches stay whole, and so do a waiting sink's.
         """
         n = len(batch)
         step = self._slice
@@ -349,7 +363,7 @@ class StreamTask:
             op.records_out += len(batch)
         if self.sink is not None:
             self.sink.records_in += len(batch)
-            await self.sink.write(batch)
+            await self._write_sink(self.sink, batch)
             return
         writers = self.writers
         full = False
@@ -369,6 +383,26 @@ class StreamTask:
             t = time.monotonic()
             for w in writers:
                 await w.flush_full()
+            self._waited += time.monotonic() - t
+
+    async def _write_sink(self, sink: SinkOperator, batch: list[Any]) -> None:
+        """Hand ``batch`` to the sink writer; a write that suspended the task (it awaited
+        I/O: a remote write, a database round trip) counts as waiting, not as the chain's
+        cost (see :meth:`_push_input`).
+
+        Whether the task suspended is told by a callback scheduled before the write: the
+        loop runs it only while this task is suspended, and always before the task resumes
+        (the ready queue is FIFO), so it ran exactly when the write let the loop run. A
+        write that suspended already shared the loop, so no time slice has to bound it.
+        """
+        t = time.monotonic()
+        probe = _SuspensionProbe()
+        handle = asyncio.get_running_loop().call_soon(probe.mark)
+        try:
+            await sink.write(batch)
+        finally:
+            handle.cancel()
+        if probe.suspended:
             self._waited += time.monotonic() - t
 
     async def _push_split(self, head: list[Any], i: int) -> None:
