@@ -52,7 +52,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import CheckpointConfig
-from ..errors import CheckpointError, CheckpointProgressError, StateSerializationError
+from ..errors import (
+    CheckpointError,
+    CheckpointProgressError,
+    ConfigurationError,
+    StateSerializationError,
+)
 from ..runtime.events import CheckpointBarrier
 from .completed_checkpoint_store import CompletedCheckpointStore
 from .failure_reason import CheckpointFailureReason
@@ -165,6 +170,8 @@ class CheckpointCoordinator:
         self._failure_streak: dict[CheckpointFailureReason, int] = {}
         self.latest_completed: CompletedCheckpoint | None = None
         self._periodic = config.interval is not None
+        # the job is finishing: the final checkpoint is aligned
+        self._finishing = False
         self._stopped = asyncio.Event()
         self._failure: CheckpointError | None = None
         self._slot_free = asyncio.Event()
@@ -176,6 +183,10 @@ class CheckpointCoordinator:
         synchronous mode, tell each task to write its snapshots before it goes on."""
         self.tasks = tasks
         self.sources = [t for t in tasks if t.source is not None]
+        if self.config.unaligned and any(t.is_iteration_head for t in tasks):
+            raise ConfigurationError(
+                "unaligned checkpoints do not support iterations: the loop head logs its "
+                "back edge between aligned barriers (CheckpointConfig(unaligned=False))")
         for task in tasks:
             task.checkpointing.synchronous = self.synchronous
 
@@ -227,6 +238,7 @@ class CheckpointCoordinator:
     def stop_periodic(self) -> None:
         """Stop periodic triggers (the job is finishing) but keep enforcing timeouts."""
         self._periodic = False
+        self._finishing = True
 
     def trigger(self, kind: str = "checkpoint", commit: bool = True) -> PendingCheckpoint:
         """Inject barrier n into every source task and return the pending checkpoint.
@@ -247,8 +259,10 @@ class CheckpointCoordinator:
         self.history.append(stats)
         if self._slots_taken() >= self.config.max_concurrent:
             self._slot_free.clear()
+        # savepoints and the final checkpoint stay aligned (see reactive.runtime.unaligned)
+        unaligned = self.config.unaligned and kind == "checkpoint" and not self._finishing
         barrier = CheckpointBarrier(cid, stats.trigger_time, "savepoint" if kind == "savepoint"
-                                    else "checkpoint")
+                                    else "checkpoint", unaligned)
         for task in self.sources:
             task.gate.post(functools.partial(task.trigger_checkpoint, barrier))
         if self.synchronous:
@@ -515,8 +529,9 @@ class CheckpointCoordinator:
         if CheckpointFailureReason.CHECKPOINT_EXPIRED in self._failure_streak:
             hint = (" Checkpoints that time out while the job runs are usually stuck behind "
                     "backpressure: a barrier waits behind every record queued in front of "
-                    "a slow operator or sink; raise CheckpointConfig.timeout or speed up "
-                    "the slow step.")
+                    "a slow operator or sink; raise CheckpointConfig.timeout, speed up "
+                    "the slow step, or take unaligned checkpoints "
+                    "(CheckpointConfig(unaligned=True)).")
         return CheckpointProgressError(
             f"no checkpoint completed in this job attempt: {text}. A restart would restore "
             "the same state and repeat the attempt, so the job fails." + hint)

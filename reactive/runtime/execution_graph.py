@@ -194,6 +194,12 @@ class ExecutionGraph:
                         partitioner = KeyGroupPartitioner(
                             p_down, e.key_selector, max_parallelism,
                             key_serializer=e.key_serializer, operator=c.head.resolved_uid)
+                    # what an unaligned checkpoint's in-flight records need to be handed
+                    # out again at another parallelism
+                    for ch in channels:
+                        ch.broadcast = kind == "broadcast"
+                        if isinstance(partitioner, KeyGroupPartitioner):
+                            ch.key_group_of = partitioner.key_group_of
                     writers[up.id][i].append(RecordWriter(partitioner, channels, batch_size))
 
         # feedback channels of iterations: tail instance i -> head instance i, unbounded
@@ -270,6 +276,11 @@ class ExecutionGraph:
         for instance in self._instances:
             if instance.operator.uid in with_state:  # else there is nothing to read
                 await in_thread(_restore_instance, assignment, instance)
+        for task in self.tasks:
+            head = task.operators[0].uid
+            if task.source is None and assignment.has_in_flight(head):
+                task.restored_in_flight = await in_thread(
+                    assignment.in_flight_for, head, task.subtask, task.parallelism)
 
 
 def _restore_instance(assignment: StateAssignmentOperation, instance: _InstanceRestore) -> None:

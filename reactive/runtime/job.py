@@ -636,6 +636,7 @@ class Job:
                 batch_size=flow.batch_size,
                 buffer_timeout=flow.buffer_timeout,
                 exactly_once=config is None or config.mode != "at_least_once",
+                unaligned=config is not None and config.unaligned,
                 storage=self.storage,
                 coordinator=coordinator,
                 spawn=spawn,
