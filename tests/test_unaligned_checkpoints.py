@@ -26,12 +26,15 @@ from reactive import (
     RestartStrategy,
 )
 from reactive.connectors.collections import ListSink
+from reactive.connectors.files import CommittingFileSink
 from reactive.runtime.channel import Channel, InputGate, OvertakingBarrier
 from reactive.runtime.events import CheckpointBarrier
+from reactive.testing import TestingSource
 
 from .conftest import Count, FailureInjector, checkpoint_state, paced, zipf_words
 from .pipelines import committing_file_job as pipeline
 from .test_committing_file_sink import committed_records, expected_output, hidden_files
+from .test_connected_streams import Enrich, _with_aborts, users_and_clicks
 
 #: CPU seconds the keyed count spends per record: slower than the source, so the channels in
 #: front of it stay full and every unaligned checkpoint has records in flight
@@ -190,3 +193,44 @@ async def test_a_dataflow_with_an_iteration_refuses_unaligned_checkpoints(tmp_pa
         await asyncio.wait_for(flow.run(checkpoints=_config(tmp_path)), 60)
     assert isinstance(info.value.__cause__, ConfigurationError)
     assert "iteration" in str(info.value.__cause__)
+
+
+# ---------------------------------------------------------------------- two inputs
+class SlowEnrich(Enrich):
+    """The connected streams' keyed join, slow enough that both inputs queue up."""
+
+    def process_element1(self, user: tuple[int, str], ctx: Any) -> Any:
+        _burn()
+        return super().process_element1(user, ctx)
+
+    def process_element2(self, click: tuple[int, str], ctx: Any) -> Any:
+        _burn()
+        return super().process_element2(click, ctx)
+
+
+def _burn() -> None:
+    end = time.perf_counter() + 2 * RECORD_COST
+    while time.perf_counter() < end:
+        pass
+
+
+async def test_a_two_input_operator_replays_each_input_to_its_own_side(tmp_path) -> None:
+    """In-flight records of both inputs of a keyed co-process are stored with their side and
+    replayed to it after the failures (a user replayed as a click would change the output)."""
+    users, clicks = users_and_clicks(seed=4)
+    expected = collections.Counter((f"user-{u}", url) for u, url in clicks)
+    flow = Dataflow("enrich", parallelism=2, batch_size=64)
+    user_stream = flow.source(TestingSource(_with_aborts(users, [200])), uid="users")
+    click_stream = flow.source(TestingSource(_with_aborts(clicks, [2500, 4500])), uid="clicks")
+    (user_stream.key_by(lambda u: u[0])
+        .connect(click_stream.key_by(lambda c: c[0]))
+        .process(SlowEnrich()).uid("enrich")
+        .sink(CommittingFileSink(tmp_path / "out")).uid("files"))
+    job = await flow.run(checkpoints=_config(tmp_path / "chk"),
+                         restart=RestartStrategy.fixed(5, 0.0))
+    assert job.metrics.restarts == 3
+    done = {c.checkpoint_id: c for c in CheckpointStorage(tmp_path / "chk", "enrich").completed()}
+    restored = [done[cid] for cid in job.metrics.restored_checkpoints if cid in done]
+    assert any("enrich" in _in_flight(c) for c in restored), [_in_flight(c) for c in restored]
+    assert committed_records(tmp_path / "out") == collections.Counter(
+        tuple(r) for r in expected.elements())
