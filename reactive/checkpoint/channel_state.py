@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import RestoreError
+from .durable_files import resolve_under
 
 __all__ = ["InFlightEntry", "assign_in_flight", "read_channel_states", "serialize_channel_state"]
 
@@ -65,6 +66,7 @@ def read_channel_states(job_dir: Path, subtasks: dict[str, Any]) -> list[list[In
 
     Raises:
         RestoreError: naming the file that cannot be read.
+        CorruptCheckpointError: a path that leads outside ``job_dir``.
     """
     out: list[list[InFlightEntry]] = []
     for i in sorted(subtasks, key=int):
@@ -72,7 +74,7 @@ def read_channel_states(job_dir: Path, subtasks: dict[str, Any]) -> list[list[In
         if not handle:
             out.append([])
             continue
-        path = job_dir / handle["files"][0]["path"]
+        path = resolve_under(job_dir, handle["files"][0]["path"])
         try:
             raw = pickle.loads(path.read_bytes())
         except (OSError, pickle.UnpicklingError, EOFError) as exc:
