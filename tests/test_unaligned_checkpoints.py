@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -25,8 +26,10 @@ from reactive import (
     JobFailedError,
     RestartStrategy,
 )
+from reactive.checkpoint.channel_state import InFlightEntry, assign_in_flight
 from reactive.connectors.collections import ListSink
 from reactive.connectors.files import CommittingFileSink
+from reactive.keygroups import KeyGroupAssigner
 from reactive.runtime.channel import Channel, InputGate, OvertakingBarrier
 from reactive.runtime.events import CheckpointBarrier
 from reactive.testing import TestingSource
@@ -234,3 +237,37 @@ async def test_a_two_input_operator_replays_each_input_to_its_own_side(tmp_path)
     assert any("enrich" in _in_flight(c) for c in restored), [_in_flight(c) for c in restored]
     assert committed_records(tmp_path / "out") == collections.Counter(
         tuple(r) for r in expected.elements())
+
+
+# ---------------------------------------------------------------------- redistribution
+@pytest.mark.parametrize(("p_old", "p_new"), [(2, 3), (3, 2), (4, 1), (1, 4), (3, 3)])
+def test_in_flight_records_are_each_assigned_once_at_any_parallelism(p_old, p_new) -> None:
+    """Keyed records go to the owner of their key group; forward/rebalance records to one
+    instance each; broadcast records to every instance once."""
+    maxp = 16
+    group = KeyGroupAssigner(maxp)
+    old = []
+    for s in range(p_old):
+        keyed = [f"k{s}-{i}" for i in range(50)]
+        split = [("split", s, i) for i in range(7)]
+        bcast = [("broadcast", i) for i in range(3)]
+        old.append([
+            InFlightEntry(0, "keyed", pickle.dumps(keyed), [group(k) for k in keyed]),
+            InFlightEntry(1, "split", pickle.dumps(split), None),
+            InFlightEntry(0, "broadcast", pickle.dumps(bcast), None),
+        ])
+    got = [assign_in_flight(old, i, p_new, maxp) for i in range(p_new)]
+    keyed_out = [(i, r) for i in range(p_new) for side, rs in got[i] for r in rs
+                 if isinstance(r, str)]
+    assert sorted(r for _, r in keyed_out) == sorted(f"k{s}-{i}" for s in range(p_old)
+                                                      for i in range(50))
+    assert all(group(r) * p_new // maxp == i for i, r in keyed_out)
+    split_out = [r for i in range(p_new) for side, rs in got[i] for r in rs
+                 if isinstance(r, tuple) and r[0] == "split"]
+    assert sorted(split_out) == sorted(("split", s, i) for s in range(p_old) for i in range(7))
+    assert all(side == 1 for i in range(p_new) for side, rs in got[i]
+               if rs and isinstance(rs[0], tuple) and rs[0][0] == "split")
+    for i in range(p_new):
+        assert [r for _, rs in got[i] for r in rs
+                if isinstance(r, tuple) and r[0] == "broadcast"] == [("broadcast", j)
+                                                                      for j in range(3)]
