@@ -9,6 +9,7 @@ import asyncio
 import collections
 import os
 import pickle
+import random
 import signal
 import subprocess
 import sys
@@ -183,6 +184,26 @@ def test_killed_process_resumed_at_another_parallelism_commits_exactly_once(tmp_
     assert any(_in_flight(c) for c in done), [_in_flight(c) for c in done]
     second = _run(out, chk, 3)
     assert second.returncode == 0, second.stderr[-3000:]
+    assert committed_records(out) == expected_output(pipeline.words(RECORDS))
+    assert hidden_files(out) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_repeated_kills_with_a_rescale_on_every_restart_commit_exactly_once(tmp_path, seed) -> None:
+    """Seeded SIGKILLs at records, each run resumed at another parallelism; the last run
+    finishes. Every committed record appears once."""
+    rnd = random.Random(seed)
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    parallelisms = [2, 3, 1, 4, 2]
+    for p in parallelisms[:-1]:
+        run = _run(out, chk, p, REACTIVE_TEST_KILL=f"record:{rnd.randint(5_000, 25_000)}")
+        assert run.returncode in (0, -signal.SIGKILL), run.stderr[-3000:]
+        if run.returncode == 0:
+            break
+    else:
+        last = _run(out, chk, parallelisms[-1])
+        assert last.returncode == 0, last.stderr[-3000:]
     assert committed_records(out) == expected_output(pipeline.words(RECORDS))
     assert hidden_files(out) == []
 
