@@ -34,11 +34,20 @@ class CheckpointConfig:
         max_concurrent: how many checkpoints may be pending at once (>= 1).
         retained: how many completed checkpoints are kept on disk (>= 1).
         tolerable_failed_checkpoints: consecutive failed checkpoints after which the job fails.
+        unaligned: take periodic and on-demand checkpoints *unaligned* (Flink's
+            ``execution.checkpointing.unaligned``, FLIP-76): a task snapshots at the first
+            barrier, the barrier overtakes the records queued in the channels, and those
+            in-flight records are stored with the snapshot and replayed into the operator
+            on restore (re-partitioned by key group at another parallelism). A checkpoint
+            then takes about as long under backpressure as without it; it stores the queued
+            records too. Savepoints and the job's final checkpoint stay aligned. Needs
+            ``mode="exactly_once"``; a dataflow with an iteration cannot use it.
 
     Raises:
         ConfigurationError: on a non-positive interval, timeout, max_concurrent or retained,
             an unknown mode, or ``max_concurrent > 1`` with ``mode="synchronous"`` (the
-            sources stay halted until the one pending checkpoint completes).
+            sources stay halted until the one pending checkpoint completes), or
+            ``unaligned`` with another mode than ``"exactly_once"``.
     """
 
     interval: float | None = 1.0
@@ -48,6 +57,7 @@ class CheckpointConfig:
     max_concurrent: int = 1
     retained: int = 3
     tolerable_failed_checkpoints: int = 3
+    unaligned: bool = False
 
     def __post_init__(self) -> None:
         if self.interval is not None and not self.interval > 0:
@@ -69,6 +79,10 @@ class CheckpointConfig:
             raise ConfigurationError(f"retained must be >= 1, got {self.retained}")
         if self.tolerable_failed_checkpoints < 0:
             raise ConfigurationError("tolerable_failed_checkpoints must be >= 0")
+        if self.unaligned and self.mode != "exactly_once":
+            raise ConfigurationError(
+                f"unaligned checkpoints are exactly once: mode must be 'exactly_once', got "
+                f"{self.mode!r}")
 
 
 @dataclass(frozen=True)

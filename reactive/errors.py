@@ -10,6 +10,7 @@ from typing import Any
 
 __all__ = [
     "CheckpointError",
+    "CheckpointProgressError",
     "ConfigurationError",
     "CorruptCheckpointError",
     "JobCancelledError",
@@ -92,6 +93,16 @@ class StateAccessError(ReactiveError):
 
 class CheckpointError(ReactiveError):
     """A checkpoint could not be taken (declined, timed out or failed while writing)."""
+
+
+class CheckpointProgressError(CheckpointError):
+    """No checkpoint completed in a job attempt before more than
+    ``tolerable_failed_checkpoints`` consecutive checkpoints failed.
+
+    A restart would restore the same checkpoint (or start from the beginning) and repeat
+    the attempt, so the job fails at once instead of restarting; the message says why the
+    checkpoints failed (timeouts under backpressure, declines, write errors).
+    """
 
 
 class StateSerializationError(CheckpointError):

@@ -52,7 +52,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import CheckpointConfig
-from ..errors import CheckpointError, StateSerializationError
+from ..errors import (
+    CheckpointError,
+    CheckpointProgressError,
+    ConfigurationError,
+    StateSerializationError,
+)
 from ..runtime.events import CheckpointBarrier
 from .completed_checkpoint_store import CompletedCheckpointStore
 from .failure_reason import CheckpointFailureReason
@@ -161,8 +166,12 @@ class CheckpointCoordinator:
         self.sources: list[StreamTask] = []
         self.pending: dict[int, PendingCheckpoint] = {}
         self.consecutive_failures = 0
+        # why the consecutive failures failed, counted per reason (for the job's error)
+        self._failure_streak: dict[CheckpointFailureReason, int] = {}
         self.latest_completed: CompletedCheckpoint | None = None
         self._periodic = config.interval is not None
+        # the job is finishing: the final checkpoint is aligned
+        self._finishing = False
         self._stopped = asyncio.Event()
         self._failure: CheckpointError | None = None
         self._slot_free = asyncio.Event()
@@ -174,6 +183,10 @@ class CheckpointCoordinator:
         synchronous mode, tell each task to write its snapshots before it goes on."""
         self.tasks = tasks
         self.sources = [t for t in tasks if t.source is not None]
+        if self.config.unaligned and any(t.is_iteration_head for t in tasks):
+            raise ConfigurationError(
+                "unaligned checkpoints do not support iterations: the loop head logs its "
+                "back edge between aligned barriers (CheckpointConfig(unaligned=False))")
         for task in tasks:
             task.checkpointing.synchronous = self.synchronous
 
@@ -225,6 +238,7 @@ class CheckpointCoordinator:
     def stop_periodic(self) -> None:
         """Stop periodic triggers (the job is finishing) but keep enforcing timeouts."""
         self._periodic = False
+        self._finishing = True
 
     def trigger(self, kind: str = "checkpoint", commit: bool = True) -> PendingCheckpoint:
         """Inject barrier n into every source task and return the pending checkpoint.
@@ -245,8 +259,10 @@ class CheckpointCoordinator:
         self.history.append(stats)
         if self._slots_taken() >= self.config.max_concurrent:
             self._slot_free.clear()
+        # savepoints and the final checkpoint stay aligned (see reactive.runtime.unaligned)
+        unaligned = self.config.unaligned and kind == "checkpoint" and not self._finishing
         barrier = CheckpointBarrier(cid, stats.trigger_time, "savepoint" if kind == "savepoint"
-                                    else "checkpoint")
+                                    else "checkpoint", unaligned)
         for task in self.sources:
             task.gate.post(functools.partial(task.trigger_checkpoint, barrier))
         if self.synchronous:
@@ -393,6 +409,7 @@ class CheckpointCoordinator:
         completed = CompletedCheckpoint(p.checkpoint_id, path, body)
         self.latest_completed = completed
         self.consecutive_failures = 0
+        self._failure_streak.clear()
         for older in [cid for cid in self.pending if cid < p.checkpoint_id]:
             self.abort(older, CheckpointFailureReason.CHECKPOINT_SUBSUMED,
                        f"subsumed by checkpoint {p.checkpoint_id}")
@@ -494,12 +511,30 @@ class CheckpointCoordinator:
         log.warning("checkpoint %d aborted: %s", p.checkpoint_id, reason)
         if why.counts_as_failure:
             self.consecutive_failures += 1
+            self._failure_streak[why] = self._failure_streak.get(why, 0) + 1
             if self.consecutive_failures > self.config.tolerable_failed_checkpoints:
-                self._failure = CheckpointError(
-                    f"{self.consecutive_failures} consecutive checkpoints failed (tolerable: "
-                    f"{self.config.tolerable_failed_checkpoints}); last: {reason}"
-                )
+                self._failure = self._too_many_failures(reason)
                 self._stopped.set()
+
+    def _too_many_failures(self, last: str) -> CheckpointError:
+        """The error that fails the attempt after too many consecutive failed checkpoints:
+        a :class:`~reactive.errors.CheckpointProgressError` when none completed in this
+        attempt (a restart would repeat it), naming the reasons."""
+        reasons = ", ".join(f"{n} {why.message}" for why, n in self._failure_streak.items())
+        text = (f"{self.consecutive_failures} consecutive checkpoints failed (tolerable: "
+                f"{self.config.tolerable_failed_checkpoints}: {reasons}); last: {last}")
+        if self.latest_completed is not None:
+            return CheckpointError(text)
+        hint = ""
+        if CheckpointFailureReason.CHECKPOINT_EXPIRED in self._failure_streak:
+            hint = (" Checkpoints that time out while the job runs are usually stuck behind "
+                    "backpressure: a barrier waits behind every record queued in front of "
+                    "a slow operator or sink; raise CheckpointConfig.timeout, speed up "
+                    "the slow step, or take unaligned checkpoints "
+                    "(CheckpointConfig(unaligned=True)).")
+        return CheckpointProgressError(
+            f"no checkpoint completed in this job attempt: {text}. A restart would restore "
+            "the same state and repeat the attempt, so the job fails." + hint)
 
     def _discard_in_background(self, checkpoint_id: int) -> None:
         """Remove an aborted checkpoint's directory in a worker thread.

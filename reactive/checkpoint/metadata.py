@@ -87,7 +87,7 @@ def iter_file_refs(metadata: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Yield every ``{"path", "size", "sha256"}`` a checkpoint's metadata references."""
     for op in metadata.get("operators", {}).values():
         for sub in op.get("subtasks", {}).values():
-            for key in ("keyed_state", "operator_state"):
+            for key in ("keyed_state", "operator_state", "channel_state"):
                 handle = sub.get(key)
                 if handle:
                     yield from handle.get("files", [])

@@ -5,7 +5,9 @@ Keyed state follows key groups: an instance receives the handles of every old in
 whose key-group range intersects its own, and its backend loads only its key groups (so the
 same code restores at the same or another parallelism). Operator state is redistributed by
 its declared mode: ``split`` (same parallelism: unchanged; else all entries dealt round robin)
-or ``union`` (every instance gets all entries). Source: thesis section 4.2.
+or ``union`` (every instance gets all entries). Source: thesis section 4.2. The in-flight
+records of an unaligned checkpoint are handed out by key group too
+(:mod:`.channel_state`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from ..errors import RestoreError
 from ..keygroups import KeyGroupRange
+from .channel_state import InFlightEntry, assign_in_flight, read_channel_states
 from .metadata import CompletedCheckpoint
 
 __all__ = ["StateAssignmentOperation", "SubtaskRestore"]
@@ -60,6 +63,30 @@ class StateAssignmentOperation:
                 "allow_non_restored_state=True to drop it"
             )
         self._opstate_cache: dict[str, list[dict[str, tuple[str, list[Any]]]]] = {}
+        self._channel_state_cache: dict[str, list[list[InFlightEntry]]] = {}
+        self.max_parallelism = max_parallelism
+
+    def has_in_flight(self, uid: str) -> bool:
+        """Whether operator ``uid``'s instances stored in-flight records (an unaligned
+        checkpoint, with records queued in front of them)."""
+        op = self.checkpoint.metadata["operators"].get(uid)
+        return op is not None and any(sub.get("channel_state")
+                                      for sub in op["subtasks"].values())
+
+    def in_flight_for(self, uid: str, subtask: int, parallelism: int) -> list[tuple[int, list[Any]]]:
+        """The in-flight input batches instance ``subtask`` of ``parallelism`` of the task
+        headed by operator ``uid`` replays before any new input, as ``(side, records)``.
+
+        Raises:
+            RestoreError: a channel-state file cannot be read.
+        """
+        if not self.has_in_flight(uid):
+            return []
+        if uid not in self._channel_state_cache:
+            self._channel_state_cache[uid] = read_channel_states(
+                self.checkpoint.job_dir, self.checkpoint.metadata["operators"][uid]["subtasks"])
+        return assign_in_flight(self._channel_state_cache[uid], subtask, parallelism,
+                                self.max_parallelism)
 
     def _old_operator_states(self, uid: str) -> list[dict[str, tuple[str, list[Any]]]]:
         if uid not in self._opstate_cache:

@@ -6,6 +6,11 @@ events): a producer awaiting ``put`` on a full channel is backpressure, as with 
 ``create_memory_object_stream(max_buffer_size)``. The :class:`InputGate` multiplexes a task's
 input channels, can *block* a channel (barrier alignment keeps its items queued, in order),
 and carries the task's mailbox (actions posted by the coordinator, run between batches).
+
+An unaligned checkpoint's barrier is put *ahead* of the items queued in a channel
+(:meth:`Channel.put_overtaking`; Flink's priority events): the gate delivers it before any
+data, even from a blocked channel, wrapped in an :class:`OvertakingBarrier` that says how many
+queued items it overtook (they are the channel's in-flight data for that checkpoint).
 """
 
 from __future__ import annotations
@@ -15,7 +20,23 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Channel", "InputGate"]
+__all__ = ["Channel", "InputGate", "OvertakingBarrier"]
+
+
+class OvertakingBarrier:
+    """An unaligned checkpoint's barrier in a channel, ahead of queued items.
+
+    Attributes:
+        barrier: the checkpoint barrier (a ``CheckpointBarrier``).
+        overtaken: how many items queued behind it were put before it (records and events
+            that precede the barrier in the stream).
+    """
+
+    __slots__ = ("barrier", "overtaken")
+
+    def __init__(self, barrier: Any, overtaken: int) -> None:
+        self.barrier = barrier
+        self.overtaken = overtaken
 
 
 class Channel:
@@ -26,6 +47,12 @@ class Channel:
         name: for diagnostics (``"producer->consumer"``).
         side: the input of a two-input consumer the channel feeds (0 or 1; see
             ``reactive.graph.Edge.side``).
+
+    Attributes:
+        key_group_of: for a ``key_by`` edge, record -> key group (the partitioner's), so
+            that an unaligned checkpoint's in-flight records can be re-partitioned by key
+            group on a restore at another parallelism; None for other edges.
+        broadcast: the edge broadcasts (every consumer instance gets every record).
     """
 
     __slots__ = (
@@ -33,9 +60,11 @@ class Channel:
         "_items",
         "_space_waiter",
         "blocked",
+        "broadcast",
         "capacity",
         "finished",
         "index",
+        "key_group_of",
         "max_seen",
         "name",
         "side",
@@ -45,6 +74,8 @@ class Channel:
         self.capacity = capacity
         self.name = name
         self.side = side
+        self.key_group_of: Callable[[Any], int] | None = None
+        self.broadcast = False
         self._items: deque[Any] = deque()
         self._space_waiter: asyncio.Future[None] | None = None
         self._gate: InputGate | None = None
@@ -70,6 +101,40 @@ class Channel:
         gate = self._gate
         if gate is not None and gate._waiter is not None and not self.blocked:
             gate._wake()
+
+    def put_unbounded(self, item: Any) -> None:
+        """Append ``item`` without waiting for room: the records an unaligned barrier is
+        about to overtake (they exceed the capacity by at most one batch per barrier)."""
+        self._items.append(item)
+        gate = self._gate
+        if gate is not None and gate._waiter is not None and not self.blocked:
+            gate._wake()
+
+    def put_overtaking(self, barrier: Any) -> None:
+        """Put an unaligned checkpoint's ``barrier`` ahead of the queued items (behind the
+        overtaking barriers already queued, which stay a prefix of the queue), never
+        waiting for room."""
+        items = self._items
+        i = 0
+        n = len(items)
+        while i < n and type(items[i]) is OvertakingBarrier:
+            i += 1
+        items.insert(i, OvertakingBarrier(barrier, n - i))
+        gate = self._gate
+        if gate is not None:
+            gate._overtaking += 1
+            gate._wake()
+
+    def overtaken(self, count: int) -> list[Any]:
+        """The ``count`` items an overtaking barrier just taken from this channel passed:
+        the first ``count`` queued items after the overtaking barriers queued since."""
+        out: list[Any] = []
+        for item in self._items:
+            if len(out) == count:
+                break
+            if type(item) is not OvertakingBarrier:
+                out.append(item)
+        return out
 
     def _take(self) -> Any:
         item = self._items.popleft()
@@ -99,6 +164,8 @@ class InputGate:
         self._mail: deque[Callable[[], Any]] = deque()
         self._priority: Channel | None = None
         self._priority_threshold = 0
+        # overtaking barriers queued in the channels (delivered before anything else)
+        self._overtaking = 0
 
     def prioritize(self, index: int, threshold: int) -> None:
         """Deliver from channel ``index`` first whenever it holds ``threshold`` items or
@@ -131,7 +198,7 @@ class InputGate:
 
     def is_idle(self) -> bool:
         """True when nothing deliverable is queued (the task would wait in ``get``)."""
-        if self._mail:
+        if self._mail or self._overtaking:
             return False
         return all(ch.blocked or not ch._items for ch in self.channels)
 
@@ -142,6 +209,12 @@ class InputGate:
         while True:
             if self._mail:
                 return -1, self._mail.popleft()
+            if self._overtaking:
+                for ch in channels:
+                    if ch._items and type(ch._items[0]) is OvertakingBarrier:
+                        self._overtaking -= 1
+                        return ch.index, ch._take()
+                self._overtaking = 0  # unreachable: every one is counted when queued
             first = self._priority
             if (first is not None and len(first._items) >= self._priority_threshold
                     and first._items and not first.blocked):

@@ -27,11 +27,14 @@ class CheckpointBarrier:
         checkpoint_id: the checkpoint's id, increasing per job.
         timestamp: trigger time (seconds since the epoch).
         kind: ``"checkpoint"`` or ``"savepoint"``.
+        unaligned: an unaligned checkpoint's barrier (FLIP-76): it overtakes the records
+            queued in the channels (see ``reactive.runtime.unaligned``).
     """
 
     checkpoint_id: int
     timestamp: float
     kind: Literal["checkpoint", "savepoint"] = "checkpoint"
+    unaligned: bool = False
 
 
 @dataclass(frozen=True, slots=True)

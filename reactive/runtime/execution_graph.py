@@ -198,6 +198,12 @@ class ExecutionGraph:
                             if create is not None else KeyGroupPartitioner(
                                 p_down, e.key_selector, max_parallelism,
                                 key_serializer=e.key_serializer, operator=c.head.resolved_uid)
+                    # what an unaligned checkpoint's in-flight records need to be handed
+                    # out again at another parallelism
+                    for ch in channels:
+                        ch.broadcast = kind == "broadcast"
+                        if isinstance(partitioner, KeyGroupPartitioner):
+                            ch.key_group_of = partitioner.key_group_of
                     writers[up.id][i].append(
                         RecordWriter(partitioner, channels, up.batch_size or batch_size))
 
@@ -296,6 +302,11 @@ class ExecutionGraph:
                     with contextlib.suppress(Exception):
                         instance.keyed_backend.dispose()
             raise
+        for task in self.tasks:
+            head = task.operators[0].uid
+            if task.source is None and assignment.has_in_flight(head):
+                task.restored_in_flight = await in_thread(
+                    assignment.in_flight_for, head, task.subtask, task.parallelism)
 
 
 def _restore_instance(assignment: StateAssignmentOperation, instance: _InstanceRestore) -> None:

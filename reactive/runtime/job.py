@@ -46,6 +46,7 @@ from ..embedding.committed_results import CommittedResults
 from ..embedding.state_query import CommittedStateCache, StateQueryError, query_live
 from ..errors import (
     CheckpointError,
+    CheckpointProgressError,
     ConfigurationError,
     JobCancelledError,
     JobFailedError,
@@ -87,7 +88,8 @@ class JobOptions:
 
 # Failures that a restart would only repeat: the job fails at once with the reason (a
 # restore that cannot be honoured must never turn into a fresh start or a retry loop).
-_NOT_RESTARTABLE = (RestoreError, StateSerializationError, ConfigurationError)
+_NOT_RESTARTABLE = (RestoreError, StateSerializationError, ConfigurationError,
+                    CheckpointProgressError)
 
 
 def _not_restartable(exc: BaseException) -> bool:
@@ -644,6 +646,7 @@ class Job:
                 batch_size=flow.batch_size,
                 buffer_timeout=flow.buffer_timeout,
                 exactly_once=config is None or config.mode != "at_least_once",
+                unaligned=config is not None and config.unaligned,
                 storage=self.storage,
                 coordinator=coordinator,
                 spawn=spawn,

@@ -97,6 +97,10 @@ class KeyGroupPartitioner(Partitioner):
         # call into the assigner); bounded like the assigner's own memo
         self._channel_cache: dict[Any, int] = {}
 
+    def key_group_of(self, record: Any) -> int:
+        """The key group of ``record``'s key."""
+        return self.assigner(self.key_selector(record))
+
     def _channel_for(self, key: Any) -> int:
         """The memo miss: the key's channel from its key group, then memoized."""
         channel = self._channel_of[self.assigner(key)]

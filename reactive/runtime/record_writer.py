@@ -67,6 +67,19 @@ class RecordWriter:
                 buffers[i] = []
                 await self.channels[i].put(buf)
 
+    def broadcast_overtaking(self, barrier: Any) -> None:
+        """Send an unaligned checkpoint's ``barrier`` on every channel ahead of the queued
+        output: the buffered records go into the channels first (without waiting for
+        room), so the barrier overtakes them too and the consumer stores them as
+        in-flight data."""
+        buffers = self.buffers
+        for i, ch in enumerate(self.channels):
+            buf = buffers[i]
+            if buf:
+                buffers[i] = []
+                ch.put_unbounded(buf)
+            ch.put_overtaking(barrier)
+
     async def broadcast_event(self, event: Any) -> None:
         """Flush, then send ``event`` on every channel."""
         await self.flush()

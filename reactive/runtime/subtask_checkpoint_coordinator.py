@@ -13,6 +13,10 @@ In the synchronous-snapshot baseline (``synchronous``, set by the checkpoint coo
 for ``mode="synchronous"``; thesis 3.4.2) the task runs the writing in place of spawning
 it: it processes nothing else until its snapshot is written and acknowledged, and the
 statistics count the whole snapshot as its synchronous part.
+
+For an unaligned checkpoint (``reactive.runtime.unaligned``) the task passes the future of
+its in-flight records: the asynchronous part writes them, once complete, as the head
+operator's ``channel_state`` and acknowledges after that.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..checkpoint.channel_state import FORMAT as CHANNEL_STATE_FORMAT
+from ..checkpoint.channel_state import InFlightEntry, serialize_channel_state
 from ..checkpoint.durable_files import write_atomic
 from ..checkpoint.failure_reason import CheckpointFailureReason
 from ..errors import ReactiveError, StateSerializationError
@@ -121,13 +127,18 @@ class SubtaskCheckpointCoordinator:
         # back the acknowledgements of the parts after it
         self._in_flight: dict[int, list[_Capture]] = {}
 
-    async def checkpoint_state(self, barrier: CheckpointBarrier, alignment: float) -> None:
+    async def checkpoint_state(
+        self, barrier: CheckpointBarrier, alignment: float,
+        in_flight: asyncio.Future[list[InFlightEntry]] | None = None,
+    ) -> None:
         """Snapshot for ``barrier`` (synchronous part), forward it, start the asynchronous
         part.
 
         Args:
             barrier: the checkpoint's barrier.
             alignment: seconds the task spent aligning it (0 at a source).
+            in_flight: an unaligned checkpoint's in-flight input records, resolved once
+                the barrier arrived on every input (None: aligned, or a source).
         """
         storage, acknowledger = self.storage, self.acknowledger
         if storage is None or acknowledger is None:
@@ -151,6 +162,8 @@ class SubtaskCheckpointCoordinator:
                 if keyed is not None:
                     keyed.discard()
             acknowledger.decline(cid, self.task, exc)
+            if in_flight is not None:
+                in_flight.cancel()
             await self.broadcast(barrier)
             return
         sync = time.perf_counter() - t0
@@ -165,7 +178,8 @@ class SubtaskCheckpointCoordinator:
                 self._async_part, cid, captures, alignment, sync, previous, in_task=True))
         else:
             self.spawn(_setting_when_done(ended, functools.partial(
-                self._async_part, cid, captures, alignment, sync, previous)))
+                self._async_part, cid, captures, alignment, sync, previous,
+                in_flight=in_flight)))
 
     async def _async_part(
         self,
@@ -175,6 +189,7 @@ class SubtaskCheckpointCoordinator:
         sync: float,
         previous: asyncio.Event | None,
         in_task: bool = False,
+        in_flight: asyncio.Future[list[InFlightEntry]] | None = None,
     ) -> None:
         """Write the captured snapshot and acknowledge it (or decline the checkpoint).
 
@@ -189,6 +204,8 @@ class SubtaskCheckpointCoordinator:
                 :func:`_setting_when_done`).
             in_task: run by the task itself (the synchronous baseline): the writing counts
                 as synchronous time and the asynchronous part as 0.
+            in_flight: an unaligned checkpoint's in-flight records (see
+                :meth:`checkpoint_state`), written as the head operator's channel state.
         """
         coordinator = self.acknowledger
         assert coordinator is not None
@@ -217,6 +234,17 @@ class SubtaskCheckpointCoordinator:
                     }
                     size += n
                 states[op.uid] = entry
+            if in_flight is not None:
+                entries = await in_flight
+                if entries:
+                    op, ctx = captures[0][0], captures[0][1]
+                    path = ctx.exclusive_path(".inflight")
+                    n, sha = write_atomic(path, [serialize_channel_state(entries)])
+                    states[op.uid]["channel_state"] = {
+                        "format": CHANNEL_STATE_FORMAT,
+                        "files": [{"path": ctx.relative(path), "size": n, "sha256": sha}],
+                    }
+                    size += n
         except asyncio.CancelledError:
             # the attempt is being torn down: release what the synchronous part captured
             self._in_flight.pop(cid, None)

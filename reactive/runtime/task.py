@@ -23,7 +23,7 @@ from ..sources import SourceReader
 from ..time.mailbox import OperatorMailbox
 from ..time.watermarks import ACTIVE, IDLE, WatermarkStatus
 from .barrier_handler import BarrierHandler, CheckpointBarrierTracker, SingleCheckpointBarrierHandler
-from .channel import InputGate
+from .channel import InputGate, OvertakingBarrier
 from .events import (
     END_OF_DATA,
     END_OF_INPUT,
@@ -38,6 +38,7 @@ from .operators import SinkOperator, SourceOperator, StreamOperator, maybe_await
 from .partitioner import KeySelectorError
 from .record_writer import RecordWriter
 from .subtask_checkpoint_coordinator import CheckpointAcknowledger, SubtaskCheckpointCoordinator
+from .unaligned import UnalignedCheckpointBarrierHandler
 from .watermark_valve import StatusWatermarkValve
 
 if TYPE_CHECKING:
@@ -57,6 +58,18 @@ TIME_SLICE = 0.002
 MIN_SLICE = 16
 
 
+class _SuspensionProbe:
+    """A loop callback that records whether it ran (see :meth:`StreamTask._write_sink`)."""
+
+    __slots__ = ("suspended",)
+
+    def __init__(self) -> None:
+        self.suspended = False
+
+    def mark(self) -> None:
+        self.suspended = True
+
+
 @dataclass
 class TaskEnvironment:
     """What every task of one job attempt shares.
@@ -71,6 +84,7 @@ class TaskEnvironment:
         coordinator: receives acknowledgements, None without checkpointing.
         spawn: runs a coroutine in the job's task group (asynchronous snapshot parts).
         on_source_finished: called when a source task reached its end of input.
+        unaligned: checkpoints may be unaligned (``CheckpointConfig.unaligned``).
     """
 
     job_name: str
@@ -82,6 +96,7 @@ class TaskEnvironment:
     coordinator: CheckpointAcknowledger | None
     spawn: Callable[[Coroutine[Any, Any, None]], None]
     on_source_finished: Callable[[StreamTask], None]
+    unaligned: bool = False
 
 
 class StreamTask:
@@ -125,6 +140,10 @@ class StreamTask:
         end = len(operators) - 1 if self.sink else len(operators)
         self.chain = operators[start:end]
         self.records_in = 0
+        # (side, records) an unaligned checkpoint stored as in flight towards this task:
+        # replayed into the chain before any new input (set by ExecutionGraph.restore)
+        self.restored_in_flight: list[tuple[int, list[Any]]] = []
+        self._unaligned: UnalignedCheckpointBarrierHandler | None = None
         self._last_yield = 0.0  # time.monotonic() when the task last let the loop run
         # records of one input batch the chain processes within a TIME_SLICE, from the cost
         # per record measured on the previous batches (see _push_input)
@@ -157,6 +176,7 @@ class StreamTask:
                 self.source.reader.open(self.env.coordinator is not None)
                 await self._run_source(self.source)
             else:
+                await self._replay_in_flight()
                 await self._run_inputs()
         finally:
             # closing disposes the keyed backends: an asynchronous snapshot part still in
@@ -219,6 +239,14 @@ class StreamTask:
         self._ended = True
         return self._end_input()
 
+    async def _replay_in_flight(self) -> None:
+        """Process the in-flight records of the restored unaligned checkpoint, before any
+        new input: they preceded its barrier, after the state this task restored."""
+        replay, self.restored_in_flight = self.restored_in_flight, []
+        for side, records in replay:
+            self.records_in += len(records)
+            await self._push_input(records, side == 1)
+
     async def _run_inputs(self) -> None:
         gate = self.gate
         coordinator = self.env.coordinator
@@ -227,11 +255,19 @@ class StreamTask:
         on_decline = None if coordinator is None else (
             lambda cid, reason: coordinator.decline(
                 cid, self, reason, CheckpointFailureReason.CHECKPOINT_DECLINED_SUBSUMED))
-        handler: BarrierHandler = (
-            SingleCheckpointBarrierHandler(gate, self.checkpointing.checkpoint_state, on_decline)
-            if self.env.exactly_once
-            else CheckpointBarrierTracker(gate, self.checkpointing.checkpoint_state)
-        )
+        handler: BarrierHandler
+        unaligned = None
+        if self.env.exactly_once and self.env.unaligned:
+            handler = unaligned = self._unaligned = UnalignedCheckpointBarrierHandler(
+                gate, self.operators[0].uid, self.checkpointing.checkpoint_state,
+                lambda barrier, in_flight: self.checkpointing.checkpoint_state(
+                    barrier, 0.0, in_flight),
+                on_decline)
+        elif self.env.exactly_once:
+            handler = SingleCheckpointBarrierHandler(
+                gate, self.checkpointing.checkpoint_state, on_decline)
+        else:
+            handler = CheckpointBarrierTracker(gate, self.checkpointing.checkpoint_state)
         timeout = self.env.buffer_timeout
         live = len(gate.channels)
         # batches of a two-input operator's second input go to its process_batch2
@@ -246,6 +282,10 @@ class StreamTask:
                 # get() waits for input now: the loop runs everything else meanwhile
                 last_flush = self._last_yield = time.monotonic()
             idx, item = await gate.get()
+            if (unaligned is not None and unaligned.recorder is not None and idx >= 0
+                    and type(item) is not OvertakingBarrier):
+                # before processing: the record is stored as it came
+                unaligned.on_item(idx, item)
             if idx < 0:
                 await maybe_await(item())
             elif type(item) is list:
@@ -258,6 +298,9 @@ class StreamTask:
                     await self.share_loop()
             elif isinstance(item, CheckpointBarrier):
                 await handler.on_barrier(idx, item)
+            elif type(item) is OvertakingBarrier:
+                assert unaligned is not None
+                await unaligned.on_overtaking(idx, item)
             elif isinstance(item, Watermark):
                 await self._on_watermark(idx, item.timestamp)
             elif isinstance(item, WatermarkStatus):
@@ -307,9 +350,11 @@ class StreamTask:
         each batch: processing only, not the yields, nor the waits for room in a full output
         channel (a backpressured task would otherwise see its own cost grow and cut its
         batches into ever smaller slices, each one paying the per-batch overheads; measured:
-        slices of 68-127 records behind a slow task). A sink's writing counts as processing
-        (most of it is, and a sink cannot tell its computing from its waiting). A cheap
-        chain's batches stay whole.
+        slices of 68-127 records behind a slow task), nor a sink's write that awaited I/O
+        (a sink taking 0.1 s per remote write would be handed the fewest records,
+        :data:`MIN_SLICE`, per call, and the job would crawl; see :meth:`_write_sink`). A
+        sink writing without suspending (encoding, a local file) counts as processing. A
+        cheap chain's batches stay whole, and so do a waiting sink's.
         """
         n = len(batch)
         step = self._slice
@@ -349,7 +394,7 @@ class StreamTask:
             op.records_out += len(batch)
         if self.sink is not None:
             self.sink.records_in += len(batch)
-            await self.sink.write(batch)
+            await self._write_sink(self.sink, batch)
             return
         writers = self.writers
         full = False
@@ -369,6 +414,26 @@ class StreamTask:
             t = time.monotonic()
             for w in writers:
                 await w.flush_full()
+            self._waited += time.monotonic() - t
+
+    async def _write_sink(self, sink: SinkOperator, batch: list[Any]) -> None:
+        """Hand ``batch`` to the sink writer; a write that suspended the task (it awaited
+        I/O: a remote write, a database round trip) counts as waiting, not as the chain's
+        cost (see :meth:`_push_input`).
+
+        Whether the task suspended is told by a callback scheduled before the write: the
+        loop runs it only while this task is suspended, and always before the task resumes
+        (the ready queue is FIFO), so it ran exactly when the write let the loop run. A
+        write that suspended already shared the loop, so no time slice has to bound it.
+        """
+        t = time.monotonic()
+        probe = _SuspensionProbe()
+        handle = asyncio.get_running_loop().call_soon(probe.mark)
+        try:
+            await sink.write(batch)
+        finally:
+            handle.cancel()
+        if probe.suspended:
             self._waited += time.monotonic() - t
 
     async def _push_split(self, head: list[Any], i: int) -> None:
@@ -487,6 +552,11 @@ class StreamTask:
         return self.checkpointing.checkpoint_state(barrier, 0.0)
 
     async def _broadcast(self, event: Any) -> None:
+        if type(event) is CheckpointBarrier and event.unaligned:
+            # ahead of the queued output (see reactive.runtime.unaligned)
+            for w in self.writers:
+                w.broadcast_overtaking(event)
+            return
         for w in self.writers:
             await w.broadcast_event(event)
 
@@ -496,4 +566,6 @@ class StreamTask:
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> Awaitable[None]:
         """Mailbox action: checkpoint ``checkpoint_id`` was aborted."""
+        if self._unaligned is not None:
+            self._unaligned.abort(checkpoint_id)
         return self.checkpointing.notify_checkpoint_aborted(checkpoint_id)

@@ -27,7 +27,10 @@ barrier still flows, so every sink instance pre-commits that checkpoint, but the
 is aborted, and its transactions stay pending until the next checkpoint completes (so that
 checkpoint lists pending transactions of two checkpoint ids per instance).
 
-``REACTIVE_TEST_MODE`` is the checkpointing mode (default ``exactly_once``).
+``REACTIVE_TEST_MODE`` is the checkpointing mode (default ``exactly_once``);
+``REACTIVE_TEST_UNALIGNED=1`` takes unaligned checkpoints, and ``REACTIVE_TEST_RECORD_US=<n>``
+makes the keyed count spend n microseconds of CPU per record (a slow operator: the channels
+in front of it stay full, so unaligned checkpoints store in-flight records).
 
 Before killing itself it appends the kill point to the file ``REACTIVE_TEST_KILL_LOG`` (if
 set), so the test knows the kill really happened there.
@@ -40,6 +43,7 @@ import os
 import random
 import signal
 import sys
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -76,6 +80,7 @@ _KIND, _, _AT = os.environ.get("REACTIVE_TEST_KILL", "none:0").partition(":")
 _COUNTERS = {"record": 0, "commit": 0, "committed": 0, "precommit": 0,
              "commitdeclined": 0}
 _DECLINE_AT = int(os.environ.get("REACTIVE_TEST_DECLINE", "0"))
+_RECORD_SECONDS = int(os.environ.get("REACTIVE_TEST_RECORD_US", "0")) / 1e6
 # the source declined a snapshot; the next checkpoint the sinks pre-commit is that one (with
 # max_concurrent=1 the declined checkpoint is triggered after the previous one completed, so
 # no pre-commit of an earlier checkpoint comes after the source's decline)
@@ -137,6 +142,10 @@ class Count(KeyedProcessFunction):
 
     def process_element(self, value: Any, ctx: Any) -> Iterable[Any]:
         _tick("record")
+        if _RECORD_SECONDS:
+            end = time.perf_counter() + _RECORD_SECONDS
+            while time.perf_counter() < end:
+                pass
         n = self.count.value() + 1
         self.count.update(n)
         yield (value, n)
@@ -185,7 +194,9 @@ async def main(out: str, checkpoints: str, fmt: str, records: int, parallelism: 
          .sink(KillingFileSink(out, format=fmt, schema=schema() if fmt == "parquet" else None))
          .uid("files"))
     mode: Any = os.environ.get("REACTIVE_TEST_MODE", "exactly_once")  # or "synchronous"
-    await flow.run(checkpoints=CheckpointConfig(interval=0.1, directory=checkpoints, mode=mode),
+    unaligned = os.environ.get("REACTIVE_TEST_UNALIGNED") == "1"
+    await flow.run(checkpoints=CheckpointConfig(interval=0.1, directory=checkpoints, mode=mode,
+                                                unaligned=unaligned),
                    restart=RestartStrategy.fixed(5, 0.0), resume=True,
                    state_backend=state_backend)
 
