@@ -118,6 +118,7 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
     one of them.
 
     ``directory`` belongs to this sink: do not point two sinks (or two jobs) at it. A run
+    locks it (``.reactive-lock``) from start to end, so a second process fails at start. A run
     that starts fresh (nothing restored for this sink) into a directory that already holds
     committed parts fails at once in mode ``"error"`` (its output would be added to theirs,
     doubling records that both runs produce); mode ``"append"`` adds it on purpose.
@@ -175,6 +176,11 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
         # committed parts found when this instance was created (None: not created by
         # create_writer; abort_lingering then looks at the directory itself)
         self._parts_at_start: list[str] | None = None
+
+    def exclusive_directories(self) -> list[Path]:
+        """The committed directory: one run at a time commits into it (the runtime locks it
+        for the run's lifetime, see ``reactive.runtime.directory_lock``)."""
+        return [self.directory]
 
     def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
         """Create instance ``subtask`` of ``parallelism``, noting the committed parts the
