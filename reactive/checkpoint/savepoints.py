@@ -9,6 +9,7 @@ to ``restore_from``. Retention never deletes a checkpoint of kind ``savepoint``.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from .metadata import CompletedCheckpoint, iter_file_refs, write_metadata
 from .storage import CheckpointStorage
 
 __all__ = ["export_savepoint", "move_savepoint", "rebase_savepoint_paths"]
+
+_CHK = re.compile(r"^chk-\d+$")
 
 
 def _rebase(value: Any, mapping: dict[str, str]) -> Any:
@@ -87,6 +90,9 @@ def move_savepoint(savepoint: CompletedCheckpoint, dest: str | Path) -> Complete
     Returns:
         the savepoint at its new place.
 
+    A savepoint moved out of checkpoint storage keeps its id reserved there (in its run's
+    record): no later run of the job reuses it.
+
     Raises:
         CheckpointError: if it is not self-contained or ``dest`` is not empty.
         OSError: if moving fails (the original stays).
@@ -96,6 +102,7 @@ def move_savepoint(savepoint: CompletedCheckpoint, dest: str | Path) -> Complete
     target = Path(dest)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise CheckpointError(f"savepoint target {target} exists and is not an empty directory")
+    _reserve_id(savepoint)
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.replace(savepoint.path, target)
@@ -111,6 +118,22 @@ def move_savepoint(savepoint: CompletedCheckpoint, dest: str | Path) -> Complete
         shutil.rmtree(savepoint.path, ignore_errors=True)
     fsync_dir(target.parent)
     return CompletedCheckpoint(savepoint.checkpoint_id, target, savepoint.metadata)
+
+
+def _reserve_id(savepoint: CompletedCheckpoint) -> None:
+    """Before a savepoint leaves the ``chk-<n>`` directory of a job's checkpoint storage,
+    record its id in the record of the run that took it: ids never repeat within a
+    checkpoint directory, and the next run would otherwise see ``n`` as free.
+
+    Raises:
+        CheckpointError: if the run that took it has no record there.
+        OSError: if the record cannot be written (the savepoint is not moved then).
+    """
+    path, run_id = savepoint.path, savepoint.metadata.get("run_id")
+    if not _CHK.match(path.name) or run_id is None:
+        return  # not in checkpoint storage (already moved, or exported)
+    storage = CheckpointStorage(path.parent.parent, path.parent.name)
+    storage.reserve_savepoint(str(run_id), savepoint.checkpoint_id)
 
 
 def export_savepoint(checkpoint: CompletedCheckpoint, dest: str | Path) -> CompletedCheckpoint:

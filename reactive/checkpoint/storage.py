@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigurationError, CorruptCheckpointError, RestoreError
+from ..errors import CheckpointError, ConfigurationError, CorruptCheckpointError, RestoreError
 from .durable_files import fsync_dir, verify_file, write_atomic
 from .metadata import (
     KEY_ENV,
@@ -124,12 +124,14 @@ class CheckpointStorage:
     def latest_id(self, include_runs: bool = True) -> int:
         """Highest checkpoint id used in the directory (0 when none): of every ``chk-<n>``,
         completed or not, and (``include_runs``) of the first ids runs reserved when they
-        started."""
+        started and of the savepoints they moved out of the directory."""
         dirs = self._dirs()
         used = dirs[-1][0] if dirs else 0
         if not include_runs:
             return used
-        return max([used, *(int(r["first_checkpoint_id"]) for r in self.runs())])
+        runs = self.runs()
+        return max([used, *(int(r["first_checkpoint_id"]) for r in runs),
+                    *(int(n) for r in runs for n in r.get("savepoints", []))])
 
     # ------------------------------------------------------------------ runs
     @property
@@ -167,6 +169,27 @@ class CheckpointStorage:
         for f, _ in self._run_files()[:-keep]:
             # the file listed, not a name from its content: a record is input
             unlink_under(self.runs_dir, f.name, "run records")
+
+    def reserve_savepoint(self, run_id: str, checkpoint_id: int) -> None:
+        """Record in run ``run_id``'s record that savepoint ``checkpoint_id`` leaves the
+        directory (it is moved elsewhere): its id stays used, so no later run repeats it,
+        and the pending transactions it lists stay (see :meth:`highest_completed_id`).
+
+        Raises:
+            CheckpointError: if the run has no record.
+            UnsafePathError: if ``_runs`` is a symbolic link.
+            OSError: if the record cannot be written.
+        """
+        check_id(run_id, "run id")
+        for _, rec in self._run_files():
+            if rec["run_id"] == run_id:
+                body = {k: v for k, v in rec.items() if k != "hmac-sha256"}
+                body["savepoints"] = sorted({*body.get("savepoints", []), checkpoint_id})
+                self._write_run(body)
+                return
+        raise CheckpointError(f"run {run_id} has no record in {self.runs_dir}: cannot reserve "
+                              f"the id of savepoint {checkpoint_id} before it leaves the "
+                              "directory")
 
     def _write_run(self, body: dict[str, Any]) -> None:
         check_real_dir(self.job_dir, "_runs")
