@@ -375,7 +375,9 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
 
     def abort_lingering(self, restored_checkpoint_id: int | None) -> None:
         """Remove this subtask's in-progress files, and its pending files of checkpoints after
-        ``restored_checkpoint_id`` (all of them on a fresh start).
+        ``restored_checkpoint_id`` that never completed: those above
+        ``highest_completed_checkpoint_id`` too (a savepoint's, or a retained checkpoint's,
+        stays until a restore of it commits it).
 
         Files of subtasks that no longer exist (``k >= parallelism``) are handled by subtask
         ``k % parallelism``, so every name prefix has exactly one owner and no instance
@@ -402,6 +404,9 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
                     "CommittingFileSink to add this run's output on purpose"
                 )
         self.directory.mkdir(parents=True, exist_ok=True)
+        # pending files a retained checkpoint or a savepoint may list stay: restoring that
+        # checkpoint or savepoint commits them
+        keep = max(restored_checkpoint_id or 0, self.highest_completed_checkpoint_id)
         removed = 0
         with os.scandir(self.directory) as it:
             for entry in it:
@@ -410,8 +415,7 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
                     continue
                 if int(m.group(1)) % self.parallelism != self.subtask:
                     continue
-                if m.group(4) == "pending" and restored_checkpoint_id is not None \
-                        and int(m.group(2)) <= restored_checkpoint_id:
+                if m.group(4) == "pending" and int(m.group(2)) <= keep:
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)

@@ -133,6 +133,18 @@ class CheckpointStorage:
         return max([used, *(int(r["first_checkpoint_id"]) for r in runs),
                     *(int(n) for r in runs for n in r.get("savepoints", []))])
 
+    def highest_completed_id(self) -> int:
+        """Highest id of a checkpoint or savepoint that completed in this directory (0 when
+        none): of every ``chk-<n>`` with ``_metadata`` (any run, savepoints kept here
+        included) and of the savepoints runs moved out of it.
+
+        A two-phase-commit transaction pre-committed for an id up to it may still be listed
+        by a retained checkpoint or a savepoint; one above it never completed anywhere.
+        """
+        done = [n for n, p in self._dirs() if (p / METADATA).exists()]
+        return max([0, *done,
+                    *(int(n) for r in self.runs() for n in r.get("savepoints", []))])
+
     # ------------------------------------------------------------------ runs
     @property
     def runs_dir(self) -> Path:

@@ -55,6 +55,7 @@ from ..errors import (
 )
 from ..sinks import Sink
 from ..state.backend import StateBackend
+from ..two_phase_commit import TwoPhaseCommitSink
 from .directory_lock import DirectoryLock
 from .execution_graph import ExecutionGraph, validate
 from .metrics import JobMetrics
@@ -620,6 +621,13 @@ class Job:
         if restore is not None:
             assignment = StateAssignmentOperation(restore, flow.max_parallelism, uids,
                                          options.allow_non_restored_state)
+        if self.storage is not None:
+            # pending transactions of retained checkpoints and savepoints stay (see
+            # TwoPhaseCommitSink.abort_lingering): the sinks learn which before they start
+            bound = await in_thread(self.storage.highest_completed_id)
+            for t in flow.transformations:
+                if isinstance(t.sink, TwoPhaseCommitSink):
+                    t.sink.highest_completed_checkpoint_id = bound
         coordinator: CheckpointCoordinator | None = None
         if config is not None and self.storage is not None:
             # read in worker threads: the retained checkpoints' metadata and the directory
