@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from reactive.checkpoint.durable_files import fsync_dir
+from reactive.checkpoint.durable_files import fsync_dir, make_dirs
 from reactive.errors import CheckpointError, ConfigurationError, ReactiveError
 from reactive.extras import require
 from reactive.sinks import SinkWriter
@@ -403,7 +403,7 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
                     "(resume=True, CLI --resume), delete them, or pass mode='append' to "
                     "CommittingFileSink to add this run's output on purpose"
                 )
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.directory)  # durable: committed parts live in it
         # pending files a retained checkpoint or a savepoint may list stay: restoring that
         # checkpoint or savepoint commits them
         keep = max(restored_checkpoint_id or 0, self.highest_completed_checkpoint_id)

@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import CorruptCheckpointError
 from .paths import resolve_under
 
-__all__ = ["fsync_dir", "resolve_under", "verify_file", "write_atomic"]
+__all__ = ["fsync_dir", "fsync_tree", "make_dirs", "resolve_under", "verify_file", "write_atomic"]
 
 _CHUNK = 1 << 20
 
@@ -31,13 +31,47 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def make_dirs(path: Path) -> None:
+    """Create ``path`` and its missing parents, each made durable in its parent (an fsync of
+    the parent after each ``mkdir``): a directory that a completed checkpoint, a savepoint or
+    committed output lives in must not vanish in a power loss."""
+    missing = []
+    d = path
+    while not d.is_dir():
+        missing.append(d)
+        if d.parent == d:
+            break
+        d = d.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            if not d.is_dir():
+                raise
+            continue
+        fsync_dir(d.parent)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root`` (and ``root``): what a copy made
+    before it is renamed into place or referenced by metadata."""
+    for top, _subdirs, files in os.walk(root, followlinks=False):
+        for name in files:
+            fd = os.open(os.path.join(top, name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(top))
+
+
 def write_atomic(path: Path, chunks: Iterable[bytes]) -> tuple[int, str]:
     """Write ``chunks`` to ``path`` atomically (temp file, fsync, rename).
 
     Returns:
         (size in bytes, sha256 hex digest) of the written file.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     tmp = path.with_name("." + path.name + ".tmp")
     h = hashlib.sha256()
     size = 0

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
-from .durable_files import fsync_dir, resolve_under, verify_file
+from .durable_files import fsync_dir, fsync_tree, make_dirs, resolve_under, verify_file
 from .metadata import CompletedCheckpoint, iter_file_refs, write_metadata
 from .storage import CheckpointStorage
 
@@ -103,7 +103,7 @@ def move_savepoint(savepoint: CompletedCheckpoint, dest: str | Path) -> Complete
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise CheckpointError(f"savepoint target {target} exists and is not an empty directory")
     _reserve_id(savepoint)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(target.parent)
     try:
         os.replace(savepoint.path, target)
     except OSError:  # another filesystem (EXDEV) or an existing empty dir on some systems
@@ -114,6 +114,7 @@ def move_savepoint(savepoint: CompletedCheckpoint, dest: str | Path) -> Complete
         shutil.copytree(savepoint.path, tmp)
         for ref in iter_file_refs(savepoint.metadata):
             verify_file(tmp, ref)
+        fsync_tree(tmp)  # the copy is durable before its name is
         os.replace(tmp, target)
         shutil.rmtree(savepoint.path, ignore_errors=True)
     fsync_dir(target.parent)
@@ -161,6 +162,7 @@ def export_savepoint(checkpoint: CompletedCheckpoint, dest: str | Path) -> Compl
     prefix = checkpoint.path.relative_to(checkpoint.job_dir).as_posix() + "/" \
         if not checkpoint.metadata.get("self_contained") else ""
     mapping: dict[str, str] = {}
+    make_dirs(target)
     for ref in iter_file_refs(checkpoint.metadata):
         verify_file(checkpoint.job_dir, ref)
         old = ref["path"]
@@ -180,5 +182,6 @@ def export_savepoint(checkpoint: CompletedCheckpoint, dest: str | Path) -> Compl
     body["kind"] = "savepoint"
     body["self_contained"] = True
     body.pop("format", None)
+    fsync_tree(target)  # every copied file and directory, before the metadata names them
     write_metadata(target, body)
     return CheckpointStorage.load(target)

@@ -86,8 +86,24 @@ class CheckpointStorage:
             the checkpoint directory.
         """
         chk = self.checkpoint_dir(checkpoint_id)
+        self._sync_dirs(chk, body)
         write_metadata(chk, body)
         return chk
+
+    def _sync_dirs(self, chk: Path, body: dict[str, Any]) -> None:
+        """fsync every directory whose entries the checkpoint depends on, before its
+        metadata: each referenced file's directory and theirs up to the job directory, the
+        job directory (``chk-<n>``, ``shared/``) and the storage root (the job directory).
+        A file's own fsync does not make its name durable; without these a power loss can
+        take a completed checkpoint's files (or ``chk-<n>`` itself) away."""
+        dirs = {self.root, self.job_dir, chk}
+        for ref in iter_file_refs(body):
+            d = (self.job_dir / ref["path"]).parent
+            while d != self.job_dir and d.is_relative_to(self.job_dir):
+                dirs.add(d)
+                d = d.parent
+        for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):  # deepest first
+            fsync_dir(d)
 
     def checkpoint_dirs(self) -> list[tuple[int, Path]]:
         """Every ``chk-<n>`` directory, completed or not, as ``(n, path)``, oldest first."""

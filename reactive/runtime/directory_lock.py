@@ -23,7 +23,7 @@ import os
 import socket
 from pathlib import Path
 
-from ..checkpoint.durable_files import fsync_dir
+from ..checkpoint.durable_files import make_dirs
 from ..errors import ConfigurationError
 
 __all__ = ["DirectoryLock", "DirectoryLockedError"]
@@ -78,7 +78,7 @@ class DirectoryLock:
         """
         if fcntl is None or self._fd is not None:
             return
-        _make_dirs(self.directory)
+        make_dirs(self.directory)
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         fd = os.open(self.path, flags, 0o644)
         try:
@@ -123,18 +123,3 @@ def _read_holder(fd: int) -> dict[str, object]:
     except (OSError, ValueError):
         return {}
     return holder if isinstance(holder, dict) else {}
-
-
-def _make_dirs(directory: Path) -> None:
-    """Create ``directory`` and its missing parents, each made durable in its parent."""
-    missing = []
-    d = directory
-    while not d.exists():
-        missing.append(d)
-        d = d.parent
-    for d in reversed(missing):
-        try:
-            d.mkdir()
-        except FileExistsError:
-            continue
-        fsync_dir(d.parent)
