@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from reactive import CheckpointConfig, CheckpointStorage, Dataflow, PushSource, RestartStrategy
 from reactive.connectors.files import CommittingFileSink
+from reactive.errors import JobFailedError
 
 
 def _flow(source: PushSource, out: Path) -> Dataflow:
@@ -86,3 +89,37 @@ async def test_a_savepoint_stays_restorable_after_a_failover(tmp_path):
     await flow(later).run(checkpoints=config, restore_from=savepoint.path)
     assert _committed(out, f"part-0-{savepoint.checkpoint_id}.jsonl") == list(range(10, 20))
     assert not pending.exists()
+
+
+async def test_a_savepoint_without_its_pending_files_fails_saying_so(tmp_path):
+    out = tmp_path / "out"
+    seen = asyncio.Event()
+
+    def step(x: int) -> int:
+        if x == 4:
+            seen.set()
+        return x
+
+    def flow(source: PushSource) -> Dataflow:
+        f = Dataflow("spmove", parallelism=1)
+        f.source(source).uid("src").map(step).uid("m").sink(CommittingFileSink(out)).uid("out")
+        return f
+
+    config = CheckpointConfig(interval=None, directory=tmp_path / "chk")
+    source = PushSource()
+    job = await flow(source).start(checkpoints=config)
+    for i in range(5):
+        await source.send(i)
+    await seen.wait()
+    savepoint = await job.savepoint(tmp_path / "sp")
+    await job.cancel()
+    # moved to another machine without the sink's pending part file
+    (out / f".part-0-{savepoint.checkpoint_id}.jsonl.pending").unlink()
+    later = PushSource()
+    later.close()
+    with pytest.raises(JobFailedError) as info:
+        await flow(later).run(checkpoints=config, restore_from=savepoint.path,
+                              restart=RestartStrategy.none())
+    message = str(info.value.__cause__)
+    assert f"records of checkpoint {savepoint.checkpoint_id}" in message
+    assert "savepoint restored on another machine needs the pending part files" in message

@@ -305,7 +305,9 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
                 raise FileNotFoundError(
                     f"cannot commit {dst}: neither it nor its pending file {src} exists, so "
                     f"the records of checkpoint {txn.checkpoint_id} of subtask {txn.subtask} "
-                    "are lost (were files removed from the directory?)"
+                    "are lost (were files removed from the directory? A savepoint restored "
+                    "on another machine needs the pending part files it lists copied into "
+                    "this directory)"
                 ) from None
             return
         try:
