@@ -92,8 +92,9 @@ class CheckpointStorage:
 
     def _sync_dirs(self, chk: Path, body: dict[str, Any]) -> None:
         """fsync every directory whose entries the checkpoint depends on, before its
-        metadata: each referenced file's directory and theirs up to the job directory, the
-        job directory (``chk-<n>``, ``shared/``) and the storage root (the job directory).
+        metadata: each referenced file's directory and its parents up to the job directory,
+        the job directory (its entries ``chk-<n>``, ``shared/``) and the storage root (its
+        entry for the job directory).
         A file's own fsync does not make its name durable; without these a power loss can
         take a completed checkpoint's files (or ``chk-<n>`` itself) away."""
         dirs = {self.root, self.job_dir, chk}
@@ -249,6 +250,8 @@ class CheckpointStorage:
             try:
                 rec = json.loads(f.read_text())
                 int(rec["first_checkpoint_id"])
+                for n in rec.get("savepoints", []):  # ids of savepoints moved out
+                    int(n)
                 if check_id(rec["run_id"], f"run record {f}") != f.stem:
                     raise UnsafePathError(f"run record {f} names run {rec['run_id']!r}, not "
                                           f"{f.stem!r}")
