@@ -9,7 +9,8 @@ checkpoint again. Exactly-once sinks use the two-phase-commit hooks: ``snapshot_
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = ["Sink", "SinkWriter"]
@@ -66,3 +67,9 @@ class Sink(ABC):
     @abstractmethod
     def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
         """Create the writer of instance ``subtask`` of ``parallelism``."""
+
+    def exclusive_directories(self) -> Sequence[Path]:
+        """Directories this sink owns while a run uses it: the runtime locks each one for
+        the run's lifetime (``reactive.runtime.directory_lock``), so a second process
+        writing there fails at start. The default is none."""
+        return ()

@@ -75,11 +75,18 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT]):
     Attributes:
         subtask: index of this instance (set on the per-instance copy).
         parallelism: number of instances (set on the per-instance copy).
+        highest_completed_checkpoint_id: the highest id of a checkpoint or savepoint that
+            completed in the job's checkpoint directory, set by the runtime before each
+            attempt (0 without checkpoint storage). A transaction pre-committed for an id up
+            to it may still be listed by a retained checkpoint or a savepoint (an
+            intermediate savepoint pre-commits and commits nothing): ``abort_lingering``
+            keeps those.
     """
 
     subtask: int = 0
     parallelism: int = 1
     exactly_once = True
+    highest_completed_checkpoint_id: int = 0
 
     # ------------------------------------------------------------------ the protocol
     @abstractmethod
@@ -128,8 +135,11 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT]):
         Called once per instance before its first transaction: after the restored pending
         transactions were committed, or at a fresh start (``restored_checkpoint_id`` None).
         Lingering are transactions begun before a crash, and those pre-committed for a
-        checkpoint with an id above ``restored_checkpoint_id`` (it never completed). The
-        default does nothing (for systems whose transactions expire by themselves).
+        checkpoint with an id above both ``restored_checkpoint_id`` and
+        :attr:`highest_completed_checkpoint_id` (it never completed: one at or below the
+        latter may be listed by a retained checkpoint or a savepoint, which a later restore
+        commits, so it must stay). The default does nothing (for systems whose transactions
+        expire by themselves).
 
         Args:
             restored_checkpoint_id: the checkpoint restored, or None on a fresh start.

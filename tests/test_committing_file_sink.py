@@ -49,6 +49,9 @@ def expected_output(words: Iterable[str]) -> collections.Counter[tuple[str, int]
     return collections.Counter((w, i) for w, c in counts.items() for i in range(1, c + 1))
 
 
+LOCK = ".reactive-lock"  # the run's lock of the directory (reactive.runtime.directory_lock)
+
+
 def committed_records(directory: Path) -> collections.Counter[tuple[Any, ...]]:
     """Every record of every committed part file (a multiset, so duplicates show)."""
     out: collections.Counter[tuple[Any, ...]] = collections.Counter()
@@ -66,7 +69,9 @@ def committed_records(directory: Path) -> collections.Counter[tuple[Any, ...]]:
 
 
 def hidden_files(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+    """Hidden files left in the sink's directory, but for the run's lock."""
+    return sorted(p.name for p in directory.iterdir()
+                  if p.name.startswith(".") and p.name != LOCK)
 
 
 def kill_schedule(seed: int) -> list[str]:
@@ -117,10 +122,12 @@ def test_sigkill_at_random_moments_commits_every_record_once(tmp_path, fmt, seed
     assert codes.count(-signal.SIGKILL) == len(kills) >= 4
     assert committed_records(out) == expected_output(pipeline.words(RECORDS))
     assert hidden_files(out) == []
-    names = [p.name for p in out.iterdir()]
+    names = [p.name for p in out.iterdir() if p.name != LOCK]
     assert names and all(_PART.match(n) and n.endswith("." + fmt) for n in names)
     if fmt == "parquet":
         for p in out.iterdir():
+            if p.name == LOCK:
+                continue
             assert pq.read_schema(p).equals(pipeline.schema())
 
 
@@ -177,7 +184,7 @@ async def test_lingering_files_are_removed_and_other_files_kept(tmp_path):
         (out / name).write_text("stale\n")
     await _flow(CommittingFileSink(out), 2).run(
         checkpoints=CheckpointConfig(interval=0.05, directory=tmp_path / "chk"))
-    assert sorted(n for n in os.listdir(out) if not _PART.match(n)) == sorted(kept)
+    assert sorted(n for n in os.listdir(out) if not _PART.match(n) and n != LOCK) == sorted(kept)
     assert committed_records(out) == expected_output(WORDS)
 
 
@@ -185,7 +192,7 @@ async def test_without_checkpoints_end_of_input_commits(tmp_path):
     out = tmp_path / "out"
     await _flow(CommittingFileSink(out), 2).run()
     assert committed_records(out) == expected_output(WORDS)
-    assert sorted(os.listdir(out)) == ["part-0-1.jsonl", "part-1-1.jsonl"]
+    assert sorted(n for n in os.listdir(out) if n != LOCK) == ["part-0-1.jsonl", "part-1-1.jsonl"]
 
 
 async def test_parquet_is_readable_with_the_declared_schema(tmp_path):
@@ -193,7 +200,7 @@ async def test_parquet_is_readable_with_the_declared_schema(tmp_path):
     schema = pa.schema([pa.field("word", pa.string(), nullable=False), ("count", pa.int32())])
     sink = CommittingFileSink(out, format="parquet", schema=schema, row_group_size=1000)
     await _flow(sink, 2).run(checkpoints=CheckpointConfig(interval=0.05, directory=tmp_path))
-    files = sorted(out.iterdir())
+    files = sorted(f for f in out.iterdir() if f.name != LOCK)
     assert files and all(f.suffix == ".parquet" for f in files)
     for f in files:
         assert pq.read_schema(f).equals(schema)

@@ -267,9 +267,9 @@ async def test_shared_files_are_deleted_exactly_when_unreferenced(tmp_path: Path
         ever_referenced |= live
         # exactly the files retained checkpoints reference remain (no temporary files)
         assert files_under(job_dir / "shared", job_dir) == live
-        # (and the records of the runs, which say where each run started)
+        # (and the records of the runs, which say where each run started, and the lock)
         assert {p.name for p in job_dir.iterdir()} == {
-            "shared", "_runs", *(c.path.name for c in retained)}
+            "shared", "_runs", "_lock", *(c.path.name for c in retained)}
     # compaction replaced files during the run, and those files were deleted
     assert dropped
     assert not (dropped - live) & files_under(job_dir / "shared", job_dir)

@@ -15,6 +15,7 @@ from typing import Any
 
 from rocksdict import AccessType, BlockBasedOptions, Options, Rdict, WriteOptions
 
+from reactive.checkpoint.paths import check_name, resolve_under
 from reactive.errors import RestoreError
 
 __all__ = [
@@ -118,11 +119,16 @@ def materialize(handle: dict[str, Any], job_dir: Path, dest: Path) -> None:
 
     Raises:
         RestoreError: if a file is missing or unreadable.
+        UnsafePathError: if a ``db_files`` name is not a plain file name, or its path leaves
+            ``job_dir``.
     """
     dest.mkdir(parents=True)
     try:
         for name, rel in handle["db_files"].items():
-            src = job_dir / rel
+            # names and paths come from the (possibly crafted) metadata: a RocksDB file name
+            # is one component, its path stays under the job directory
+            check_name(name, f"RocksDB snapshot handle (db_files of {job_dir})")
+            src = resolve_under(job_dir, rel, "RocksDB snapshot handle (db_files)")
             if name.endswith(".sst"):
                 _link_or_copy(src, dest / name)
             else:

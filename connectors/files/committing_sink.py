@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from reactive.checkpoint.durable_files import fsync_dir
+from reactive.checkpoint.durable_files import fsync_dir, make_dirs
 from reactive.errors import CheckpointError, ConfigurationError, ReactiveError
 from reactive.extras import require
 from reactive.sinks import SinkWriter
@@ -124,6 +124,7 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
     one of them.
 
     ``directory`` belongs to this sink: do not point two sinks (or two jobs) at it. A run
+    locks it (``.reactive-lock``) from start to end, so a second process fails at start. A run
     that starts fresh (nothing restored for this sink) into a directory that already holds
     committed parts fails at once in mode ``"error"`` (its output would be added to theirs,
     doubling records that both runs produce); mode ``"append"`` adds it on purpose.
@@ -181,6 +182,11 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
         # committed parts found when this instance was created (None: not created by
         # create_writer; abort_lingering then looks at the directory itself)
         self._parts_at_start: list[str] | None = None
+
+    def exclusive_directories(self) -> list[Path]:
+        """The committed directory: one run at a time commits into it (the runtime locks it
+        for the run's lifetime, see ``reactive.runtime.directory_lock``)."""
+        return [self.directory]
 
     def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
         """Create instance ``subtask`` of ``parallelism``, noting the committed parts the
@@ -317,7 +323,9 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
                 raise FileNotFoundError(
                     f"cannot commit {dst}: neither it nor its pending file {src} exists, so "
                     f"the records of checkpoint {txn.checkpoint_id} of subtask {txn.subtask} "
-                    "are lost (were files removed from the directory?)"
+                    "are lost (were files removed from the directory? A savepoint restored "
+                    "on another machine needs the pending part files it lists copied into "
+                    "this directory)"
                 ) from None
             return
         try:
@@ -387,7 +395,9 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
 
     def abort_lingering(self, restored_checkpoint_id: int | None) -> None:
         """Remove this subtask's in-progress files, and its pending files of checkpoints after
-        ``restored_checkpoint_id`` (all of them on a fresh start).
+        ``restored_checkpoint_id`` that never completed: those above
+        ``highest_completed_checkpoint_id`` too (a savepoint's, or a retained checkpoint's,
+        stays until a restore of it commits it).
 
         Files of subtasks that no longer exist (``k >= parallelism``) are handled by subtask
         ``k % parallelism``, so every name prefix has exactly one owner and no instance
@@ -413,7 +423,10 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
                     "(resume=True, CLI --resume), delete them, or pass mode='append' to "
                     "CommittingFileSink to add this run's output on purpose"
                 )
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.directory)  # durable: committed parts live in it
+        # pending files a retained checkpoint or a savepoint may list stay: restoring that
+        # checkpoint or savepoint commits them
+        keep = max(restored_checkpoint_id or 0, self.highest_completed_checkpoint_id)
         removed = 0
         with os.scandir(self.directory) as it:
             for entry in it:
@@ -422,8 +435,7 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
                     continue
                 if int(m.group(1)) % self.parallelism != self.subtask:
                     continue
-                if m.group(4) == "pending" and restored_checkpoint_id is not None \
-                        and int(m.group(2)) <= restored_checkpoint_id:
+                if m.group(4) == "pending" and int(m.group(2)) <= keep:
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)

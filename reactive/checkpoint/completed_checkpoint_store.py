@@ -24,14 +24,15 @@ later pass), never a "completed" checkpoint with files missing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import os
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .metadata import METADATA, CompletedCheckpoint, shared_paths
 from .off_loop import chunks, in_thread
+from .paths import UnsafePathError, check_real_dir, unlink_under
 from .shared_state_registry import SharedStateRegistry
 from .storage import CheckpointStorage
 
@@ -54,8 +55,8 @@ def remove_checkpoint_dir(path: Path) -> None:
     Without the manifest the directory is an incomplete checkpoint: a crash before the rest
     is gone leaves nothing that looks restorable but lacks files.
     """
-    with contextlib.suppress(FileNotFoundError):
-        (path / METADATA).unlink()
+    # through the job directory without following links; rmtree never follows them either
+    unlink_under(path.parent, f"{path.name}/{METADATA}", "retention")
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -113,6 +114,7 @@ class CompletedCheckpointStore:
 
         Raises:
             OSError: if ``shared/`` cannot be walked.
+            UnsafePathError: if ``shared/`` is a symbolic link (nothing is deleted).
         """
         async with self._pass:
             if self.in_flight():
@@ -126,11 +128,16 @@ class CompletedCheckpointStore:
     def _list_shared(self) -> list[str] | None:
         """Blocking: every file under ``shared/`` (relative to the job directory), or None
         when ``shared/`` is missing or a checkpoint is in flight on disk."""
-        shared = self.storage.shared_dir
+        job_dir = self.storage.job_dir
+        # a linked shared/ would make its target's files look like orphans
+        shared = check_real_dir(job_dir, "shared")
         if not shared.is_dir() or self._in_flight_on_disk():
             return None
-        job_dir = self.storage.job_dir
-        return [f.relative_to(job_dir).as_posix() for f in shared.rglob("*") if f.is_file()]
+        out: list[str] = []
+        for top, _subdirs, files in os.walk(shared, followlinks=False):
+            rel = Path(top).relative_to(job_dir).as_posix()
+            out.extend(f"{rel}/{name}" for name in files)
+        return out
 
     async def add(self, checkpoint: CompletedCheckpoint) -> list[int]:
         """Register a checkpoint that just completed and subsume what retention drops.
@@ -212,5 +219,8 @@ class CompletedCheckpointStore:
         if self._in_flight_on_disk():
             return -1
         for rel in paths:
-            Path(self.storage.job_dir / rel).unlink(missing_ok=True)
+            try:
+                unlink_under(self.storage.job_dir, rel, "retention")
+            except UnsafePathError as exc:
+                log.warning("not deleting shared file %r: %s", rel, exc)
         return len(paths)

@@ -1,5 +1,5 @@
 """Durable, checksummed files for checkpoints: atomic writes (temp file, fsync, rename),
-directory fsync, sha256 verification, and resolving metadata paths without leaving their root."""
+directory fsync, sha256 verification (paths resolved under their root by :mod:`.paths`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptCheckpointError
+from .paths import resolve_under
 
-__all__ = ["fsync_dir", "resolve_under", "verify_file", "write_atomic"]
+__all__ = ["fsync_dir", "fsync_tree", "make_dirs", "resolve_under", "verify_file", "write_atomic"]
 
 _CHUNK = 1 << 20
 
@@ -30,13 +31,47 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def make_dirs(path: Path) -> None:
+    """Create ``path`` and its missing parents, each made durable in its parent (an fsync of
+    the parent after each ``mkdir``): a directory that a completed checkpoint, a savepoint or
+    committed output lives in must not vanish in a power loss."""
+    missing = []
+    d = path
+    while not d.is_dir():
+        missing.append(d)
+        if d.parent == d:
+            break
+        d = d.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            if not d.is_dir():
+                raise
+            continue
+        fsync_dir(d.parent)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root`` (and ``root``): what a copy made
+    before it is renamed into place or referenced by metadata."""
+    for top, _subdirs, files in os.walk(root, followlinks=False):
+        for name in files:
+            fd = os.open(os.path.join(top, name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(top))
+
+
 def write_atomic(path: Path, chunks: Iterable[bytes]) -> tuple[int, str]:
     """Write ``chunks`` to ``path`` atomically (temp file, fsync, rename).
 
     Returns:
         (size in bytes, sha256 hex digest) of the written file.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     tmp = path.with_name("." + path.name + ".tmp")
     h = hashlib.sha256()
     size = 0
@@ -49,38 +84,6 @@ def write_atomic(path: Path, chunks: Iterable[bytes]) -> tuple[int, str]:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return size, h.hexdigest()
-
-
-def resolve_under(root: Path, relative: Any) -> Path:
-    """Join a path read from checkpoint metadata to its root, refusing any escape.
-
-    Metadata is input: a crafted or damaged ``_metadata`` could name ``../../x`` or an
-    absolute path, and restoring, exporting or moving it would then read or write outside
-    the checkpoint. Every path a handle holds is relative to its root (the job directory,
-    or a self-contained savepoint's own directory) and must stay under it.
-
-    Args:
-        root: the directory the path is relative to.
-        relative: the path as stored (a POSIX-style relative ``str``).
-
-    Returns:
-        ``root / relative``.
-
-    Raises:
-        CorruptCheckpointError: when ``relative`` is not a relative path string, or
-            resolves (following ``..`` and symbolic links) outside ``root``.
-    """
-    if not isinstance(relative, str) or not relative or relative.startswith(("/", "\\")) \
-            or ".." in relative.replace("\\", "/").split("/"):
-        raise CorruptCheckpointError(f"checkpoint metadata names the path {relative!r}, which "
-                                     f"may lead outside {root}: only relative paths without "
-                                     "'..' are allowed")
-    path = root / relative
-    base = root.resolve()
-    if not path.resolve().is_relative_to(base):
-        raise CorruptCheckpointError(f"checkpoint metadata names the path {relative!r}, which "
-                                     f"leads outside {root}: refusing to use it")
-    return path
 
 
 def verify_file(job_dir: Path, ref: dict[str, Any]) -> None:

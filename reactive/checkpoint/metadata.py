@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptCheckpointError, RestoreError
-from .durable_files import fsync_dir, resolve_under, write_atomic
+from .durable_files import fsync_dir, write_atomic
+from .paths import UnsafePathError, resolve_under
 
 __all__ = [
     "FORMAT_VERSION",
@@ -37,6 +38,8 @@ __all__ = [
     "iter_file_refs",
     "read_metadata",
     "shared_paths",
+    "signature",
+    "signing_key",
     "write_metadata",
 ]
 
@@ -47,7 +50,9 @@ KEY_ENV = "REACTIVE_CHECKPOINT_KEY"
 """Environment variable holding the key that signs and checks checkpoint metadata."""
 
 
-def _signing_key() -> bytes | None:
+def signing_key() -> bytes | None:
+    """The key in ``REACTIVE_CHECKPOINT_KEY`` (None when unset): what signs and checks the
+    metadata and the run records of checkpoint storage."""
     value = os.environ.get(KEY_ENV)
     return value.encode() if value else None
 
@@ -93,6 +98,16 @@ def iter_file_refs(metadata: dict[str, Any]) -> Iterator[dict[str, Any]]:
                     yield from handle.get("files", [])
 
 
+def _shared_refs(metadata: dict[str, Any]) -> Iterator[Any]:
+    for op in metadata.get("operators", {}).values():
+        for sub in op.get("subtasks", {}).values():
+            handle = sub.get("keyed_state")
+            if handle:
+                for key in ("shared", "shared_reused"):
+                    for ref in handle.get(key, []):
+                        yield ref.get("path") if isinstance(ref, dict) else ref
+
+
 def shared_paths(metadata: dict[str, Any]) -> set[str]:
     """The paths under ``shared/`` that a checkpoint's keyed-state handles reference."""
     out: set[str] = set()
@@ -104,7 +119,8 @@ def shared_paths(metadata: dict[str, Any]) -> set[str]:
     return out
 
 
-def _signature(key: bytes, body: dict[str, Any]) -> str:
+def signature(key: bytes, body: dict[str, Any]) -> str:
+    """HMAC-SHA256 (hex) of ``body`` in canonical JSON under ``key``."""
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     return hmac.new(key, canonical, hashlib.sha256).hexdigest()
 
@@ -137,14 +153,14 @@ def read_metadata(checkpoint_dir: Path) -> dict[str, Any]:
         raise CorruptCheckpointError(f"{path} is not valid checkpoint metadata: {exc}") from exc
     if not isinstance(body, dict) or _checksum(body) != checksum:
         raise CorruptCheckpointError(f"{path} fails its checksum")
-    key = _signing_key()
+    key = signing_key()
     if key is not None:
-        signature = doc.get("hmac-sha256")
-        if not isinstance(signature, str):
+        signed = doc.get("hmac-sha256")
+        if not isinstance(signed, str):
             raise CorruptCheckpointError(
                 f"{path} is not signed, but {KEY_ENV} is set: only signed checkpoints are "
                 f"restored (unset {KEY_ENV} to trust unsigned ones)")
-        if not hmac.compare_digest(signature, _signature(key, body)):
+        if not hmac.compare_digest(signed, signature(key, body)):
             raise CorruptCheckpointError(f"{path} fails its signature check under the key in "
                                          f"{KEY_ENV}: it was altered or signed with another key")
     if body.get("format") != FORMAT_VERSION:
@@ -153,7 +169,14 @@ def read_metadata(checkpoint_dir: Path) -> dict[str, Any]:
     root = checkpoint_dir if body.get("self_contained") else checkpoint_dir.parent
     for ref in iter_file_refs(body):
         # fail on a path that leaves the checkpoint before anyone joins it to a directory
-        resolve_under(root, ref.get("path"))
+        resolve_under(root, ref.get("path"), f"{path}")
+    for rel in _shared_refs(body):
+        # retention deletes these when no retained checkpoint lists them any more: each
+        # must name a file under shared/ of this job directory, and nothing else
+        if not isinstance(rel, str) or not rel.startswith("shared/"):
+            raise UnsafePathError(f"{path} lists the shared file {rel!r}, which is not under "
+                                  "shared/ of its job directory: refusing to use it")
+        resolve_under(root, rel, f"{path}")
     return body
 
 
@@ -162,8 +185,8 @@ def write_metadata(directory: Path, body: dict[str, Any]) -> None:
     set): the step that completes a checkpoint."""
     body = {"format": FORMAT_VERSION, **body}
     doc = {"body": body, "sha256": _checksum(body)}
-    key = _signing_key()
+    key = signing_key()
     if key is not None:
-        doc["hmac-sha256"] = _signature(key, body)
+        doc["hmac-sha256"] = signature(key, body)
     write_atomic(directory / METADATA, [json.dumps(doc, indent=1).encode()])
     fsync_dir(directory)

@@ -9,16 +9,19 @@ to ``restore_from``. Retention never deletes a checkpoint of kind ``savepoint``.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
-from .durable_files import fsync_dir, resolve_under, verify_file
+from .durable_files import fsync_dir, fsync_tree, make_dirs, resolve_under, verify_file
 from .metadata import CompletedCheckpoint, iter_file_refs, write_metadata
 from .storage import CheckpointStorage
 
 __all__ = ["export_savepoint", "move_savepoint", "rebase_savepoint_paths"]
+
+_CHK = re.compile(r"^chk-\d+$")
 
 
 def _rebase(value: Any, mapping: dict[str, str]) -> Any:
@@ -87,6 +90,9 @@ def move_savepoint(savepoint: CompletedCheckpoint, dest: str | Path) -> Complete
     Returns:
         the savepoint at its new place.
 
+    A savepoint moved out of checkpoint storage keeps its id reserved there (in its run's
+    record): no later run of the job reuses it.
+
     Raises:
         CheckpointError: if it is not self-contained or ``dest`` is not empty.
         OSError: if moving fails (the original stays).
@@ -96,7 +102,8 @@ def move_savepoint(savepoint: CompletedCheckpoint, dest: str | Path) -> Complete
     target = Path(dest)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise CheckpointError(f"savepoint target {target} exists and is not an empty directory")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    _reserve_id(savepoint)
+    make_dirs(target.parent)
     try:
         os.replace(savepoint.path, target)
     except OSError:  # another filesystem (EXDEV) or an existing empty dir on some systems
@@ -107,10 +114,27 @@ def move_savepoint(savepoint: CompletedCheckpoint, dest: str | Path) -> Complete
         shutil.copytree(savepoint.path, tmp)
         for ref in iter_file_refs(savepoint.metadata):
             verify_file(tmp, ref)
+        fsync_tree(tmp)  # the copy is durable before its name is
         os.replace(tmp, target)
         shutil.rmtree(savepoint.path, ignore_errors=True)
     fsync_dir(target.parent)
     return CompletedCheckpoint(savepoint.checkpoint_id, target, savepoint.metadata)
+
+
+def _reserve_id(savepoint: CompletedCheckpoint) -> None:
+    """Before a savepoint leaves the ``chk-<n>`` directory of a job's checkpoint storage,
+    record its id in the record of the run that took it: ids never repeat within a
+    checkpoint directory, and the next run would otherwise see ``n`` as free.
+
+    Raises:
+        CheckpointError: if the run that took it has no record there.
+        OSError: if the record cannot be written (the savepoint is not moved then).
+    """
+    path, run_id = savepoint.path, savepoint.metadata.get("run_id")
+    if not _CHK.match(path.name) or run_id is None:
+        return  # not in checkpoint storage (already moved, or exported)
+    storage = CheckpointStorage(path.parent.parent, path.parent.name)
+    storage.reserve_savepoint(str(run_id), savepoint.checkpoint_id)
 
 
 def export_savepoint(checkpoint: CompletedCheckpoint, dest: str | Path) -> CompletedCheckpoint:
@@ -138,6 +162,7 @@ def export_savepoint(checkpoint: CompletedCheckpoint, dest: str | Path) -> Compl
     prefix = checkpoint.path.relative_to(checkpoint.job_dir).as_posix() + "/" \
         if not checkpoint.metadata.get("self_contained") else ""
     mapping: dict[str, str] = {}
+    make_dirs(target)
     for ref in iter_file_refs(checkpoint.metadata):
         verify_file(checkpoint.job_dir, ref)
         old = ref["path"]
@@ -157,5 +182,6 @@ def export_savepoint(checkpoint: CompletedCheckpoint, dest: str | Path) -> Compl
     body["kind"] = "savepoint"
     body["self_contained"] = True
     body.pop("format", None)
+    fsync_tree(target)  # every copied file and directory, before the metadata names them
     write_metadata(target, body)
     return CheckpointStorage.load(target)

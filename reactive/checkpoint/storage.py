@@ -18,6 +18,7 @@ started from a savepoint elsewhere, or from the beginning of the input).
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import re
@@ -25,9 +26,19 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigurationError, CorruptCheckpointError, RestoreError
+from ..errors import CheckpointError, ConfigurationError, CorruptCheckpointError, RestoreError
 from .durable_files import fsync_dir, verify_file, write_atomic
-from .metadata import METADATA, CompletedCheckpoint, iter_file_refs, read_metadata, write_metadata
+from .metadata import (
+    KEY_ENV,
+    METADATA,
+    CompletedCheckpoint,
+    iter_file_refs,
+    read_metadata,
+    signature,
+    signing_key,
+    write_metadata,
+)
+from .paths import UnsafePathError, check_id, check_real_dir, unlink_under
 
 __all__ = ["CheckpointStorage", "validate_job_name"]
 
@@ -75,8 +86,25 @@ class CheckpointStorage:
             the checkpoint directory.
         """
         chk = self.checkpoint_dir(checkpoint_id)
+        self._sync_dirs(chk, body)
         write_metadata(chk, body)
         return chk
+
+    def _sync_dirs(self, chk: Path, body: dict[str, Any]) -> None:
+        """fsync every directory whose entries the checkpoint depends on, before its
+        metadata: each referenced file's directory and its parents up to the job directory,
+        the job directory (its entries ``chk-<n>``, ``shared/``) and the storage root (its
+        entry for the job directory).
+        A file's own fsync does not make its name durable; without these a power loss can
+        take a completed checkpoint's files (or ``chk-<n>`` itself) away."""
+        dirs = {self.root, self.job_dir, chk}
+        for ref in iter_file_refs(body):
+            d = (self.job_dir / ref["path"]).parent
+            while d != self.job_dir and d.is_relative_to(self.job_dir):
+                dirs.add(d)
+                d = d.parent
+        for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):  # deepest first
+            fsync_dir(d)
 
     def checkpoint_dirs(self) -> list[tuple[int, Path]]:
         """Every ``chk-<n>`` directory, completed or not, as ``(n, path)``, oldest first."""
@@ -88,7 +116,8 @@ class CheckpointStorage:
         out = []
         for p in self.job_dir.iterdir():
             m = _CHK.match(p.name)
-            if m and p.is_dir():
+            # a link named chk-<n> is no checkpoint of this directory: never followed
+            if m and p.is_dir() and not p.is_symlink():
                 out.append((int(m.group(1)), p))
         return sorted(out)
 
@@ -112,12 +141,26 @@ class CheckpointStorage:
     def latest_id(self, include_runs: bool = True) -> int:
         """Highest checkpoint id used in the directory (0 when none): of every ``chk-<n>``,
         completed or not, and (``include_runs``) of the first ids runs reserved when they
-        started."""
+        started and of the savepoints they moved out of the directory."""
         dirs = self._dirs()
         used = dirs[-1][0] if dirs else 0
         if not include_runs:
             return used
-        return max([used, *(int(r["first_checkpoint_id"]) for r in self.runs())])
+        runs = self.runs()
+        return max([used, *(int(r["first_checkpoint_id"]) for r in runs),
+                    *(int(n) for r in runs for n in r.get("savepoints", []))])
+
+    def highest_completed_id(self) -> int:
+        """Highest id of a checkpoint or savepoint that completed in this directory (0 when
+        none): of every ``chk-<n>`` with ``_metadata`` (any run, savepoints kept here
+        included) and of the savepoints runs moved out of it.
+
+        A two-phase-commit transaction pre-committed for an id up to it may still be listed
+        by a retained checkpoint or a savepoint; one above it never completed anywhere.
+        """
+        done = [n for n, p in self._dirs() if (p / METADATA).exists()]
+        return max([0, *done,
+                    *(int(n) for r in self.runs() for n in r.get("savepoints", []))])
 
     # ------------------------------------------------------------------ runs
     @property
@@ -129,13 +172,20 @@ class CheckpointStorage:
                    restored_from: CompletedCheckpoint | None, keep: int = 20) -> None:
         """Record, durably, that run ``run_id`` starts here (before its first checkpoint).
 
+        The record is signed like checkpoint metadata when ``REACTIVE_CHECKPOINT_KEY`` is
+        set.
+
         Args:
-            run_id: the run's id.
+            run_id: the run's id (letters, digits, '_' and '-').
             first_checkpoint_id: the first id the run may use (reserved: later runs start
                 above it even if this one never completes a checkpoint).
             restored_from: what the run restored, None for a start from the beginning.
             keep: how many run records to keep (the oldest are removed).
+
+        Raises:
+            UnsafePathError: if ``_runs`` is a symbolic link.
         """
+        check_id(run_id, "run id")
         body = {
             "run_id": run_id,
             "first_checkpoint_id": first_checkpoint_id,
@@ -144,31 +194,80 @@ class CheckpointStorage:
                 "checkpoint_id": restored_from.checkpoint_id,
             },
         }
-        write_atomic(self.runs_dir / f"{run_id}.json", [json.dumps(body).encode()])
+        self._write_run(body)
+        for f, _ in self._run_files()[:-keep]:
+            # the file listed, not a name from its content: a record is input
+            unlink_under(self.runs_dir, f.name, "run records")
+
+    def reserve_savepoint(self, run_id: str, checkpoint_id: int) -> None:
+        """Record in run ``run_id``'s record that savepoint ``checkpoint_id`` leaves the
+        directory (it is moved elsewhere): its id stays used, so no later run repeats it,
+        and the pending transactions it lists stay (see :meth:`highest_completed_id`).
+
+        Raises:
+            CheckpointError: if the run has no record.
+            UnsafePathError: if ``_runs`` is a symbolic link.
+            OSError: if the record cannot be written.
+        """
+        check_id(run_id, "run id")
+        for _, rec in self._run_files():
+            if rec["run_id"] == run_id:
+                body = {k: v for k, v in rec.items() if k != "hmac-sha256"}
+                body["savepoints"] = sorted({*body.get("savepoints", []), checkpoint_id})
+                self._write_run(body)
+                return
+        raise CheckpointError(f"run {run_id} has no record in {self.runs_dir}: cannot reserve "
+                              f"the id of savepoint {checkpoint_id} before it leaves the "
+                              "directory")
+
+    def _write_run(self, body: dict[str, Any]) -> None:
+        check_real_dir(self.job_dir, "_runs")
+        doc = dict(body)
+        key = signing_key()
+        if key is not None:
+            doc["hmac-sha256"] = signature(key, body)
+        write_atomic(self.runs_dir / f"{body['run_id']}.json", [json.dumps(doc).encode()])
         fsync_dir(self.runs_dir)
-        for old in self.runs()[:-keep]:
-            (self.runs_dir / f"{old['run_id']}.json").unlink(missing_ok=True)
 
     def forget_run(self, run_id: str) -> None:
         """Remove a run's record (it failed before completing any checkpoint, so it
         committed nothing and a resume should continue the run before it)."""
-        (self.runs_dir / f"{run_id}.json").unlink(missing_ok=True)
+        unlink_under(self.runs_dir, check_id(run_id, "run id") + ".json", "run records")
 
     def runs(self) -> list[dict[str, Any]]:
-        """The run records, oldest first (by their first checkpoint id); unreadable ones are
-        skipped."""
-        if not self.runs_dir.is_dir():
+        """The run records, oldest first (by their first checkpoint id); unreadable ones, and
+        with ``REACTIVE_CHECKPOINT_KEY`` set unsigned or forged ones, are skipped (with a
+        warning)."""
+        return [rec for _, rec in self._run_files()]
+
+    def _run_files(self) -> list[tuple[Path, dict[str, Any]]]:
+        runs_dir = self.runs_dir
+        if not runs_dir.is_dir() or runs_dir.is_symlink():
             return []
+        key = signing_key()
         out = []
-        for f in self.runs_dir.glob("*.json"):
+        for f in runs_dir.glob("*.json"):
             try:
                 rec = json.loads(f.read_text())
                 int(rec["first_checkpoint_id"])
-            except (OSError, ValueError, KeyError, TypeError):
-                log.warning("ignoring unreadable run record %s", f)
+                for n in rec.get("savepoints", []):  # ids of savepoints moved out
+                    int(n)
+                if check_id(rec["run_id"], f"run record {f}") != f.stem:
+                    raise UnsafePathError(f"run record {f} names run {rec['run_id']!r}, not "
+                                          f"{f.stem!r}")
+                if key is not None:
+                    signed = rec.get("hmac-sha256")
+                    body = {k: v for k, v in rec.items() if k != "hmac-sha256"}
+                    if not isinstance(signed, str) or \
+                            not hmac.compare_digest(signed, signature(key, body)):
+                        raise UnsafePathError(
+                            f"run record {f} is unsigned or fails its signature check under "
+                            f"the key in {KEY_ENV}")
+            except (OSError, ValueError, KeyError, TypeError, UnsafePathError) as exc:
+                log.warning("ignoring run record %s: %s", f, exc)
                 continue
-            out.append(rec)
-        return sorted(out, key=lambda r: int(r["first_checkpoint_id"]))
+            out.append((f, rec))
+        return sorted(out, key=lambda p: int(p[1]["first_checkpoint_id"]))
 
     @staticmethod
     def load(path: str | Path, verify: bool = True) -> CompletedCheckpoint:

@@ -56,6 +56,8 @@ from ..errors import (
 )
 from ..sinks import Sink
 from ..state.backend import StateBackend
+from ..two_phase_commit import TwoPhaseCommitSink
+from .directory_lock import DirectoryLock
 from .execution_graph import ExecutionGraph, validate
 from .metrics import JobMetrics
 from .operators import maybe_await
@@ -200,6 +202,7 @@ class Job:
         self._live_queries: set[asyncio.Future[Any]] = set()
         self._running = asyncio.Event()
         self._stopping = False
+        self._locks: list[DirectoryLock] = []
         validate(flow.transformations, flow.parallelism, flow.max_parallelism)
         if options.restore_from is not None:
             # fail fast, before anything runs: a wrong path, another max parallelism, or
@@ -212,9 +215,46 @@ class Job:
     def start(self) -> None:
         """Start the job's main coroutine on the running loop (called by ``Dataflow.start``).
 
-        The job owns this one task; ``wait`` and ``cancel`` end it.
+        The job owns this one task; ``wait`` and ``cancel`` end it. First the run takes,
+        for its lifetime, the lock of its checkpoint directory and of every directory a
+        sink owns (``Sink.exclusive_directories``).
+
+        Raises:
+            DirectoryLockedError: another run holds one of them (naming its pid, host and
+                start time); nothing was started.
         """
-        self._task = asyncio.get_running_loop().create_task(self._main(), name=f"job {self.name}")
+        self._lock_directories()
+        task = asyncio.get_running_loop().create_task(self._main(), name=f"job {self.name}")
+        # also when the task is cancelled before it runs (then _main's finally never runs)
+        task.add_done_callback(lambda _: self._release_directories())
+        self._task = task
+
+    def _lock_directories(self) -> None:
+        locks = []
+        if self.storage is not None:
+            locks.append(DirectoryLock(self.storage.job_dir, "_lock",
+                                       f"checkpoint directory of job {self.name!r}"))
+        seen = set()
+        for t in self.flow.transformations:
+            sink = getattr(t, "sink", None)
+            for directory in sink.exclusive_directories() if sink is not None else ():
+                key = os.path.realpath(directory)
+                if key not in seen:
+                    seen.add(key)
+                    locks.append(DirectoryLock(directory, ".reactive-lock",
+                                               f"output directory of sink {t.resolved_uid!r}"))
+        try:
+            for lock in locks:
+                lock.acquire(self.name, self.run_id)
+                self._locks.append(lock)
+        except BaseException:
+            self._release_directories()
+            raise
+
+    def _release_directories(self) -> None:
+        locks, self._locks = self._locks, []
+        for lock in locks:
+            lock.release()
 
     async def wait(self) -> None:
         """Wait until the job finishes.
@@ -508,6 +548,8 @@ class Job:
             error = exc
             raise
         finally:
+            # before the task completes: a run awaiting this one may start the next at once
+            self._release_directories()
             for results in self._results.values():
                 for iterator in results:
                     iterator.end(error)
@@ -591,6 +633,13 @@ class Job:
         if restore is not None:
             assignment = StateAssignmentOperation(restore, flow.max_parallelism, uids,
                                          options.allow_non_restored_state)
+        if self.storage is not None:
+            # pending transactions of retained checkpoints and savepoints stay (see
+            # TwoPhaseCommitSink.abort_lingering): the sinks learn which before they start
+            bound = await in_thread(self.storage.highest_completed_id)
+            for t in flow.transformations:
+                if isinstance(t.sink, TwoPhaseCommitSink):
+                    t.sink.highest_completed_checkpoint_id = bound
         coordinator: CheckpointCoordinator | None = None
         if config is not None and self.storage is not None:
             # read in worker threads: the retained checkpoints' metadata and the directory
