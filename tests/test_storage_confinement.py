@@ -14,7 +14,7 @@ from reactive import CheckpointConfig, CheckpointStorage, Dataflow
 from reactive.checkpoint.metadata import KEY_ENV
 from reactive.checkpoint.paths import UnsafePathError, unlink_under
 from reactive.connectors.collections import ListSink
-from reactive.errors import JobFailedError
+from reactive.errors import JobFailedError, RestoreError
 from reactive.testing import TestingSource
 from tests.conftest import Count
 
@@ -141,7 +141,10 @@ async def test_rocksdb_restore_checks_db_file_names(tmp_path, monkeypatch, entry
         await _flow().run(checkpoints=CheckpointConfig(interval=None, directory=chk),
                           restore_from=latest.path,
                           state_backend=RocksDBStateBackend(tmp_path / "state2"))
-    cause = info.value.__cause__
+    # the restore names the operator and phase (RestoreError), the unsafe name its cause
+    restore = info.value.__cause__
+    assert isinstance(restore, RestoreError) and restore.operator == "count", restore
+    cause = restore.__cause__
     assert isinstance(cause, UnsafePathError), cause
     assert "db_files" in str(cause)
     assert not any(p.name == "planted.sst" for p in tmp_path.rglob("*"))
