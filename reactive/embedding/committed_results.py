@@ -3,10 +3,17 @@ that covers them completes (read committed) or at once (read uncommitted).
 
 Read committed is the epoch commit of the thesis (4.1.3) applied to an in-memory queue: the
 records a sink instance receives between two barriers are held as that checkpoint's
-transaction, released in checkpoint order when it completes, and dropped when the attempt
-fails (the restored job produces them again). So the application never acts on output that a
-failure takes back, whatever the sink itself guarantees. Read uncommitted yields every record
-at once: after a failure it may see records again.
+transaction, released in checkpoint order when it completes. So the application never acts on
+output that a failure takes back, whatever the sink itself guarantees. Read uncommitted yields
+every record at once: after a failure it may see records again.
+
+When an attempt fails, its instances hand their held transactions back to the iterator, which
+outlives attempts as the job does: the restore releases those of the checkpoints the restored
+one covers (they completed, so the restored job does not produce their records again; the
+notification just never reached the sink instance) and drops the others (the restored job
+produces their records again). This is the recovery of a two-phase-commit writer (thesis
+4.1.3.1: commit the restored checkpoint's pending transactions) for an in-memory sink; each
+transaction is released once, by the instance's notification or by the restore.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ class CommittedResults(AsyncIterator[Any]):
         self._event = asyncio.Event()
         self._error: BaseException | None = None
         self._deliver: Deliver | None = None
+        # transactions (checkpoint id, records) taken back from instances of failed attempts
+        self._held: list[tuple[int, list[Any]]] = []
 
     def forward_to(self, deliver: Deliver) -> None:
         """Hand released records to ``deliver`` instead of keeping them for ``__anext__``
@@ -70,6 +79,26 @@ class CommittedResults(AsyncIterator[Any]):
                 return
             self._ready.extend(records)
             self._event.set()
+
+    def hold(self, transactions: list[tuple[int, list[Any]]]) -> None:
+        """An instance closes with pre-committed transactions ``[(checkpoint id, records)]``
+        whose completion it was not told: keep them until :meth:`recover` decides."""
+        self._held.extend(transactions)
+
+    def recover(self, checkpoint_id: int | None) -> None:
+        """The job goes on from checkpoint ``checkpoint_id`` (None: from the start of the
+        input): release the held transactions it covers, in checkpoint order, and drop the
+        rest (the restored job produces their records again).
+
+        Called when a restart restores a checkpoint, and at the end of the job with its
+        latest completed checkpoint (its output is committed).
+        """
+        held, self._held = sorted(self._held, key=lambda t: t[0]), []
+        if checkpoint_id is None:
+            return
+        for cid, records in held:
+            if cid <= checkpoint_id:
+                self._release(records)
 
     def end(self, error: BaseException | None = None) -> None:
         """The job ended (with ``error`` when it failed): iteration stops after the records
@@ -147,6 +176,10 @@ class _TappedWriter(SinkWriter):
         self.current = []
 
     def close(self) -> Awaitable[None] | None:
-        # after a failure the held records are taken back: the restored job emits them again
+        # after a failure: the open interval is taken back (the restored job emits it
+        # again); the pre-committed ones go to the iterator, whose recover() releases those
+        # of checkpoints that completed (see the module's docstring)
+        if self.pending:
+            self.results.hold(self.pending)
         self.current, self.pending = [], []
         return self.writer.close()

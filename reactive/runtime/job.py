@@ -32,6 +32,7 @@ from ..checkpoint.completed_checkpoint_store import CompletedCheckpointStore
 from ..checkpoint.coordinator import CheckpointCoordinator, OperatorInfo
 from ..checkpoint.lineage import (
     ReplayPolicy,
+    committed_output,
     lineage_candidates,
     resume_candidates,
     select_restore,
@@ -498,9 +499,28 @@ class Job:
             error = exc
             raise
         finally:
+            self._recover_results(self._committed_output_id())
             for results in self._results.values():
                 for iterator in results:
                     iterator.end(error)
+
+    def _recover_results(self, checkpoint_id: int | None) -> None:
+        """The job goes on (or ends) at checkpoint ``checkpoint_id``: the results iterators
+        release the held records it covers (see ``CommittedResults.recover``)."""
+        for results in self._results.values():
+            for iterator in results:
+                iterator.recover(checkpoint_id)
+
+    def _committed_output_id(self) -> int | None:
+        """The newest checkpoint of this run whose completion committed output (not an
+        intermediate savepoint), else the checkpoint the run started from."""
+        coordinator = self._coordinator
+        if coordinator is not None:
+            for checkpoint in reversed(coordinator.store.checkpoints):
+                if (checkpoint.metadata.get("run_id") == self.run_id
+                        and committed_output(checkpoint.metadata)):
+                    return checkpoint.checkpoint_id
+        return self._initial.checkpoint_id if self._initial is not None else None
 
     async def _run_all_attempts(self) -> None:
         # the file work of choosing a restore (reading metadata, hashing every file it
@@ -560,6 +580,7 @@ class Job:
                     self.status = "failed"
                     await self._forget_if_nothing_completed()
                     raise JobFailedError(self.name, attempt, restore_exc) from restore_exc
+                self._recover_results(restore.checkpoint_id if restore is not None else None)
 
     async def _run_attempt(self, restore: CompletedCheckpoint | None) -> None:
         flow = self.flow
