@@ -4,9 +4,11 @@ stops reading."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from reactive import CheckpointConfig, Dataflow, RestartStrategy
+from reactive.connectors.collections import ListSink
 from reactive.testing import TestingSource
 from reactive.two_phase_commit import TwoPhaseCommitSink
 
@@ -59,7 +61,7 @@ async def _run_flaky(tmp_path, parallelism: int) -> tuple[list[Any], list[Any]]:
          .sink(sink).uid("out"))
     job = await flow.start(checkpoints=CheckpointConfig(interval=0.05, directory=str(tmp_path)),
                            restart=RestartStrategy.fixed(5, 0.0))
-    results = job.results("out")
+    results = job.results("out", capacity=500)
     seen = [r async for r in results]
     await job.wait()
     assert job.metrics.restarts == 1
@@ -82,3 +84,58 @@ async def test_no_duplicate_when_one_instance_was_notified_and_another_was_not(t
     seen, committed = await _run_flaky(tmp_path, parallelism=2)
     assert sorted(committed) == list(range(600))
     assert sorted(seen) == list(range(600))
+
+
+def _counting_flow(n: int, out: ListSink) -> Dataflow:
+    items: list[Any] = []
+    for i in range(n):
+        items.append(i)
+        if i % 1_000 == 999:
+            items.append(TestingSource.CHECKPOINT)  # checkpoints complete while records flow
+    flow = Dataflow("slow-reader", parallelism=1)
+    (flow.source(TestingSource(items, batch_size=100)).uid("src")
+         .map(lambda x: x).uid("m")
+         .sink(out).uid("out"))
+    return flow
+
+
+async def test_a_slow_reader_bounds_what_the_job_keeps_for_it(tmp_path):
+    """The application reads one record per two loop turns while the job moves batches of
+    100: the records the sink received and the application did not read yet stay within the
+    iterator's capacity plus what no completed checkpoint covers yet (a checkpoint completes
+    every 1,000 records); all arrive, in order. (Unbounded, about half the output waits.)"""
+    n = 30_000
+    out = ListSink()
+    job = await _counting_flow(n, out).start(
+        checkpoints=CheckpointConfig(interval=0.01, directory=str(tmp_path)))
+    results = job.results("out", capacity=500)
+    seen: list[Any] = []
+    most_waiting = most_buffered = 0
+    async for record in results:
+        seen.append(record)
+        most_waiting = max(most_waiting, len(out.records) - len(seen))
+        most_buffered = max(most_buffered, results.buffered)
+        for _ in range(2):  # a reader slower than the job
+            await asyncio.sleep(0)
+    await job.wait()
+    assert seen == list(range(n))
+    # released and unread: the capacity, then the records of one checkpoint (the barrier
+    # may fall anywhere before a marker: up to two markers' worth) and a batch
+    assert most_buffered <= 500 + 2 * 1_000 + 100
+    # and what the sink holds for checkpoints not completed yet (up to two markers' worth)
+    assert most_waiting <= 500 + 4 * 1_000 + 100
+
+async def test_a_closed_iterator_no_longer_holds_the_job_back(tmp_path):
+    """The application reads a record and closes the iterator: nothing more is kept for it
+    and the job, whose output is far beyond the iterator's capacity, runs to its end."""
+    out = ListSink()
+    job = await _counting_flow(20_000, out).start(
+        checkpoints=CheckpointConfig(interval=0.01, directory=str(tmp_path)))
+    async with job.results("out", capacity=10) as results:
+        async for first in results:
+            assert first == 0
+            break
+    await asyncio.wait_for(job.wait(), timeout=60)  # a job held back would never end
+    assert len(out.records) == 20_000
+    assert results.closed and results.buffered == 0
+    assert [r async for r in results] == []

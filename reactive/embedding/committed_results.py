@@ -7,6 +7,14 @@ transaction, released in checkpoint order when it completes. So the application 
 output that a failure takes back, whatever the sink itself guarantees. Read uncommitted yields
 every record at once: after a failure it may see records again.
 
+The iterator is bounded: a sink instance accepts no batch while ``capacity`` released records
+wait to be read (backpressure: the sink task waits, its input channels fill, the sources
+slow down), so an application that reads slowly slows the job instead of growing its memory.
+Records are released a checkpoint at a time, so up to ``capacity`` plus the records of one
+checkpoint interval of every instance wait at once. An application that stops reading closes
+the iterator (``aclose()``, or ``async with``): the job no longer keeps records for it (an
+iterator neither read nor closed stalls the job, as a full channel does).
+
 When an attempt fails, its instances hand their held transactions back to the iterator, which
 outlives attempts as the job does: the restore releases those of the checkpoints the restored
 one covers (they completed, so the restored job does not produce their records again; the
@@ -23,10 +31,14 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from ..errors import ConfigurationError
 from ..runtime.operators import maybe_await
 from ..sinks import SinkWriter
 
-__all__ = ["CommittedResults"]
+__all__ = ["DEFAULT_CAPACITY", "CommittedResults"]
+
+#: records an iterator keeps released and unread before its sink waits (see the module)
+DEFAULT_CAPACITY = 10_000
 
 _END = object()
 
@@ -38,14 +50,27 @@ class CommittedResults(AsyncIterator[Any]):
     """The records of one sink (all its instances), as an async iterator.
 
     Made by :meth:`reactive.Job.results`. Iteration ends when the job finishes (after the
-    last records) and raises the job's error when it fails for good.
+    last records) and raises the job's error when it fails for good, or when the
+    application closes it (``await it.aclose()``, or ``async with job.results(...) as it``).
 
     Args:
         committed: read committed (True) or uncommitted (False).
+        capacity: records released and not yet read before the sink's instances wait for
+            the application to read (backpressure; see the module).
+
+    Raises:
+        ConfigurationError: ``capacity`` is below 1.
     """
 
-    def __init__(self, committed: bool = True) -> None:
+    def __init__(self, committed: bool = True, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ConfigurationError(f"results capacity must be at least 1, got {capacity}")
         self.committed = committed
+        self.capacity = capacity
+        self._closed = False
+        self._on_close: Callable[[], None] | None = None
+        self._room = asyncio.Event()
+        self._room.set()
         self._ready: deque[Any] = deque()
         self._event = asyncio.Event()
         self._error: BaseException | None = None
@@ -72,8 +97,48 @@ class CommittedResults(AsyncIterator[Any]):
         """The sink instance's writer, with its records also going to this iterator."""
         return _TappedWriter(writer, self)
 
+    @property
+    def buffered(self) -> int:
+        """Records released and not yet read."""
+        return len(self._ready) - (1 if self._ended() else 0)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the application closed the iterator."""
+        return self._closed
+
+    def _ended(self) -> bool:
+        return bool(self._ready) and self._ready[-1] is _END
+
+    async def wait_for_room(self) -> None:
+        """Wait while ``capacity`` released records wait to be read (a sink instance calls
+        it before accepting a batch). Records forwarded to another loop are not counted."""
+        while (not self._closed and self._deliver is None
+               and len(self._ready) >= self.capacity):
+            self._room.clear()
+            await self._room.wait()
+
+    async def aclose(self) -> None:
+        """Stop iterating: drop what is buffered; the job keeps nothing more for this
+        iterator and never waits for it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._ready.clear()
+        self._held = []
+        self._room.set()
+        self._event.set()  # a reader waiting in __anext__ stops
+        if self._on_close is not None:
+            self._on_close()
+
+    async def __aenter__(self) -> CommittedResults:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
     def _release(self, records: list[Any]) -> None:
-        if records:
+        if records and not self._closed:
             if self._deliver is not None:
                 self._deliver(list(records), False, None)
                 return
@@ -83,7 +148,8 @@ class CommittedResults(AsyncIterator[Any]):
     def hold(self, transactions: list[tuple[int, list[Any]]]) -> None:
         """An instance closes with pre-committed transactions ``[(checkpoint id, records)]``
         whose completion it was not told: keep them until :meth:`recover` decides."""
-        self._held.extend(transactions)
+        if not self._closed:
+            self._held.extend(transactions)
 
     def recover(self, checkpoint_id: int | None) -> None:
         """The job goes on from checkpoint ``checkpoint_id`` (None: from the start of the
@@ -115,6 +181,8 @@ class CommittedResults(AsyncIterator[Any]):
 
     async def __anext__(self) -> Any:
         while not self._ready:
+            if self._closed:
+                raise StopAsyncIteration
             self._event.clear()
             await self._event.wait()
         item = self._ready[0]
@@ -122,7 +190,10 @@ class CommittedResults(AsyncIterator[Any]):
             if self._error is not None:
                 raise self._error
             raise StopAsyncIteration
-        return self._ready.popleft()
+        self._ready.popleft()
+        if len(self._ready) < self.capacity:
+            self._room.set()
+        return item
 
 
 class _TappedWriter(SinkWriter):
@@ -140,7 +211,11 @@ class _TappedWriter(SinkWriter):
         return getattr(self.writer, name)
 
     async def write(self, batch: list[Any]) -> None:
+        # backpressure: the application reads slower than the sink writes
+        await self.results.wait_for_room()
         await maybe_await(self.writer.write(batch))
+        if self.results.closed:
+            return
         if self.results.committed:
             self.current.extend(batch)
         else:

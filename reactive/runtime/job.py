@@ -43,7 +43,7 @@ from ..checkpoint.savepoints import move_savepoint
 from ..checkpoint.state_assignment_operation import StateAssignmentOperation
 from ..checkpoint.storage import CheckpointStorage
 from ..config import CheckpointConfig, RestartStrategy
-from ..embedding.committed_results import CommittedResults
+from ..embedding.committed_results import DEFAULT_CAPACITY, CommittedResults
 from ..embedding.state_query import CommittedStateCache, StateQueryError, query_live
 from ..errors import (
     CheckpointError,
@@ -255,7 +255,8 @@ class Job:
         self.status = "cancelled"
 
     # ------------------------------------------------------------------ embedding
-    def results(self, sink: str | Sink, committed: bool = True) -> CommittedResults:
+    def results(self, sink: str | Sink, committed: bool = True,
+                capacity: int = DEFAULT_CAPACITY) -> CommittedResults:
         """The records that reach ``sink`` (its uid, or the sink object given to
         ``stream.sink``), as an async iterator: ``async for record in job.results(...)``.
 
@@ -266,12 +267,25 @@ class Job:
         raises its error when it fails for good. Ask before the job's first records reach
         the sink (right after ``start``) to see all of them.
 
+        The iterator is bounded: while ``capacity`` records wait to be read, the sink waits
+        (backpressure into the job). Close it when done reading (``await it.aclose()`` or
+        ``async with job.results(...) as it``): an iterator neither read nor closed stalls
+        the job.
+
+        Args:
+            sink: the sink's uid or the sink object.
+            committed: read committed (True) or uncommitted (False).
+            capacity: records released and not yet read before the sink waits.
+
         Raises:
-            ConfigurationError: the job has no such sink.
+            ConfigurationError: the job has no such sink, or ``capacity`` is below 1.
         """
         uid = self._sink_uid(sink)
-        iterator = CommittedResults(committed)
-        self._results.setdefault(uid, []).append(iterator)
+        iterator = CommittedResults(committed, capacity)
+        registered = self._results.setdefault(uid, [])
+        registered.append(iterator)
+        # closed by the application: the next attempts no longer tap the sink for it
+        iterator._on_close = functools.partial(registered.remove, iterator)
         for task in self._tasks:  # an attempt already running: tap it now
             if task.sink is not None and task.sink.uid == uid:
                 task.sink.writer = iterator.wrap(task.sink.writer)
