@@ -52,6 +52,7 @@ from ..errors import (
     JobFailedError,
     ReactiveError,
     RestoreError,
+    StateNotReadyError,
     StateSerializationError,
 )
 from ..sinks import Sink
@@ -196,6 +197,11 @@ class Job:
         self._tasks: list[StreamTask] = []  # the running attempt's tasks
         self._results: dict[str, list[CommittedResults]] = {}  # by sink uid
         self._committed_state = CommittedStateCache()
+        # savepoints of this run moved out of checkpoint storage (the store lists them at
+        # their old directory), by checkpoint id
+        self._moved: dict[int, CompletedCheckpoint] = {}
+        # set once the run knows the checkpoint it starts from (or that it starts fresh)
+        self._restore_chosen = asyncio.Event()
         self._live_queries: set[asyncio.Future[Any]] = set()
         self._running = asyncio.Event()
         self._stopping = False
@@ -313,36 +319,74 @@ class Job:
         queryable state; a point lookup in this process, no server).
 
         Read committed (the default) answers from the latest checkpoint this run completed
-        (or the one it restored; None before either): a value no failure can take back. Read
-        uncommitted asks the running instance that owns the key's key group, between two of
-        its batches.
+        that a failure cannot take back (not an intermediate savepoint), or the one it
+        restored: a value no failure can take back. The snapshot's files are read in a
+        worker thread (a cache keeps the last key groups read). Read uncommitted asks the
+        running instance that owns the key's key group, between two of its batches.
 
         Returns:
             the value (a list for list state, a dict for map state, for live lookups), or
             None when the key has none.
 
         Raises:
+            StateNotReadyError: committed, when there is no completed checkpoint to answer
+                from yet (the run completed none and restored none); ask again later.
+            StateQueryError: committed, when checkpointing is off (nothing is ever
+                committed) and nothing was restored.
             StateQueryError: no operator ``uid`` or no state ``state`` (live lookups).
             StateQueryError: also for a live lookup when the job is not running.
+            RestoreError: committed, when the checkpoint's files cannot be read.
         """
         if committed:
-            latest = self._latest_committed()
-            if latest is None:
-                return None
-            return self._committed_state.lookup(latest, uid, state, key)
+            return await self._query_committed(uid, state, key)
         await self._wait_attempt()
         if self.status != "running":
             raise StateQueryError(f"job {self.name!r} is {self.status}: no live state to query")
         return await query_live(self._tasks, uid, state, key, self.flow.max_parallelism,
                                 self._live_queries)
 
+    async def _query_committed(self, uid: str, state: str, key: Any) -> Any:
+        assert self._task is not None
+        if not self._restore_chosen.is_set():
+            # a resume or restore_from is still reading the candidates' files: the run's
+            # committed state is that checkpoint's, not "nothing"
+            chosen = asyncio.ensure_future(self._restore_chosen.wait())
+            try:
+                await asyncio.wait({chosen, self._task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                chosen.cancel()
+            if not self._restore_chosen.is_set():
+                raise StateQueryError(f"job {self.name!r} is {self.status}: it ended before "
+                                      "choosing the checkpoint to start from")
+        while True:
+            latest = self._latest_committed()
+            if latest is None:
+                if self.options.checkpoints is None and self._restore_chosen.is_set():
+                    raise StateQueryError(
+                        f"job {self.name!r} runs without checkpointing and restored nothing: "
+                        "it has no committed state; query with committed=False")
+                raise StateNotReadyError(
+                    f"job {self.name!r} has no completed checkpoint yet: its committed state "
+                    "is not ready (ask again after a checkpoint completes, or query with "
+                    "committed=False)")
+            try:
+                return await self._committed_state.lookup(latest, uid, state, key)
+            except (RestoreError, OSError):
+                # retention may have subsumed it while the lookup read it: ask the newer one
+                if self._latest_committed() is latest:
+                    raise
+
     def _latest_committed(self) -> CompletedCheckpoint | None:
+        """The newest checkpoint of this run that committed output (an intermediate
+        savepoint does not: failover never restores one), at its current directory; else
+        the checkpoint the run started from."""
         coordinator = self._coordinator
         if coordinator is not None:
             for checkpoint in reversed(coordinator.store.checkpoints):
-                if checkpoint.metadata.get("run_id") == self.run_id:
-                    return checkpoint
-        return self.restored_from
+                if (checkpoint.metadata.get("run_id") == self.run_id
+                        and committed_output(checkpoint.metadata)):
+                    return self._moved.get(checkpoint.checkpoint_id, checkpoint)
+        return self._initial
 
     async def _wait_attempt(self) -> None:
         """Wait until an attempt runs or the job ended."""
@@ -451,6 +495,7 @@ class Job:
             raise
         if path is not None:
             completed = await in_thread(move_savepoint, completed, Path(path))
+            self._moved[completed.checkpoint_id] = completed
             for stats in self.metrics.checkpoints:
                 if stats.checkpoint_id == completed.checkpoint_id:
                     stats.path = str(completed.path)
@@ -526,15 +571,9 @@ class Job:
                 iterator.recover(checkpoint_id)
 
     def _committed_output_id(self) -> int | None:
-        """The newest checkpoint of this run whose completion committed output (not an
-        intermediate savepoint), else the checkpoint the run started from."""
-        coordinator = self._coordinator
-        if coordinator is not None:
-            for checkpoint in reversed(coordinator.store.checkpoints):
-                if (checkpoint.metadata.get("run_id") == self.run_id
-                        and committed_output(checkpoint.metadata)):
-                    return checkpoint.checkpoint_id
-        return self._initial.checkpoint_id if self._initial is not None else None
+        """The id of :meth:`_latest_committed`'s checkpoint, if any."""
+        latest = self._latest_committed()
+        return latest.checkpoint_id if latest is not None else None
 
     async def _run_all_attempts(self) -> None:
         # the file work of choosing a restore (reading metadata, hashing every file it
@@ -551,6 +590,7 @@ class Job:
             self.status = "failed"
             raise JobFailedError(self.name, 1, exc) from exc
         self._initial = restore
+        self._restore_chosen.set()
         # checkpoint ids continue after the restored one and after every id on disk, so
         # no id (and no file named after one, like a sink's part-<subtask>-<id>) repeats
         on_disk = await in_thread(self.storage.latest_id) if self.storage is not None else 0
