@@ -126,7 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"job {flow.name!r} stopped by {outcome.signal_name}{where}; resume with:\n"
               f"  {_resume_command(args)}")
         return 0
-    print(f"job {flow.name!r} finished: {len(m.completed_checkpoints)} checkpoints, "
+    print(f"job {flow.name!r} finished: {m.totals.completed} checkpoints, "
           f"{m.restarts} restarts")
     for name, counts in m.operators.items():
         print(f"  {name}: in {counts['records_in']:,} out {counts['records_out']:,}")

@@ -34,9 +34,12 @@ class CheckpointConfig:
         max_concurrent: how many checkpoints may be pending at once (>= 1).
         retained: how many completed checkpoints are kept on disk (>= 1).
         tolerable_failed_checkpoints: consecutive failed checkpoints after which the job fails.
+        history: how many checkpoints' statistics ``job.metrics.checkpoints`` keeps (>= 1;
+            Flink's ``web.checkpoints.history``); ``job.metrics.totals`` counts them all.
 
     Raises:
-        ConfigurationError: on a non-positive interval, timeout, max_concurrent or retained,
+        ConfigurationError: on a non-positive interval, timeout, max_concurrent, retained
+            or history,
             an unknown mode, or ``max_concurrent > 1`` with ``mode="synchronous"`` (the
             sources stay halted until the one pending checkpoint completes).
     """
@@ -48,6 +51,7 @@ class CheckpointConfig:
     max_concurrent: int = 1
     retained: int = 3
     tolerable_failed_checkpoints: int = 3
+    history: int = 10
 
     def __post_init__(self) -> None:
         if self.interval is not None and not self.interval > 0:
@@ -67,6 +71,8 @@ class CheckpointConfig:
                 f"until it completes): max_concurrent must be 1, got {self.max_concurrent}")
         if self.retained < 1:
             raise ConfigurationError(f"retained must be >= 1, got {self.retained}")
+        if self.history < 1:
+            raise ConfigurationError(f"history must be >= 1, got {self.history}")
         if self.tolerable_failed_checkpoints < 0:
             raise ConfigurationError("tolerable_failed_checkpoints must be >= 0")
 

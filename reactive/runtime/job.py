@@ -41,6 +41,7 @@ from ..checkpoint.metadata import CompletedCheckpoint
 from ..checkpoint.off_loop import in_thread
 from ..checkpoint.savepoints import move_savepoint
 from ..checkpoint.state_assignment_operation import StateAssignmentOperation
+from ..checkpoint.stats import DEFAULT_HISTORY, CheckpointHistory
 from ..checkpoint.storage import CheckpointStorage
 from ..config import CheckpointConfig, RestartStrategy
 from ..embedding.committed_results import DEFAULT_CAPACITY, CommittedResults
@@ -181,7 +182,8 @@ class Job:
         self.options = options
         self.name = flow.name
         self.status: JobStatus = "created"
-        self.metrics = JobMetrics()
+        self.metrics = JobMetrics(CheckpointHistory(
+            options.checkpoints.history if options.checkpoints is not None else DEFAULT_HISTORY))
         self.restored_from: CompletedCheckpoint | None = None
         self.run_id = uuid.uuid4().hex[:16]
         # where this run's lineage starts, and the first checkpoint id it may use
@@ -539,7 +541,7 @@ class Job:
         """A run that failed (was not killed) before completing any checkpoint committed no
         output: drop its run record, so ``resume`` continues the run before it (e.g. after
         a fresh run refused to start over the committed output of that run)."""
-        if self.storage is not None and not self.metrics.completed_checkpoints:
+        if self.storage is not None and not self.metrics.totals.completed:
             try:
                 await in_thread(self.storage.forget_run, self.run_id)
             except OSError as exc:

@@ -1,4 +1,5 @@
-"""Job metrics: records in/out per operator and the checkpoint history."""
+"""Job metrics: records in/out per operator, the latest checkpoints' statistics and running
+totals over all of them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..checkpoint.stats import CheckpointStats
+from ..checkpoint.stats import CheckpointHistory, CheckpointStats, CheckpointTotals
 
 if TYPE_CHECKING:
     from .task import StreamTask
@@ -19,14 +20,15 @@ class JobMetrics:
     """Live figures of a job (summed over all instances and all attempts).
 
     Attributes:
-        checkpoints: statistics of every triggered checkpoint, oldest first.
+        checkpoints: statistics of the latest triggered checkpoints, oldest first (the
+            last ``CheckpointConfig.history``, 10 by default; :attr:`totals` counts all).
         restarts: how many times the job restarted after a failure.
         restored_checkpoints: the checkpoint id each attempt restored (attempts that started
             fresh are not listed).
         max_channel_length: the largest number of items seen queued in any channel.
     """
 
-    checkpoints: list[CheckpointStats] = field(default_factory=list)
+    checkpoints: CheckpointHistory = field(default_factory=CheckpointHistory)
     restarts: int = 0
     restored_checkpoints: list[int] = field(default_factory=list)
     _carried: dict[str, list[int]] = field(default_factory=dict)
@@ -90,20 +92,27 @@ class JobMetrics:
 
     @property
     def completed_checkpoints(self) -> list[CheckpointStats]:
-        """The completed checkpoints' statistics."""
+        """The completed checkpoints' statistics, of those the history keeps."""
         return [c for c in self.checkpoints if c.status == "completed"]
 
+    @property
+    def totals(self) -> CheckpointTotals:
+        """Counts and sums over every checkpoint and savepoint triggered (a copy)."""
+        return self.checkpoints.totals()
+
     def summary(self) -> dict[str, Any]:
-        """Medians of the completed checkpoints' costs (seconds, bytes)."""
+        """Counts over all checkpoints, and medians of the costs (seconds, bytes) of the
+        completed ones the history keeps."""
+        totals = self.totals
         done = self.completed_checkpoints
-        if not done:
-            return {"checkpoints": 0}
+        if not totals.completed or not done:
+            return {"checkpoints": totals.completed}
         return {
-            "checkpoints": len(done),
-            "aborted": sum(1 for c in self.checkpoints if c.status == "aborted"),
+            "checkpoints": totals.completed,
+            "aborted": totals.aborted,
             "median_alignment": statistics.median(c.alignment for c in done),
             "median_sync": statistics.median(c.sync for c in done),
-            "max_sync": max(c.sync for c in done),
+            "max_sync": totals.max_sync,
             "median_async": statistics.median(c.async_ for c in done),
             "median_duration": statistics.median(c.duration for c in done),
             "median_size": statistics.median(c.size for c in done),
