@@ -128,8 +128,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     print(f"job {flow.name!r} finished: {m.totals.completed} checkpoints, "
           f"{m.restarts} restarts")
-    for name, counts in m.operators.items():
-        print(f"  {name}: in {counts['records_in']:,} out {counts['records_out']:,}")
+    names = m.operator_names
+    for uid, counts in m.operators.items():
+        label = uid if names.get(uid, uid) == uid else f"{names[uid]} ({uid})"
+        print(f"  {label}: in {counts['records_in']:,} out {counts['records_out']:,}")
     return 0
 
 

@@ -10,8 +10,10 @@ long the job has run. Counters come from the totals, so they never go down.
 
 Exported (``reactive_`` prefix)::
 
-    operator_records_in_total{operator}      counter, summed over instances and attempts
-    operator_records_out_total{operator}     counter
+    operator_records_in_total{operator,name} counter, summed over instances and attempts;
+                                             operator is the uid (one series per operator,
+                                             also when two share a name), name its name
+    operator_records_out_total{operator,name} counter
     channel_queued_items{channel}            gauge, items queued now (sampled at scrape)
     channel_capacity_items{channel}          gauge
     channel_fill_ratio{channel}              gauge, queued / capacity (1.0: backpressure)
@@ -84,7 +86,7 @@ class _Snapshot:
     run_id: str
     status: str
     restarts: int
-    operators: dict[str, tuple[int, int]]
+    operators: dict[str, tuple[str, int, int]]  # uid -> (name, in, out)
     channels: dict[str, tuple[int, int]]
     max_channel_length: int
     checkpoints: list[_Checkpoint]
@@ -93,12 +95,14 @@ class _Snapshot:
     @classmethod
     def of(cls, job: Job) -> _Snapshot:
         m = job.metrics
+        names = m.operator_names
         return cls(
             name=job.name,
             run_id=job.run_id,
             status=job.status,
             restarts=m.restarts,
-            operators={k: (v["records_in"], v["records_out"]) for k, v in m.operators.items()},
+            operators={uid: (names.get(uid, uid), v["records_in"], v["records_out"])
+                       for uid, v in m.operators.items()},
             channels=m.channel_fill(),
             max_channel_length=m.max_channel_length,
             checkpoints=[
@@ -156,13 +160,13 @@ class _JobCollector:
 
         records_in = p.CounterMetricFamily(
             "reactive_operator_records_in", "Records an operator received (all instances and "
-            "attempts).", labels=["operator"])
+            "attempts); operator is its uid.", labels=["operator", "name"])
         records_out = p.CounterMetricFamily(
             "reactive_operator_records_out", "Records an operator emitted (all instances and "
-            "attempts).", labels=["operator"])
-        for name, (n_in, n_out) in sorted(s.operators.items()):
-            records_in.add_metric([name], n_in)
-            records_out.add_metric([name], n_out)
+            "attempts); operator is its uid.", labels=["operator", "name"])
+        for uid, (name, n_in, n_out) in sorted(s.operators.items()):
+            records_in.add_metric([uid, name], n_in)
+            records_out.add_metric([uid, name], n_out)
         yield records_in
         yield records_out
 

@@ -31,7 +31,8 @@ class JobMetrics:
     checkpoints: CheckpointHistory = field(default_factory=CheckpointHistory)
     restarts: int = 0
     restored_checkpoints: list[int] = field(default_factory=list)
-    _carried: dict[str, list[int]] = field(default_factory=dict)
+    _carried: dict[str, list[int]] = field(default_factory=dict)  # by operator uid
+    _names: dict[str, str] = field(default_factory=dict)  # operator uid -> name
     _tasks: list[StreamTask] = field(default_factory=list)
     _channel_capacity: int = 0
     _max_channel_length: int = 0
@@ -42,8 +43,8 @@ class JobMetrics:
         self._tasks = tasks
 
     def _fold(self) -> None:
-        for name, (n_in, n_out) in self._live().items():
-            acc = self._carried.setdefault(name, [0, 0])
+        for uid, (n_in, n_out) in self._live().items():
+            acc = self._carried.setdefault(uid, [0, 0])
             acc[0] += n_in
             acc[1] += n_out
         for task in self._tasks:
@@ -52,22 +53,44 @@ class JobMetrics:
         self._tasks = []
 
     def _live(self) -> dict[str, tuple[int, int]]:
+        # by uid: two operators may share a name (two .map() steps), never a uid
         out: dict[str, list[int]] = {}
         for task in self._tasks:
             for op in task.operators:
-                acc = out.setdefault(op.name, [0, 0])
+                self._names[op.uid] = op.name
+                acc = out.setdefault(op.uid, [0, 0])
                 acc[0] += op.records_in
                 acc[1] += op.records_out
         return {k: (v[0], v[1]) for k, v in out.items()}
 
     @property
     def operators(self) -> dict[str, dict[str, int]]:
-        """``{operator name: {"records_in": n, "records_out": n}}``."""
+        """``{operator uid: {"records_in": n, "records_out": n}}`` (summed over instances
+        and attempts; :attr:`operator_names` names them)."""
         out = {k: {"records_in": v[0], "records_out": v[1]} for k, v in self._carried.items()}
-        for name, (n_in, n_out) in self._live().items():
-            acc = out.setdefault(name, {"records_in": 0, "records_out": 0})
+        for uid, (n_in, n_out) in self._live().items():
+            acc = out.setdefault(uid, {"records_in": 0, "records_out": 0})
             acc["records_in"] += n_in
             acc["records_out"] += n_out
+        return out
+
+    @property
+    def operator_names(self) -> dict[str, str]:
+        """``{operator uid: operator name}`` of the operators that ran."""
+        for task in self._tasks:
+            for op in task.operators:
+                self._names[op.uid] = op.name
+        return dict(self._names)
+
+    def by_name(self) -> dict[str, dict[str, int]]:
+        """:attr:`operators` summed per operator name (operators that share a name, such as
+        two ``.map()`` steps without names, add up)."""
+        names = self.operator_names
+        out: dict[str, dict[str, int]] = {}
+        for uid, counts in self.operators.items():
+            acc = out.setdefault(names.get(uid, uid), {"records_in": 0, "records_out": 0})
+            acc["records_in"] += counts["records_in"]
+            acc["records_out"] += counts["records_out"]
         return out
 
     @property
