@@ -139,3 +139,27 @@ async def test_a_closed_iterator_no_longer_holds_the_job_back(tmp_path):
     assert len(out.records) == 20_000
     assert results.closed and results.buffered == 0
     assert [r async for r in results] == []
+
+
+async def test_asking_after_records_reached_the_sink_says_so(tmp_path, caplog):
+    from reactive import PushSource
+
+    source = PushSource()
+    out = ListSink()
+    flow = Dataflow("late-subscriber", parallelism=1)
+    flow.source(source).uid("src").map(lambda x: x).uid("m").sink(out).uid("out")
+    job = await flow.start(checkpoints=CheckpointConfig(interval=None, directory=str(tmp_path)))
+    early = job.results("out")
+    assert "asked after" not in caplog.text
+    last = 0
+    for i in range(5):
+        last = await source.send(i)
+    while source.durable <= last:
+        await job.checkpoint()
+    late = job.results("out")
+    assert "results('out') asked after 5 records reached the sink" in caplog.text
+    await source.send(5)
+    source.close()
+    assert [r async for r in early] == [0, 1, 2, 3, 4, 5]
+    assert [r async for r in late] == [5]
+    await job.wait()

@@ -273,7 +273,8 @@ class Job:
         checkpointing, records come at the end of input. Read uncommitted: at once (after a
         failure the replayed records come again). Iteration ends when the job finishes and
         raises its error when it fails for good. Ask before the job's first records reach
-        the sink (right after ``start``) to see all of them.
+        the sink (right after ``start``) to see all of them (asked later, it logs a warning
+        with how many it will not yield).
 
         The iterator is bounded: while ``capacity`` records wait to be read, the sink waits
         (backpressure into the job). Close it when done reading (``await it.aclose()`` or
@@ -289,6 +290,11 @@ class Job:
             ConfigurationError: the job has no such sink, or ``capacity`` is below 1.
         """
         uid = self._sink_uid(sink)
+        reached = self.metrics.operators.get(uid, {}).get("records_in", 0)
+        if reached:
+            log.warning("job %r: results(%r) asked after %d records reached the sink; it "
+                        "yields only later records (ask right after start to see all)",
+                        self.name, uid, reached)
         iterator = CommittedResults(committed, capacity)
         registered = self._results.setdefault(uid, [])
         registered.append(iterator)
