@@ -4,6 +4,8 @@ totals over all of them; a scrape copies only what is bounded."""
 from __future__ import annotations
 
 import asyncio
+import copy
+import pickle
 import urllib.request
 
 import pytest
@@ -43,6 +45,9 @@ def test_the_history_keeps_the_latest_and_the_totals_count_every_one():
     assert totals.max_sync == pytest.approx(0.99)
     assert totals.last_completed is not None and totals.last_completed.checkpoint_id == 99
     assert history.totals() == totals  # asking again counts nothing twice
+    copied = pickle.loads(pickle.dumps(history))
+    assert [c.checkpoint_id for c in copied] == [98, 99, 100] and copied.size == 3
+    assert copied.totals() == totals == copy.deepcopy(history).totals()
 
 
 def test_the_history_size_is_checked():

@@ -160,6 +160,11 @@ class CheckpointHistory(list[CheckpointStats]):
         super().__setitem__(index, value)
         self._trim()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the size first (a list subclass is otherwise rebuilt by appending its items
+        # before its attributes are set), then the totals, then the entries
+        return (type(self), (self.size,), self.__dict__, iter(list(self)))
+
     def totals(self) -> CheckpointTotals:
         """The running totals now (a copy): every checkpoint that ended counted once, the
         pending ones as ``in_progress``. O(size)."""
