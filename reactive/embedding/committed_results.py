@@ -77,6 +77,8 @@ class CommittedResults(AsyncIterator[Any]):
         self._deliver: Deliver | None = None
         # transactions (checkpoint id, records) taken back from instances of failed attempts
         self._held: list[tuple[int, list[Any]]] = []
+        # records handed to ``deliver`` that the other loop has not reported read yet
+        self._forwarded = 0
 
     def forward_to(self, deliver: Deliver) -> None:
         """Hand released records to ``deliver`` instead of keeping them for ``__anext__``
@@ -90,8 +92,16 @@ class CommittedResults(AsyncIterator[Any]):
         ready = [r for r in self._ready if r is not _END]
         ended = len(ready) < len(self._ready)
         self._ready.clear()
+        self._forwarded += len(ready)
         if ready or ended:
             deliver(ready, ended, self._error)
+
+    def read_elsewhere(self, n: int) -> None:
+        """The other loop's iterator read ``n`` of the records forwarded to it (call it on
+        the job's loop): they no longer count against the capacity."""
+        self._forwarded -= n
+        if self._forwarded < self.capacity:
+            self._room.set()
 
     def wrap(self, writer: SinkWriter) -> SinkWriter:
         """The sink instance's writer, with its records also going to this iterator."""
@@ -112,15 +122,20 @@ class CommittedResults(AsyncIterator[Any]):
 
     async def wait_for_room(self) -> None:
         """Wait while ``capacity`` released records wait to be read (a sink instance calls
-        it before accepting a batch). Records forwarded to another loop are not counted."""
-        while (not self._closed and self._deliver is None
-               and len(self._ready) >= self.capacity):
+        it before accepting a batch), here or forwarded to another loop's iterator."""
+        while not self._closed and (
+                self._forwarded if self._deliver is not None else len(self._ready)
+        ) >= self.capacity:
             self._room.clear()
             await self._room.wait()
 
     async def aclose(self) -> None:
         """Stop iterating: drop what is buffered; the job keeps nothing more for this
         iterator and never waits for it. Idempotent."""
+        self.close()
+
+    def close(self) -> None:
+        """As :meth:`aclose`, callable from a plain function on the job's loop."""
         if self._closed:
             return
         self._closed = True
@@ -140,6 +155,7 @@ class CommittedResults(AsyncIterator[Any]):
     def _release(self, records: list[Any]) -> None:
         if records and not self._closed:
             if self._deliver is not None:
+                self._forwarded += len(records)
                 self._deliver(list(records), False, None)
                 return
             self._ready.extend(records)
