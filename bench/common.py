@@ -18,6 +18,11 @@ from reactive import KeyedProcessFunction, ValueStateDescriptor
 __all__ = ["peak_rss_mb", "print_table", "zipf_keys"]
 
 
+#: ``CheckpointConfig(history=...)`` for a benchmark that reads the statistics of every
+#: checkpoint of its run (a job keeps the last 10 by default)
+ALL_CHECKPOINTS = 1_000_000
+
+
 def zipf_keys(n: int, vocabulary: int, exponent: float = 1.1, seed: int = 42) -> list[str]:
     """``n`` words drawn from a ``vocabulary``-word list with Zipf(exponent) frequencies
     (numpy ``default_rng(seed)``): the W1 workload's input."""

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import peak_rss_mb, print_table, zipf_keys
+from bench.common import ALL_CHECKPOINTS, peak_rss_mb, print_table, zipf_keys
 from bench.w1 import Count
 from reactive import CheckpointConfig, Dataflow, Sink
 from reactive.connectors.collections import DiscardingSink
@@ -61,7 +61,8 @@ async def run_w1(keys: list[str], sink: Sink, parallelism: int, interval: float,
     (flow.from_collection(keys).key_by(lambda w: w).process(Count()).uid("count")
          .sink(sink).uid("sink"))
     t = time.perf_counter()
-    job = await flow.run(checkpoints=CheckpointConfig(interval=interval, directory=directory))
+    job = await flow.run(checkpoints=CheckpointConfig(
+        history=ALL_CHECKPOINTS, interval=interval, directory=directory))
     return len(keys) / (time.perf_counter() - t), job
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import package_at_revision, peak_rss_mb, print_table
+from bench.common import ALL_CHECKPOINTS, package_at_revision, peak_rss_mb, print_table
 from reactive import (
     CheckpointConfig,
     CheckpointStorage,
@@ -128,7 +128,7 @@ def run_once(records: list[str], loaded_at: int, interval: float, backend: State
     flow = Dataflow("heap-bench", parallelism=1, max_parallelism=128)
     (flow.from_collection(records).key_by(lambda w: w).process(Count()).uid("count")
          .sink(DiscardingSink()))
-    job = run_coroutine(flow.run(checkpoints=CheckpointConfig(
+    job = run_coroutine(flow.run(checkpoints=CheckpointConfig(history=ALL_CHECKPOINTS,
         interval=interval, directory=directory, retained=2), state_backend=backend))
     marks = Count.marks
     t_loaded = next(t for t, n in marks if n >= loaded_at)

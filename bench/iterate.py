@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import ALL_CHECKPOINTS
 from reactive import CheckpointConfig, CheckpointStorage, Dataflow
 from reactive.connectors.collections import ListSink
 
@@ -118,8 +119,8 @@ async def pipeline(records: list[Any], parallelism: int, interval: float
     flow.from_collection(records, uid="graph").iterate(step, uid="propagate").sink(sink)
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
-        job = await flow.run(checkpoints=CheckpointConfig(interval=interval, directory=d,
-                                                          retained=10_000))
+        job = await flow.run(checkpoints=CheckpointConfig(
+            history=ALL_CHECKPOINTS, interval=interval, directory=d, retained=10_000))
         seconds = time.perf_counter() - t0
         stats = {s.checkpoint_id: s for s in job.metrics.checkpoints if s.status == "completed"}
         rows = []

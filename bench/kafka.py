@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> str:
                 with tempfile.TemporaryDirectory() as d:
                     rate, job = run_coroutine(pipeline(bootstrap, output, semantic, par,
                                                        args.interval, d))
-                checkpoints[name].append(len(job.metrics.completed_checkpoints))
+                checkpoints[name].append(job.metrics.totals.completed)
             rates[name].append(rate)
             if args.verify:
                 verify(cluster, output, args.records)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.common import ALL_CHECKPOINTS
 from bench.latency import LatencySink, StampedSource, latency_summary, uniform_key
 from bench.window_sharing import NaiveWindows, SlicingWindows
 from bench.windows import Sum
@@ -80,7 +81,7 @@ def _config(mode: str | None, interval: float | None, directory: Path) -> Checkp
     if mode is None:
         return None
     return CheckpointConfig(interval=interval, directory=directory, mode=mode,  # type: ignore[arg-type]
-                            retained=1, timeout=600)
+                            retained=1, timeout=600, history=ALL_CHECKPOINTS)
 
 
 # --------------------------------------------------------------------- ABS paper, section 7

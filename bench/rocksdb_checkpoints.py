@@ -45,7 +45,14 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import SilentCount, package_at_revision, peak_rss_mb, print_table, zipf_keys
+from bench.common import (
+    ALL_CHECKPOINTS,
+    SilentCount,
+    package_at_revision,
+    peak_rss_mb,
+    print_table,
+    zipf_keys,
+)
 from reactive import (
     CheckpointConfig,
     CheckpointStats,
@@ -113,7 +120,7 @@ async def run_w1(keys: list[Any], directory: Path, backend: StateBackend, source
     (flow.from_collection(keys).uid(source_uid).key_by(lambda w: w)
          .process(fn or SilentCount()).uid("count").sink(DiscardingSink()))
     t, cpu = time.perf_counter(), time.process_time()
-    job = await flow.run(checkpoints=CheckpointConfig(interval=interval,
+    job = await flow.run(checkpoints=CheckpointConfig(history=ALL_CHECKPOINTS, interval=interval,
                                                       directory=directory / "chk"),
                          state_backend=backend, restore_from=restore_from,
                          allow_non_restored_state=restore_from is not None)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import SilentCount, peak_rss_mb, print_table, zipf_keys
+from bench.common import ALL_CHECKPOINTS, SilentCount, peak_rss_mb, print_table, zipf_keys
 from bench.w1 import bare_loop
 from reactive import (
     CheckpointConfig,
@@ -48,8 +48,8 @@ async def pipeline(keys: list[str], parallelism: int, interval: float, directory
     (flow.from_collection(keys).key_by(lambda w: w).process(SilentCount()).uid("count")
          .sink(DiscardingSink()))
     t = time.perf_counter()
-    job = await flow.run(checkpoints=CheckpointConfig(interval=interval, directory=directory),
-                         state_backend=backend)
+    job = await flow.run(checkpoints=CheckpointConfig(
+        history=ALL_CHECKPOINTS, interval=interval, directory=directory), state_backend=backend)
     return len(keys) / (time.perf_counter() - t), job.metrics.completed_checkpoints
 
 

@@ -30,7 +30,7 @@ import tempfile
 import time
 from typing import Any
 
-from bench.common import peak_rss_mb, print_table, zipf_keys
+from bench.common import ALL_CHECKPOINTS, peak_rss_mb, print_table, zipf_keys
 from bench.figures import RESULTS, write_ratio_png
 from reactive import CheckpointConfig, Dataflow, KeyedProcessFunction, ValueStateDescriptor
 from reactive.connectors.collections import DiscardingSink
@@ -115,7 +115,8 @@ async def pipeline(keys: list[str], parallelism: int, interval: float | None,
     flow = Dataflow("w1", parallelism=parallelism, max_parallelism=128)
     (flow.from_collection(keys).key_by(lambda w: w).process(fn or Count()).uid("count")
          .sink(DiscardingSink()))
-    config = CheckpointConfig(interval=interval, directory=directory) if interval else None
+    config = CheckpointConfig(history=ALL_CHECKPOINTS, interval=interval,
+                              directory=directory) if interval else None
     t, c = time.perf_counter(), time.process_time()
     job = await flow.run(checkpoints=config)
     return (len(keys) / (time.perf_counter() - t), len(keys) / (time.process_time() - c)), job

@@ -351,7 +351,7 @@ async def report_progress(job: Any, data: Path, total: int, every: float,
             if base[0] is not job.restored_from:
                 base = (job.restored_from, kafka_records_before_restored_position(job) if kafka
                         else rows_before_restored_position(job, data))
-            lines = job.metrics.operators.get("crash-injector", {}).get("records_in", 0)
+            lines = job.metrics.by_name().get("crash-injector", {}).get("records_in", 0)
             # a restarted line source does not emit the header line again
             skipped = header if base[0] is None else 0
             read = max(0, min(base[1] + lines - skipped, total))
@@ -407,7 +407,7 @@ async def run_job(args: argparse.Namespace) -> dict[str, Any]:
                           for sub in op["subtasks"].values()
                           for h in (sub.get("keyed_state"),) if h for f in h["files"])
     return {
-        "records": m.operators.get("crash-injector", {}).get("records_in", 0),
+        "records": m.by_name().get("crash-injector", {}).get("records_in", 0),
         "seconds": elapsed,
         "restored_from": m.restored_checkpoints,
         "checkpoints": len(done),

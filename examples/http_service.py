@@ -546,7 +546,7 @@ class Service:
     async def get_status(self, request: web.Request) -> web.Response:
         job = self.job
         return _json({"job": job.status, "restarts": job.metrics.restarts,
-                      "checkpoints": len(job.metrics.completed_checkpoints),
+                      "checkpoints": job.metrics.totals.completed,
                       "accepted": self.accepted, "durable": self.source.durable,
                       "results": len(self.results.entries),
                       "error": None if self.job_error is None else str(self.job_error)})

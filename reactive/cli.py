@@ -126,10 +126,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"job {flow.name!r} stopped by {outcome.signal_name}{where}; resume with:\n"
               f"  {_resume_command(args)}")
         return 0
-    print(f"job {flow.name!r} finished: {len(m.completed_checkpoints)} checkpoints, "
+    print(f"job {flow.name!r} finished: {m.totals.completed} checkpoints, "
           f"{m.restarts} restarts")
-    for name, counts in m.operators.items():
-        print(f"  {name}: in {counts['records_in']:,} out {counts['records_out']:,}")
+    names = m.operator_names
+    for uid, counts in m.operators.items():
+        label = uid if names.get(uid, uid) == uid else f"{names[uid]} ({uid})"
+        print(f"  {label}: in {counts['records_in']:,} out {counts['records_out']:,}")
     return 0
 
 

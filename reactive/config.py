@@ -42,10 +42,12 @@ class CheckpointConfig:
             then takes about as long under backpressure as without it; it stores the queued
             records too. Savepoints and the job's final checkpoint stay aligned. Needs
             ``mode="exactly_once"``; a dataflow with an iteration cannot use it.
+        history: how many checkpoints' statistics ``job.metrics.checkpoints`` keeps (>= 1;
+            Flink's ``web.checkpoints.history``); ``job.metrics.totals`` counts them all.
 
     Raises:
-        ConfigurationError: on a non-positive interval, timeout, max_concurrent or retained,
-            an unknown mode, or ``max_concurrent > 1`` with ``mode="synchronous"`` (the
+        ConfigurationError: on a non-positive interval, timeout, max_concurrent, retained
+            or history, an unknown mode, or ``max_concurrent > 1`` with ``mode="synchronous"`` (the
             sources stay halted until the one pending checkpoint completes), or
             ``unaligned`` with another mode than ``"exactly_once"``.
     """
@@ -58,6 +60,7 @@ class CheckpointConfig:
     retained: int = 3
     tolerable_failed_checkpoints: int = 3
     unaligned: bool = False
+    history: int = 10
 
     def __post_init__(self) -> None:
         if self.interval is not None and not self.interval > 0:
@@ -77,6 +80,8 @@ class CheckpointConfig:
                 f"until it completes): max_concurrent must be 1, got {self.max_concurrent}")
         if self.retained < 1:
             raise ConfigurationError(f"retained must be >= 1, got {self.retained}")
+        if self.history < 1:
+            raise ConfigurationError(f"history must be >= 1, got {self.history}")
         if self.tolerable_failed_checkpoints < 0:
             raise ConfigurationError("tolerable_failed_checkpoints must be >= 0")
         if self.unaligned and self.mode != "exactly_once":

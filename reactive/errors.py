@@ -20,6 +20,8 @@ __all__ = [
     "RecordRejectedError",
     "RestoreError",
     "StateAccessError",
+    "StateNotReadyError",
+    "StateQueryError",
     "StateSerializationError",
     "UnsupportedKeyError",
     "UserFunctionError",
@@ -128,6 +130,18 @@ class StateSerializationError(CheckpointError):
             f"{type(cause).__name__}: {cause}. Keep state values to picklable data, or give "
             "the state descriptor a serializer that handles them"
         )
+
+
+class StateQueryError(ReactiveError):
+    """A state query names an operator or state the job does not have, the operator is not
+    keyed, or the state cannot be read now."""
+
+
+class StateNotReadyError(StateQueryError):
+    """A committed state query has no completed checkpoint to answer from yet: the run has
+    completed none (and restored none), or is still choosing what to restore. Ask again
+    after the next checkpoint completes; this is never a "no value" answer (that is None).
+    """
 
 
 class RestoreError(ReactiveError):

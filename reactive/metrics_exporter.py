@@ -4,12 +4,16 @@
 registry of its own holding one collector. The collector reads ``job.metrics`` only when
 Prometheus scrapes: nothing is counted per record beyond what the runtime already counts.
 The figures are read on the job's event loop (the collector posts a callback to it and waits
-for the result), so a scrape sees one consistent snapshot and never races the tasks.
+for the result), so a scrape sees one consistent snapshot and never races the tasks; what it
+copies there is bounded (the running totals and the bounded checkpoint history), however
+long the job has run. Counters come from the totals, so they never go down.
 
 Exported (``reactive_`` prefix)::
 
-    operator_records_in_total{operator}      counter, summed over instances and attempts
-    operator_records_out_total{operator}     counter
+    operator_records_in_total{operator,name} counter, summed over instances and attempts;
+                                             operator is the uid (one series per operator,
+                                             also when two share a name), name its name
+    operator_records_out_total{operator,name} counter
     channel_queued_items{channel}            gauge, items queued now (sampled at scrape)
     channel_capacity_items{channel}          gauge
     channel_fill_ratio{channel}              gauge, queued / capacity (1.0: backpressure)
@@ -17,11 +21,14 @@ Exported (``reactive_`` prefix)::
     checkpoints_total{status}                counter, status completed | aborted
     checkpoints_in_progress                  gauge
     checkpoint_failures_total{reason}        counter, CheckpointFailureReason names
-    checkpoint_alignment_seconds{stat}       gauge, stat last | median (completed ones)
+    checkpoint_alignment_seconds{stat}       gauge, stat last | median (completed ones the
+                                             history keeps, CheckpointConfig.history)
     checkpoint_sync_seconds{stat}            gauge
     checkpoint_async_seconds{stat}           gauge
     checkpoint_duration_seconds{stat}        gauge
     checkpoint_size_bytes{stat}              gauge
+    completed_checkpoint_duration_seconds_total  counter, summed over all completed ones
+    completed_checkpoint_size_bytes_total    counter, summed over all completed ones
     last_checkpoint_id                       gauge, the latest completed checkpoint
     last_checkpoint_timestamp_seconds        gauge, when it completed (Unix time)
     job_restarts_total                       counter
@@ -45,6 +52,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .checkpoint.stats import CheckpointTotals
 from .extras import require
 
 if TYPE_CHECKING:
@@ -78,20 +86,23 @@ class _Snapshot:
     run_id: str
     status: str
     restarts: int
-    operators: dict[str, tuple[int, int]]
+    operators: dict[str, tuple[str, int, int]]  # uid -> (name, in, out)
     channels: dict[str, tuple[int, int]]
     max_channel_length: int
     checkpoints: list[_Checkpoint]
+    totals: CheckpointTotals
 
     @classmethod
     def of(cls, job: Job) -> _Snapshot:
         m = job.metrics
+        names = m.operator_names
         return cls(
             name=job.name,
             run_id=job.run_id,
             status=job.status,
             restarts=m.restarts,
-            operators={k: (v["records_in"], v["records_out"]) for k, v in m.operators.items()},
+            operators={uid: (names.get(uid, uid), v["records_in"], v["records_out"])
+                       for uid, v in m.operators.items()},
             channels=m.channel_fill(),
             max_channel_length=m.max_channel_length,
             checkpoints=[
@@ -99,6 +110,7 @@ class _Snapshot:
                             c.async_, c.duration, c.size, c.trigger_time + c.duration)
                 for c in list(m.checkpoints)
             ],
+            totals=m.totals,
         )
 
 
@@ -148,13 +160,13 @@ class _JobCollector:
 
         records_in = p.CounterMetricFamily(
             "reactive_operator_records_in", "Records an operator received (all instances and "
-            "attempts).", labels=["operator"])
+            "attempts); operator is its uid.", labels=["operator", "name"])
         records_out = p.CounterMetricFamily(
             "reactive_operator_records_out", "Records an operator emitted (all instances and "
-            "attempts).", labels=["operator"])
-        for name, (n_in, n_out) in sorted(s.operators.items()):
-            records_in.add_metric([name], n_in)
-            records_out.add_metric([name], n_out)
+            "attempts); operator is its uid.", labels=["operator", "name"])
+        for uid, (name, n_in, n_out) in sorted(s.operators.items()):
+            records_in.add_metric([uid, name], n_in)
+            records_out.add_metric([uid, name], n_out)
         yield records_in
         yield records_out
 
@@ -177,30 +189,27 @@ class _JobCollector:
                                   "The most items ever queued in one channel (all attempts).",
                                   value=s.max_channel_length)
 
-        by_status = {"completed": 0, "aborted": 0}
-        reasons: dict[str, int] = {}
-        pending = 0
-        for c in s.checkpoints:
-            if c.status == "pending":
-                pending += 1
-                continue
-            by_status[c.status] = by_status.get(c.status, 0) + 1
-            if c.status == "aborted":
-                reason = c.failure_reason or "UNKNOWN"
-                reasons[reason] = reasons.get(reason, 0) + 1
+        t = s.totals
         total = p.CounterMetricFamily("reactive_checkpoints", "Checkpoints and savepoints that "
                                       "ended, by status.", labels=["status"])
-        for status, n in sorted(by_status.items()):
-            total.add_metric([status], n)
+        total.add_metric(["aborted"], t.aborted)
+        total.add_metric(["completed"], t.completed)
         yield total
         yield p.GaugeMetricFamily("reactive_checkpoints_in_progress",
-                                  "Checkpoints triggered and not yet ended.", value=pending)
+                                  "Checkpoints triggered and not yet ended.",
+                                  value=t.in_progress)
         failures = p.CounterMetricFamily("reactive_checkpoint_failures",
                                          "Aborted checkpoints by CheckpointFailureReason.",
                                          labels=["reason"])
-        for reason, n in sorted(reasons.items()):
+        for reason, n in sorted(t.failures.items()):
             failures.add_metric([reason], n)
         yield failures
+        yield p.CounterMetricFamily("reactive_completed_checkpoint_duration_seconds",
+                                    "Trigger to completion, summed over every completed "
+                                    "checkpoint.", value=t.duration)
+        yield p.CounterMetricFamily("reactive_completed_checkpoint_size_bytes",
+                                    "Bytes written, summed over every completed checkpoint.",
+                                    value=t.size)
 
         done = [c for c in s.checkpoints if c.status == "completed"]
         costs: list[tuple[str, str, list[float]]] = [
@@ -215,19 +224,21 @@ class _JobCollector:
         for suffix, what, values in costs:
             g = p.GaugeMetricFamily(f"reactive_checkpoint_{suffix}",
                                     f"{what} of the last completed checkpoint (stat=last) and "
-                                    "the median over the completed ones (stat=median).",
+                                    "the median over the completed ones of the history "
+                                    "(stat=median).",
                                     labels=["stat"])
             if values:
                 g.add_metric(["last"], values[-1])
                 g.add_metric(["median"], statistics.median(values))
             yield g
-        if done:
+        last = t.last_completed
+        if last is not None:
             yield p.GaugeMetricFamily("reactive_last_checkpoint_id",
                                       "Id of the latest completed checkpoint.",
-                                      value=done[-1].checkpoint_id)
+                                      value=last.checkpoint_id)
             yield p.GaugeMetricFamily("reactive_last_checkpoint_timestamp_seconds",
                                       "Unix time the latest completed checkpoint completed.",
-                                      value=done[-1].end_time)
+                                      value=last.trigger_time + last.duration)
 
         yield p.CounterMetricFamily("reactive_job_restarts",
                                     "Restarts after a failure.", value=s.restarts)

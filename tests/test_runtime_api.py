@@ -102,7 +102,7 @@ async def test_embedded_job_runs_beside_the_application(tmp_path):
     assert job.status == "finished"
     assert final_counts(sink.records) == dict(collections.Counter(words))
     metrics = job.metrics
-    assert metrics.operators["Count"]["records_in"] == len(words)
+    assert metrics.by_name()["Count"]["records_in"] == len(words)
     # the on-demand checkpoint and the final one, with their costs recorded
     assert [c.status for c in metrics.checkpoints] == ["completed", "completed"]
     assert all(c.size > 0 and c.sync >= 0 and c.async_ > 0 for c in metrics.checkpoints)
@@ -157,7 +157,7 @@ class SlowSink(Sink):
         class W(SinkWriter):
             async def write(self, batch):
                 sink.received += len(batch)
-                produced = sink.job_box[0].metrics.operators["collection"]["records_out"]
+                produced = sink.job_box[0].metrics.by_name()["collection"]["records_out"]
                 sink.max_ahead = max(sink.max_ahead, produced - sink.received)
                 await asyncio.sleep(sink.delay)
 

@@ -165,7 +165,7 @@ async def test_an_aborted_checkpoint_resumes_the_sources(tmp_path):
     flow.from_collection(words).key_by(lambda w: w).process(Count()).uid("count") \
         .sink(ListOnce())
     job = await asyncio.wait_for(flow.run(checkpoints=CheckpointConfig(
-        interval=0.005, directory=tmp_path, mode="synchronous")), timeout=120)
+        interval=0.005, directory=tmp_path, mode="synchronous", history=1_000)), timeout=120)
     statuses = [s.status for s in job.metrics.checkpoints]
     assert statuses[0] == "aborted" and "completed" in statuses[1:]
     assert final_counts(sink_records) == dict(collections.Counter(words))

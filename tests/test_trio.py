@@ -117,3 +117,49 @@ def test_results_read_after_the_job_ended_are_all_there(tmp_path):
     counts = collections.Counter(words)
     assert seen == collections.Counter((w, i) for w, c in counts.items()
                                        for i in range(1, c + 1))
+
+
+def test_results_iterated_from_trio_are_bounded_and_closable(tmp_path):
+    """A trio reader slower than the job: what the sink received and trio did not read yet
+    stays within the capacity plus what no completed checkpoint covers; a closed iterator
+    no longer holds the job back."""
+    from reactive.testing import TestingSource
+
+    def flow_of(n: int, out: ListSink) -> Dataflow:
+        items: list = []
+        for i in range(n):
+            items.append(i)
+            if i % 500 == 499:
+                items.append(TestingSource.CHECKPOINT)
+        flow = Dataflow("trio-slow-reader", parallelism=1)
+        (flow.source(TestingSource(items, batch_size=50)).uid("src")
+             .map(lambda x: x).uid("m").sink(out).uid("out"))
+        return flow
+
+    async def main():
+        out = ListSink()
+        job = await flow_of(5_000, out).start(
+            checkpoints=CheckpointConfig(interval=0.01, directory=str(tmp_path / "a")))
+        seen, most_waiting = [], 0
+        async for record in job.results("out", capacity=100):
+            seen.append(record)
+            most_waiting = max(most_waiting, len(out.records) - len(seen))
+            if len(seen) % 10 == 0:
+                await trio.sleep(0.001)  # a reader slower than the job
+        await job.wait()
+        assert seen == list(range(5_000))
+        # capacity + two markers' worth not yet released + what trio has not reported
+        assert most_waiting <= 100 + 2 * 500 + 50 + 256
+
+        out = ListSink()
+        job = await flow_of(5_000, out).start(
+            checkpoints=CheckpointConfig(interval=0.01, directory=str(tmp_path / "b")))
+        async with job.results("out", capacity=10) as results:
+            async for first in results:
+                assert first == 0
+                break
+        with trio.fail_after(60):  # a job held back would never end
+            await job.wait()
+        assert len(out.records) == 5_000
+
+    trio.run(main)

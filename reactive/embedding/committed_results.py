@@ -3,10 +3,25 @@ that covers them completes (read committed) or at once (read uncommitted).
 
 Read committed is the epoch commit of the thesis (4.1.3) applied to an in-memory queue: the
 records a sink instance receives between two barriers are held as that checkpoint's
-transaction, released in checkpoint order when it completes, and dropped when the attempt
-fails (the restored job produces them again). So the application never acts on output that a
-failure takes back, whatever the sink itself guarantees. Read uncommitted yields every record
-at once: after a failure it may see records again.
+transaction, released in checkpoint order when it completes. So the application never acts on
+output that a failure takes back, whatever the sink itself guarantees. Read uncommitted yields
+every record at once: after a failure it may see records again.
+
+The iterator is bounded: a sink instance accepts no batch while ``capacity`` released records
+wait to be read (backpressure: the sink task waits, its input channels fill, the sources
+slow down), so an application that reads slowly slows the job instead of growing its memory.
+Records are released a checkpoint at a time, so up to ``capacity`` plus the records of one
+checkpoint interval of every instance wait at once. An application that stops reading closes
+the iterator (``aclose()``, or ``async with``): the job no longer keeps records for it (an
+iterator neither read nor closed stalls the job, as a full channel does).
+
+When an attempt fails, its instances hand their held transactions back to the iterator, which
+outlives attempts as the job does: the restore releases those of the checkpoints the restored
+one covers (they completed, so the restored job does not produce their records again; the
+notification just never reached the sink instance) and drops the others (the restored job
+produces their records again). This is the recovery of a two-phase-commit writer (thesis
+4.1.3.1: commit the restored checkpoint's pending transactions) for an in-memory sink; each
+transaction is released once, by the instance's notification or by the restore.
 """
 
 from __future__ import annotations
@@ -16,10 +31,14 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from ..errors import ConfigurationError
 from ..runtime.operators import maybe_await
 from ..sinks import SinkWriter
 
-__all__ = ["CommittedResults"]
+__all__ = ["DEFAULT_CAPACITY", "CommittedResults"]
+
+#: records an iterator keeps released and unread before its sink waits (see the module)
+DEFAULT_CAPACITY = 10_000
 
 _END = object()
 
@@ -31,18 +50,35 @@ class CommittedResults(AsyncIterator[Any]):
     """The records of one sink (all its instances), as an async iterator.
 
     Made by :meth:`reactive.Job.results`. Iteration ends when the job finishes (after the
-    last records) and raises the job's error when it fails for good.
+    last records) and raises the job's error when it fails for good, or when the
+    application closes it (``await it.aclose()``, or ``async with job.results(...) as it``).
 
     Args:
         committed: read committed (True) or uncommitted (False).
+        capacity: records released and not yet read before the sink's instances wait for
+            the application to read (backpressure; see the module).
+
+    Raises:
+        ConfigurationError: ``capacity`` is below 1.
     """
 
-    def __init__(self, committed: bool = True) -> None:
+    def __init__(self, committed: bool = True, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ConfigurationError(f"results capacity must be at least 1, got {capacity}")
         self.committed = committed
+        self.capacity = capacity
+        self._closed = False
+        self._on_close: Callable[[], None] | None = None
+        self._room = asyncio.Event()
+        self._room.set()
         self._ready: deque[Any] = deque()
         self._event = asyncio.Event()
         self._error: BaseException | None = None
         self._deliver: Deliver | None = None
+        # transactions (checkpoint id, records) taken back from instances of failed attempts
+        self._held: list[tuple[int, list[Any]]] = []
+        # records handed to ``deliver`` that the other loop has not reported read yet
+        self._forwarded = 0
 
     def forward_to(self, deliver: Deliver) -> None:
         """Hand released records to ``deliver`` instead of keeping them for ``__anext__``
@@ -56,20 +92,95 @@ class CommittedResults(AsyncIterator[Any]):
         ready = [r for r in self._ready if r is not _END]
         ended = len(ready) < len(self._ready)
         self._ready.clear()
+        self._forwarded += len(ready)
         if ready or ended:
             deliver(ready, ended, self._error)
+
+    def read_elsewhere(self, n: int) -> None:
+        """The other loop's iterator read ``n`` of the records forwarded to it (call it on
+        the job's loop): they no longer count against the capacity."""
+        self._forwarded -= n
+        if self._forwarded < self.capacity:
+            self._room.set()
 
     def wrap(self, writer: SinkWriter) -> SinkWriter:
         """The sink instance's writer, with its records also going to this iterator."""
         return _TappedWriter(writer, self)
 
+    @property
+    def buffered(self) -> int:
+        """Records released and not yet read."""
+        return len(self._ready) - (1 if self._ended() else 0)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the application closed the iterator."""
+        return self._closed
+
+    def _ended(self) -> bool:
+        return bool(self._ready) and self._ready[-1] is _END
+
+    async def wait_for_room(self) -> None:
+        """Wait while ``capacity`` released records wait to be read (a sink instance calls
+        it before accepting a batch), here or forwarded to another loop's iterator."""
+        while not self._closed and (
+                self._forwarded if self._deliver is not None else len(self._ready)
+        ) >= self.capacity:
+            self._room.clear()
+            await self._room.wait()
+
+    async def aclose(self) -> None:
+        """Stop iterating: drop what is buffered; the job keeps nothing more for this
+        iterator and never waits for it. Idempotent."""
+        self.close()
+
+    def close(self) -> None:
+        """As :meth:`aclose`, callable from a plain function on the job's loop."""
+        if self._closed:
+            return
+        self._closed = True
+        self._ready.clear()
+        self._held = []
+        self._room.set()
+        self._event.set()  # a reader waiting in __anext__ stops
+        if self._on_close is not None:
+            self._on_close()
+
+    async def __aenter__(self) -> CommittedResults:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
     def _release(self, records: list[Any]) -> None:
-        if records:
+        if records and not self._closed:
             if self._deliver is not None:
+                self._forwarded += len(records)
                 self._deliver(list(records), False, None)
                 return
             self._ready.extend(records)
             self._event.set()
+
+    def hold(self, transactions: list[tuple[int, list[Any]]]) -> None:
+        """An instance closes with pre-committed transactions ``[(checkpoint id, records)]``
+        whose completion it was not told: keep them until :meth:`recover` decides."""
+        if not self._closed:
+            self._held.extend(transactions)
+
+    def recover(self, checkpoint_id: int | None) -> None:
+        """The job goes on from checkpoint ``checkpoint_id`` (None: from the start of the
+        input): release the held transactions it covers, in checkpoint order, and drop the
+        rest (the restored job produces their records again).
+
+        Called when a restart restores a checkpoint, and at the end of the job with its
+        latest completed checkpoint (its output is committed).
+        """
+        held, self._held = sorted(self._held, key=lambda t: t[0]), []
+        if checkpoint_id is None:
+            return
+        for cid, records in held:
+            if cid <= checkpoint_id:
+                self._release(records)
 
     def end(self, error: BaseException | None = None) -> None:
         """The job ended (with ``error`` when it failed): iteration stops after the records
@@ -86,6 +197,8 @@ class CommittedResults(AsyncIterator[Any]):
 
     async def __anext__(self) -> Any:
         while not self._ready:
+            if self._closed:
+                raise StopAsyncIteration
             self._event.clear()
             await self._event.wait()
         item = self._ready[0]
@@ -93,7 +206,10 @@ class CommittedResults(AsyncIterator[Any]):
             if self._error is not None:
                 raise self._error
             raise StopAsyncIteration
-        return self._ready.popleft()
+        self._ready.popleft()
+        if len(self._ready) < self.capacity:
+            self._room.set()
+        return item
 
 
 class _TappedWriter(SinkWriter):
@@ -111,7 +227,11 @@ class _TappedWriter(SinkWriter):
         return getattr(self.writer, name)
 
     async def write(self, batch: list[Any]) -> None:
+        # backpressure: the application reads slower than the sink writes
+        await self.results.wait_for_room()
         await maybe_await(self.writer.write(batch))
+        if self.results.closed:
+            return
         if self.results.committed:
             self.current.extend(batch)
         else:
@@ -147,6 +267,10 @@ class _TappedWriter(SinkWriter):
         self.current = []
 
     def close(self) -> Awaitable[None] | None:
-        # after a failure the held records are taken back: the restored job emits them again
+        # after a failure: the open interval is taken back (the restored job emits it
+        # again); the pre-committed ones go to the iterator, whose recover() releases those
+        # of checkpoints that completed (see the module's docstring)
+        if self.pending:
+            self.results.hold(self.pending)
         self.current, self.pending = [], []
         return self.writer.close()

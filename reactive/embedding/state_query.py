@@ -12,17 +12,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..checkpoint.metadata import CompletedCheckpoint
-from ..errors import ReactiveError
+from ..checkpoint.off_loop import in_thread
+from ..errors import StateQueryError
 from ..keygroups import KeyGroupRange, assign_to_key_group, operator_index_for_key_group
 from ..state.api import ListState, MapState, ReducingState, State, ValueState
 from ..state.key_group_stream import read_key_groups
 
 __all__ = ["CommittedStateCache", "StateQueryError", "query_live"]
-
-
-class StateQueryError(ReactiveError):
-    """A state query names an operator or state the job does not have, or the operator is
-    not keyed."""
 
 
 def _read(state: State) -> Any:
@@ -102,8 +98,31 @@ async def query_live(tasks: Iterable[Any], uid: str, state_name: str, key: Any,
         waiting.discard(answer)
 
 
+# the states of one key group: {state name: {key: value}}
+_KeyGroupStates = dict[str, dict[Any, Any]]
+
+
+def _read_key_group(handle: Any, job_dir: Any, key_group: int) -> _KeyGroupStates:
+    """Blocking: every state's entries in one key group of a keyed-state snapshot handle."""
+    from ..defaults import register_builtin_key_group_readers
+
+    register_builtin_key_group_readers()
+    states: _KeyGroupStates = {}
+    with read_key_groups(handle, job_dir,
+                         key_group_range=KeyGroupRange(key_group, key_group)) as stream:
+        for _, _, found in stream:
+            for name, entries in found.items():
+                states.setdefault(name, {}).update(entries)
+    return states
+
+
 class CommittedStateCache:
     """Point lookups in completed checkpoints, keeping the last ``size`` key groups read.
+
+    A key group not in the cache is read from the snapshot's files in a worker thread
+    (:func:`~reactive.checkpoint.off_loop.in_thread`: opening a RocksDB snapshot or decoding
+    a heap file takes 10-100 ms, which the event loop, the application's too, must not
+    wait); the cache itself is only touched on the event loop.
 
     Args:
         size: key groups kept in memory.
@@ -111,11 +130,11 @@ class CommittedStateCache:
 
     def __init__(self, size: int = 64) -> None:
         self.size = size
-        self._key_groups: OrderedDict[tuple[str, int, str, int], dict[str, dict[Any, Any]]] = (
+        self._key_groups: OrderedDict[tuple[str, int, str, int], _KeyGroupStates] = (
             OrderedDict())
 
-    def lookup(self, checkpoint: CompletedCheckpoint, uid: str, state_name: str,
-               key: Any) -> Any:
+    async def lookup(self, checkpoint: CompletedCheckpoint, uid: str, state_name: str,
+                     key: Any) -> Any:
         """The value of ``state_name`` for ``key`` in operator ``uid``'s state in
         ``checkpoint``.
 
@@ -138,18 +157,9 @@ class CommittedStateCache:
         cache_key = (str(checkpoint.path), checkpoint.checkpoint_id, uid, key_group)
         states = self._key_groups.get(cache_key)
         if states is None:
-            states = {}
             handle = operator["subtasks"].get(str(owner), {}).get("keyed_state")
-            if handle:
-                from ..defaults import register_builtin_key_group_readers
-
-                register_builtin_key_group_readers()
-                with read_key_groups(handle, checkpoint.job_dir,
-                                     key_group_range=KeyGroupRange(key_group, key_group)
-                                     ) as stream:
-                    for _, _, found in stream:
-                        for name, entries in found.items():
-                            states.setdefault(name, {}).update(entries)
+            states = (await in_thread(_read_key_group, handle, checkpoint.job_dir, key_group)
+                      if handle else {})
             self._key_groups[cache_key] = states
             while len(self._key_groups) > self.size:
                 self._key_groups.popitem(last=False)

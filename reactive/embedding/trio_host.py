@@ -26,6 +26,8 @@ import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .committed_results import DEFAULT_CAPACITY, CommittedResults
+
 if TYPE_CHECKING:
     from ..checkpoint.metadata import CompletedCheckpoint
     from ..runtime.job import Job
@@ -186,21 +188,25 @@ class TrioJob:
         """As :meth:`reactive.Job.query_state`."""
         return await self._call(self.job.query_state(uid, state, key, committed))
 
-    def results(self, sink: str | Sink, committed: bool = True) -> AsyncIterator[Any]:
+    def results(self, sink: str | Sink, committed: bool = True,
+                capacity: int = DEFAULT_CAPACITY) -> AsyncIterator[Any]:
         """As :meth:`reactive.Job.results`, iterated from trio.
 
         Call it right after ``start`` to see every record (it registers the iterator on the
         job's loop before returning). The records are handed over to trio as the job
         releases them, so iterating needs no call into the job's loop: the records and the
-        end are all there after :meth:`wait` ended that loop."""
+        end are all there after :meth:`wait` ended that loop. The bound holds across the
+        two loops: the trio side reports what it read, and the sink waits while
+        ``capacity`` handed-over records are unread. Close it with ``aclose()``."""
         import trio
 
-        results = _TrioResults(trio.lowlevel.current_trio_token())
+        results = _TrioResults(trio.lowlevel.current_trio_token(), self.host.loop)
         registered: concurrent.futures.Future[None] = concurrent.futures.Future()
 
         def register() -> None:
             try:
-                self.job.results(sink, committed).forward_to(results.deliver)
+                results.source = self.job.results(sink, committed, capacity)
+                results.source.forward_to(results.deliver)
                 registered.set_result(None)
             except BaseException as exc:
                 registered.set_exception(exc)
@@ -212,16 +218,24 @@ class TrioJob:
 
 class _TrioResults(AsyncIterator[Any]):
     """The trio side of a results iterator: the job's loop thread hands records over
-    through the trio token; iterating reads them here."""
+    through the trio token; iterating reads them here and reports what it read back to the
+    job's loop (in groups, to keep cross-thread calls few), which frees room for the sink."""
 
-    def __init__(self, token: Any) -> None:
+    #: records read before the trio side reports them (sooner when it has read all)
+    REPORT_EVERY = 256
+
+    def __init__(self, token: Any, loop: asyncio.AbstractEventLoop) -> None:
         import trio
 
         self.token = token
+        self.loop = loop
+        self.source: CommittedResults | None = None  # the job-side iterator
         self._ready: collections.deque[Any] = collections.deque()
         self._ended = False
+        self._closed = False
         self._error: BaseException | None = None
         self._arrived = trio.Event()
+        self._unreported = 0
 
     def deliver(self, records: list[Any], ended: bool, error: BaseException | None) -> None:
         """On the job's loop thread: pass ``records`` (and the end) to the trio thread."""
@@ -231,10 +245,36 @@ class _TrioResults(AsyncIterator[Any]):
             self.token.run_sync_soon(self._arrive, records, ended, error)
 
     def _arrive(self, records: list[Any], ended: bool, error: BaseException | None) -> None:
+        if self._closed:
+            return
         self._ready.extend(records)
         if ended:
             self._ended, self._error = True, error
         self._arrived.set()
+
+    def _on_job_loop(self, fn: Any, *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the job's loop closed: nothing waits
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    def _report(self) -> None:
+        if self._unreported and self.source is not None:
+            self._on_job_loop(self.source.read_elsewhere, self._unreported)
+            self._unreported = 0
+
+    async def aclose(self) -> None:
+        """Stop iterating: the job keeps nothing more for this iterator."""
+        if not self._closed:
+            self._closed = True
+            self._ready.clear()
+            if self.source is not None:
+                self._on_job_loop(self.source.close)
+            self._arrived.set()
+
+    async def __aenter__(self) -> _TrioResults:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     def __aiter__(self) -> _TrioResults:
         return self
@@ -243,12 +283,16 @@ class _TrioResults(AsyncIterator[Any]):
         import trio
 
         while not self._ready:
-            if self._ended:
-                if self._error is not None:
+            self._report()
+            if self._ended or self._closed:
+                if self._error is not None and not self._closed:
                     raise self._error
                 raise StopAsyncIteration
             self._arrived = trio.Event()
             await self._arrived.wait()
+        self._unreported += 1
+        if self._unreported >= self.REPORT_EVERY:
+            self._report()
         return self._ready.popleft()
 
 

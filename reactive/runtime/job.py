@@ -32,6 +32,7 @@ from ..checkpoint.completed_checkpoint_store import CompletedCheckpointStore
 from ..checkpoint.coordinator import CheckpointCoordinator, OperatorInfo
 from ..checkpoint.lineage import (
     ReplayPolicy,
+    committed_output,
     lineage_candidates,
     resume_candidates,
     select_restore,
@@ -40,9 +41,10 @@ from ..checkpoint.metadata import CompletedCheckpoint
 from ..checkpoint.off_loop import in_thread
 from ..checkpoint.savepoints import move_savepoint
 from ..checkpoint.state_assignment_operation import StateAssignmentOperation
+from ..checkpoint.stats import DEFAULT_HISTORY, CheckpointHistory
 from ..checkpoint.storage import CheckpointStorage
 from ..config import CheckpointConfig, RestartStrategy
-from ..embedding.committed_results import CommittedResults
+from ..embedding.committed_results import DEFAULT_CAPACITY, CommittedResults
 from ..embedding.state_query import CommittedStateCache, StateQueryError, query_live
 from ..errors import (
     CheckpointError,
@@ -52,6 +54,7 @@ from ..errors import (
     JobFailedError,
     ReactiveError,
     RestoreError,
+    StateNotReadyError,
     StateSerializationError,
 )
 from ..sinks import Sink
@@ -183,7 +186,8 @@ class Job:
         self.options = options
         self.name = flow.name
         self.status: JobStatus = "created"
-        self.metrics = JobMetrics()
+        self.metrics = JobMetrics(CheckpointHistory(
+            options.checkpoints.history if options.checkpoints is not None else DEFAULT_HISTORY))
         self.restored_from: CompletedCheckpoint | None = None
         self.run_id = uuid.uuid4().hex[:16]
         # where this run's lineage starts, and the first checkpoint id it may use
@@ -199,6 +203,11 @@ class Job:
         self._tasks: list[StreamTask] = []  # the running attempt's tasks
         self._results: dict[str, list[CommittedResults]] = {}  # by sink uid
         self._committed_state = CommittedStateCache()
+        # savepoints of this run moved out of checkpoint storage (the store lists them at
+        # their old directory), by checkpoint id
+        self._moved: dict[int, CompletedCheckpoint] = {}
+        # set once the run knows the checkpoint it starts from (or that it starts fresh)
+        self._restore_chosen = asyncio.Event()
         self._live_queries: set[asyncio.Future[Any]] = set()
         self._running = asyncio.Event()
         self._stopping = False
@@ -296,7 +305,8 @@ class Job:
         self.status = "cancelled"
 
     # ------------------------------------------------------------------ embedding
-    def results(self, sink: str | Sink, committed: bool = True) -> CommittedResults:
+    def results(self, sink: str | Sink, committed: bool = True,
+                capacity: int = DEFAULT_CAPACITY) -> CommittedResults:
         """The records that reach ``sink`` (its uid, or the sink object given to
         ``stream.sink``), as an async iterator: ``async for record in job.results(...)``.
 
@@ -305,14 +315,33 @@ class Job:
         checkpointing, records come at the end of input. Read uncommitted: at once (after a
         failure the replayed records come again). Iteration ends when the job finishes and
         raises its error when it fails for good. Ask before the job's first records reach
-        the sink (right after ``start``) to see all of them.
+        the sink (right after ``start``) to see all of them (asked later, it logs a warning
+        with how many it will not yield).
+
+        The iterator is bounded: while ``capacity`` records wait to be read, the sink waits
+        (backpressure into the job). Close it when done reading (``await it.aclose()`` or
+        ``async with job.results(...) as it``): an iterator neither read nor closed stalls
+        the job.
+
+        Args:
+            sink: the sink's uid or the sink object.
+            committed: read committed (True) or uncommitted (False).
+            capacity: records released and not yet read before the sink waits.
 
         Raises:
-            ConfigurationError: the job has no such sink.
+            ConfigurationError: the job has no such sink, or ``capacity`` is below 1.
         """
         uid = self._sink_uid(sink)
-        iterator = CommittedResults(committed)
-        self._results.setdefault(uid, []).append(iterator)
+        reached = self.metrics.operators.get(uid, {}).get("records_in", 0)
+        if reached:
+            log.warning("job %r: results(%r) asked after %d records reached the sink; it "
+                        "yields only later records (ask right after start to see all)",
+                        self.name, uid, reached)
+        iterator = CommittedResults(committed, capacity)
+        registered = self._results.setdefault(uid, [])
+        registered.append(iterator)
+        # closed by the application: the next attempts no longer tap the sink for it
+        iterator._on_close = functools.partial(registered.remove, iterator)
         for task in self._tasks:  # an attempt already running: tap it now
             if task.sink is not None and task.sink.uid == uid:
                 task.sink.writer = iterator.wrap(task.sink.writer)
@@ -340,36 +369,74 @@ class Job:
         queryable state; a point lookup in this process, no server).
 
         Read committed (the default) answers from the latest checkpoint this run completed
-        (or the one it restored; None before either): a value no failure can take back. Read
-        uncommitted asks the running instance that owns the key's key group, between two of
-        its batches.
+        that a failure cannot take back (not an intermediate savepoint), or the one it
+        restored: a value no failure can take back. The snapshot's files are read in a
+        worker thread (a cache keeps the last key groups read). Read uncommitted asks the
+        running instance that owns the key's key group, between two of its batches.
 
         Returns:
             the value (a list for list state, a dict for map state, for live lookups), or
             None when the key has none.
 
         Raises:
+            StateNotReadyError: committed, when there is no completed checkpoint to answer
+                from yet (the run completed none and restored none); ask again later.
+            StateQueryError: committed, when checkpointing is off (nothing is ever
+                committed) and nothing was restored.
             StateQueryError: no operator ``uid`` or no state ``state`` (live lookups).
             StateQueryError: also for a live lookup when the job is not running.
+            RestoreError: committed, when the checkpoint's files cannot be read.
         """
         if committed:
-            latest = self._latest_committed()
-            if latest is None:
-                return None
-            return self._committed_state.lookup(latest, uid, state, key)
+            return await self._query_committed(uid, state, key)
         await self._wait_attempt()
         if self.status != "running":
             raise StateQueryError(f"job {self.name!r} is {self.status}: no live state to query")
         return await query_live(self._tasks, uid, state, key, self.flow.max_parallelism,
                                 self._live_queries)
 
+    async def _query_committed(self, uid: str, state: str, key: Any) -> Any:
+        assert self._task is not None
+        if not self._restore_chosen.is_set():
+            # a resume or restore_from is still reading the candidates' files: the run's
+            # committed state is that checkpoint's, not "nothing"
+            chosen = asyncio.ensure_future(self._restore_chosen.wait())
+            try:
+                await asyncio.wait({chosen, self._task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                chosen.cancel()
+            if not self._restore_chosen.is_set():
+                raise StateQueryError(f"job {self.name!r} is {self.status}: it ended before "
+                                      "choosing the checkpoint to start from")
+        while True:
+            latest = self._latest_committed()
+            if latest is None:
+                if self.options.checkpoints is None and self._restore_chosen.is_set():
+                    raise StateQueryError(
+                        f"job {self.name!r} runs without checkpointing and restored nothing: "
+                        "it has no committed state; query with committed=False")
+                raise StateNotReadyError(
+                    f"job {self.name!r} has no completed checkpoint yet: its committed state "
+                    "is not ready (ask again after a checkpoint completes, or query with "
+                    "committed=False)")
+            try:
+                return await self._committed_state.lookup(latest, uid, state, key)
+            except (RestoreError, OSError):
+                # retention may have subsumed it while the lookup read it: ask the newer one
+                if self._latest_committed() is latest:
+                    raise
+
     def _latest_committed(self) -> CompletedCheckpoint | None:
+        """The newest checkpoint of this run that committed output (an intermediate
+        savepoint does not: failover never restores one), at its current directory; else
+        the checkpoint the run started from."""
         coordinator = self._coordinator
         if coordinator is not None:
             for checkpoint in reversed(coordinator.store.checkpoints):
-                if checkpoint.metadata.get("run_id") == self.run_id:
-                    return checkpoint
-        return self.restored_from
+                if (checkpoint.metadata.get("run_id") == self.run_id
+                        and committed_output(checkpoint.metadata)):
+                    return self._moved.get(checkpoint.checkpoint_id, checkpoint)
+        return self._initial
 
     async def _wait_attempt(self) -> None:
         """Wait until an attempt runs or the job ended."""
@@ -478,6 +545,7 @@ class Job:
             raise
         if path is not None:
             completed = await in_thread(move_savepoint, completed, Path(path))
+            self._moved[completed.checkpoint_id] = completed
             for stats in self.metrics.checkpoints:
                 if stats.checkpoint_id == completed.checkpoint_id:
                     stats.path = str(completed.path)
@@ -529,7 +597,7 @@ class Job:
         """A run that failed (was not killed) before completing any checkpoint committed no
         output: drop its run record, so ``resume`` continues the run before it (e.g. after
         a fresh run refused to start over the committed output of that run)."""
-        if self.storage is not None and not self.metrics.completed_checkpoints:
+        if self.storage is not None and not self.metrics.totals.completed:
             try:
                 await in_thread(self.storage.forget_run, self.run_id)
             except OSError as exc:
@@ -548,11 +616,24 @@ class Job:
             error = exc
             raise
         finally:
+            self._recover_results(self._committed_output_id())
             # before the task completes: a run awaiting this one may start the next at once
             self._release_directories()
             for results in self._results.values():
                 for iterator in results:
                     iterator.end(error)
+
+    def _recover_results(self, checkpoint_id: int | None) -> None:
+        """The job goes on (or ends) at checkpoint ``checkpoint_id``: the results iterators
+        release the held records it covers (see ``CommittedResults.recover``)."""
+        for results in self._results.values():
+            for iterator in results:
+                iterator.recover(checkpoint_id)
+
+    def _committed_output_id(self) -> int | None:
+        """The id of :meth:`_latest_committed`'s checkpoint, if any."""
+        latest = self._latest_committed()
+        return latest.checkpoint_id if latest is not None else None
 
     async def _run_all_attempts(self) -> None:
         # the file work of choosing a restore (reading metadata, hashing every file it
@@ -569,6 +650,7 @@ class Job:
             self.status = "failed"
             raise JobFailedError(self.name, 1, exc) from exc
         self._initial = restore
+        self._restore_chosen.set()
         # checkpoint ids continue after the restored one and after every id on disk, so
         # no id (and no file named after one, like a sink's part-<subtask>-<id>) repeats
         on_disk = await in_thread(self.storage.latest_id) if self.storage is not None else 0
@@ -614,6 +696,7 @@ class Job:
                     await self._forget_if_nothing_completed()
                     raise JobFailedError(self.name, attempt, restore_exc,
                                          resumable=self._resumable()) from restore_exc
+                self._recover_results(restore.checkpoint_id if restore is not None else None)
 
     async def _run_attempt(self, restore: CompletedCheckpoint | None) -> None:
         flow = self.flow

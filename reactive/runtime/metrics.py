@@ -1,4 +1,5 @@
-"""Job metrics: records in/out per operator and the checkpoint history."""
+"""Job metrics: records in/out per operator, the latest checkpoints' statistics and running
+totals over all of them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..checkpoint.stats import CheckpointStats
+from ..checkpoint.stats import CheckpointHistory, CheckpointStats, CheckpointTotals
 
 if TYPE_CHECKING:
     from .task import StreamTask
@@ -19,17 +20,19 @@ class JobMetrics:
     """Live figures of a job (summed over all instances and all attempts).
 
     Attributes:
-        checkpoints: statistics of every triggered checkpoint, oldest first.
+        checkpoints: statistics of the latest triggered checkpoints, oldest first (the
+            last ``CheckpointConfig.history``, 10 by default; :attr:`totals` counts all).
         restarts: how many times the job restarted after a failure.
         restored_checkpoints: the checkpoint id each attempt restored (attempts that started
             fresh are not listed).
         max_channel_length: the largest number of items seen queued in any channel.
     """
 
-    checkpoints: list[CheckpointStats] = field(default_factory=list)
+    checkpoints: CheckpointHistory = field(default_factory=CheckpointHistory)
     restarts: int = 0
     restored_checkpoints: list[int] = field(default_factory=list)
-    _carried: dict[str, list[int]] = field(default_factory=dict)
+    _carried: dict[str, list[int]] = field(default_factory=dict)  # by operator uid
+    _names: dict[str, str] = field(default_factory=dict)  # operator uid -> name
     _tasks: list[StreamTask] = field(default_factory=list)
     _channel_capacity: int = 0
     _max_channel_length: int = 0
@@ -40,8 +43,8 @@ class JobMetrics:
         self._tasks = tasks
 
     def _fold(self) -> None:
-        for name, (n_in, n_out) in self._live().items():
-            acc = self._carried.setdefault(name, [0, 0])
+        for uid, (n_in, n_out) in self._live().items():
+            acc = self._carried.setdefault(uid, [0, 0])
             acc[0] += n_in
             acc[1] += n_out
         for task in self._tasks:
@@ -50,22 +53,44 @@ class JobMetrics:
         self._tasks = []
 
     def _live(self) -> dict[str, tuple[int, int]]:
+        # by uid: two operators may share a name (two .map() steps), never a uid
         out: dict[str, list[int]] = {}
         for task in self._tasks:
             for op in task.operators:
-                acc = out.setdefault(op.name, [0, 0])
+                self._names[op.uid] = op.name
+                acc = out.setdefault(op.uid, [0, 0])
                 acc[0] += op.records_in
                 acc[1] += op.records_out
         return {k: (v[0], v[1]) for k, v in out.items()}
 
     @property
     def operators(self) -> dict[str, dict[str, int]]:
-        """``{operator name: {"records_in": n, "records_out": n}}``."""
+        """``{operator uid: {"records_in": n, "records_out": n}}`` (summed over instances
+        and attempts; :attr:`operator_names` names them)."""
         out = {k: {"records_in": v[0], "records_out": v[1]} for k, v in self._carried.items()}
-        for name, (n_in, n_out) in self._live().items():
-            acc = out.setdefault(name, {"records_in": 0, "records_out": 0})
+        for uid, (n_in, n_out) in self._live().items():
+            acc = out.setdefault(uid, {"records_in": 0, "records_out": 0})
             acc["records_in"] += n_in
             acc["records_out"] += n_out
+        return out
+
+    @property
+    def operator_names(self) -> dict[str, str]:
+        """``{operator uid: operator name}`` of the operators that ran."""
+        for task in self._tasks:
+            for op in task.operators:
+                self._names[op.uid] = op.name
+        return dict(self._names)
+
+    def by_name(self) -> dict[str, dict[str, int]]:
+        """:attr:`operators` summed per operator name (operators that share a name, such as
+        two ``.map()`` steps without names, add up)."""
+        names = self.operator_names
+        out: dict[str, dict[str, int]] = {}
+        for uid, counts in self.operators.items():
+            acc = out.setdefault(names.get(uid, uid), {"records_in": 0, "records_out": 0})
+            acc["records_in"] += counts["records_in"]
+            acc["records_out"] += counts["records_out"]
         return out
 
     @property
@@ -90,20 +115,27 @@ class JobMetrics:
 
     @property
     def completed_checkpoints(self) -> list[CheckpointStats]:
-        """The completed checkpoints' statistics."""
+        """The completed checkpoints' statistics, of those the history keeps."""
         return [c for c in self.checkpoints if c.status == "completed"]
 
+    @property
+    def totals(self) -> CheckpointTotals:
+        """Counts and sums over every checkpoint and savepoint triggered (a copy)."""
+        return self.checkpoints.totals()
+
     def summary(self) -> dict[str, Any]:
-        """Medians of the completed checkpoints' costs (seconds, bytes)."""
+        """Counts over all checkpoints, and medians of the costs (seconds, bytes) of the
+        completed ones the history keeps."""
+        totals = self.totals
         done = self.completed_checkpoints
-        if not done:
-            return {"checkpoints": 0}
+        if not totals.completed or not done:
+            return {"checkpoints": totals.completed}
         return {
-            "checkpoints": len(done),
-            "aborted": sum(1 for c in self.checkpoints if c.status == "aborted"),
+            "checkpoints": totals.completed,
+            "aborted": totals.aborted,
             "median_alignment": statistics.median(c.alignment for c in done),
             "median_sync": statistics.median(c.sync for c in done),
-            "max_sync": max(c.sync for c in done),
+            "max_sync": totals.max_sync,
             "median_async": statistics.median(c.async_ for c in done),
             "median_duration": statistics.median(c.duration for c in done),
             "median_size": statistics.median(c.size for c in done),
