@@ -38,10 +38,13 @@ class KeyScope(Protocol):
         current_key: the key state calls are scoped to.
         _idx: its key group's index in the instance's range (``len(range)`` before any key is
             set: the index of the :class:`_NoKey` map, which fails every access).
+        _known: the backend's long-lived key -> key-group-index memo (a cleared key leaves
+            it).
     """
 
     current_key: Any
     _idx: int
+    _known: dict[Any, int]
 
 
 class _NoKey(dict):  # type: ignore[type-arg]
@@ -113,7 +116,11 @@ class _HeapValueState(ValueState):
 
     def clear(self) -> None:
         b = self._b
-        self._maps[b._idx].pop(b.current_key, None)
+        key = b.current_key
+        self._maps[b._idx].pop(key, None)
+        # a key whose state goes may never come back (a TTL'd key space): the long-lived memo
+        # does not keep it (a later use hashes it again)
+        b._known.pop(key, None)
 
 
 class _HeapListState(ListState):
@@ -153,7 +160,11 @@ class _HeapListState(ListState):
 
     def clear(self) -> None:
         b = self._b
-        self._maps[b._idx].pop(b.current_key, None)
+        key = b.current_key
+        self._maps[b._idx].pop(key, None)
+        # a key whose state goes may never come back (a TTL'd key space): the long-lived memo
+        # does not keep it (a later use hashes it again)
+        b._known.pop(key, None)
 
 
 class _HeapMapState(MapState):
@@ -197,7 +208,11 @@ class _HeapMapState(MapState):
 
     def clear(self) -> None:
         b = self._b
-        self._maps[b._idx].pop(b.current_key, None)
+        key = b.current_key
+        self._maps[b._idx].pop(key, None)
+        # a key whose state goes may never come back (a TTL'd key space): the long-lived memo
+        # does not keep it (a later use hashes it again)
+        b._known.pop(key, None)
 
 
 class _HeapReducingState(ReducingState):
@@ -222,7 +237,11 @@ class _HeapReducingState(ReducingState):
 
     def clear(self) -> None:
         b = self._b
-        self._maps[b._idx].pop(b.current_key, None)
+        key = b.current_key
+        self._maps[b._idx].pop(key, None)
+        # a key whose state goes may never come back (a TTL'd key space): the long-lived memo
+        # does not keep it (a later use hashes it again)
+        b._known.pop(key, None)
 
 
 _MISSING = object()
