@@ -26,6 +26,7 @@ from collections import deque
 from typing import Any
 
 from ..errors import ConfigurationError
+from ..runtime.cancellation import wait_with_timeout
 from ..sources import Source, SourceReader
 from .trio_host import running_under_trio, to_job_loop
 
@@ -176,7 +177,14 @@ class PushSource(Source):
         between that check and registering here, so no change is missed)."""
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        await waiter
+        try:
+            await waiter
+        finally:
+            if not waiter.done() or waiter.cancelled():
+                # timed out or cancelled: an idle reader would otherwise leave one
+                # future per poll in the list until the next push
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
 
     def _read(self, position: int, max_records: int) -> list[Any]:
         with self._lock:
@@ -229,9 +237,9 @@ class _PushReader(SourceReader):
         if not batch:
             if source._closed and self.position >= source._next:
                 return None
-            # wait a little for a push; barriers are injected between reads
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(source._wait_change(), 0.05)
+            # wait a little for a push; barriers are injected between reads (never
+            # wait_for: it can swallow the cancellation of a job.cancel(), see cancellation)
+            await wait_with_timeout(source._wait_change(), 0.05)
             return []
         self.position += len(batch)
         if source._checkpointing is False:

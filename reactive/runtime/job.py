@@ -198,6 +198,7 @@ class Job:
         self._live_queries: set[asyncio.Future[Any]] = set()
         self._running = asyncio.Event()
         self._stopping = False
+        self._cancel_requested = False  # cancel() (or stop()) was called
         validate(flow.transformations, flow.parallelism, flow.max_parallelism)
         if options.restore_from is not None:
             # fail fast, before anything runs: a wrong path, another max parallelism, or
@@ -242,6 +243,7 @@ class Job:
         """
         if self._task is None or self._task.done():
             return
+        self._cancel_requested = True
         self._task.cancel()
         try:
             await self._task
@@ -544,6 +546,18 @@ class Job:
                 cause = _root_cause(exc)
                 if isinstance(cause, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                     raise
+                if self._cancel_requested:
+                    # the job was cancelled and a task failed while the attempt wound down
+                    # (e.g. a source's clean-up, or an asynchronous snapshot part spawned
+                    # into the closing task group): Python 3.11's TaskGroup raises that
+                    # error instead of the cancellation, but a cancel must never turn into a
+                    # restart. A flag, not Task.cancelling(): on 3.11 a TaskGroup whose child
+                    # fails while it waits in __aexit__ leaves its own cancel request on the
+                    # job's task, so cancelling() counts failures too.
+                    log.debug("job %r: %s: %s while cancelling", self.name,
+                              type(cause).__name__, cause)
+                    self.status = "cancelled"
+                    raise asyncio.CancelledError from exc
                 if attempt > strategy.attempts or _not_restartable(cause):
                     self.status = "failed"
                     await self._forget_if_nothing_completed()
@@ -689,6 +703,10 @@ class Job:
                     await coordinator.checkpoint(await_commit=True)
                     break
                 except CheckpointError as exc:
+                    if coordinator.failure is not None:
+                        # the coordinator failed the job: that is the reason, whichever
+                        # of the two tasks reports it first
+                        raise coordinator.failure  # noqa: B904 - its own __cause__ stays
                     if attempt == 2:
                         raise CheckpointError(f"the final checkpoint failed: {exc}") from exc
             coordinator.stop()
