@@ -396,8 +396,9 @@ class Job:
         The sources are parked right after they inject the savepoint's barrier, so no record
         after it is processed; when it completes, side effects are committed (every task's
         ``notify_checkpoint_complete`` has finished) and then the job is cancelled; ``wait``
-        then returns normally and ``status`` is ``stopped``. If the savepoint fails, the
-        sources resume and the job keeps running.
+        then returns normally and ``status`` is ``stopped``. If the stop fails (the
+        savepoint is aborted, moving it to ``path`` fails, or the caller is cancelled
+        meanwhile), the sources resume and the job keeps running.
 
         Args:
             savepoint: take a savepoint first (False: just stop, like ``cancel``).
@@ -408,6 +409,8 @@ class Job:
 
         Raises:
             CheckpointError: as :meth:`savepoint`; the job is then still running.
+            OSError: when moving the savepoint to ``path`` fails; it then stays in checkpoint
+                storage (side effects up to it are committed) and the job is still running.
         """
         completed = await self._savepoint(path, stop=True) if savepoint else None
         self._stopping = True
@@ -432,15 +435,18 @@ class Job:
             completed = await coordinator.checkpoint(
                 "savepoint", commit=stop, on_trigger=hold.park if hold else None,
                 await_commit=stop)
+            if path is not None:
+                completed = await in_thread(move_savepoint, completed, Path(path))
+                for stats in self.metrics.checkpoints:
+                    if stats.checkpoint_id == completed.checkpoint_id:
+                        stats.path = str(completed.path)
         except BaseException:
+            # any failure of the stop (the checkpoint, the move, the caller's cancellation)
+            # leaves the job running: parked sources would keep it "running" with no record
+            # moving while checkpoints still complete
             if hold is not None:
                 hold.release()
             raise
-        if path is not None:
-            completed = await in_thread(move_savepoint, completed, Path(path))
-            for stats in self.metrics.checkpoints:
-                if stats.checkpoint_id == completed.checkpoint_id:
-                    stats.path = str(completed.path)
         log.info("savepoint %d written to %s", completed.checkpoint_id, completed.path)
         return completed
 
