@@ -14,6 +14,13 @@ restored job has processed it, and a two-phase-commit sink publishes its results
 ``send`` returns once the record is accepted (in the buffer). A restore in a new process
 starts reading that process's pushes from the beginning: the position of the old process's
 buffer means nothing there (the buffer's session id tells them apart).
+
+When the job that reads the source ends (finished, stopped, failed for good or cancelled),
+nothing will read or checkpoint the buffer any more: every call that would accept a record
+or wait for one to become durable raises :class:`~reactive.errors.JobEndedError` saying how
+the job ended (``ConfigurationError`` after :meth:`PushSource.close`, as before the end), and
+a ``send`` waiting at that moment (a full buffer, ``durable=True``) is woken with it. A new
+job started with the same source accepts records again.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import uuid
 from collections import deque
 from typing import Any
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, JobEndedError
 from ..runtime.cancellation import wait_with_timeout
 from ..sources import Source, SourceReader
 from .trio_host import running_under_trio, to_job_loop
@@ -66,6 +73,8 @@ class PushSource(Source):
         self._next = 0  # sequence number of the next record accepted
         self._durable = 0  # records below are covered by a completed checkpoint
         self._closed = False
+        # how the job that read it ended (None while one runs or before the first)
+        self._ended: str | None = None
         self._checkpointing: bool | None = None  # known once a reader opened
         # the loop of the job that reads it (set when its reader opens), for trio callers
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -88,6 +97,8 @@ class PushSource(Source):
         Raises:
             ConfigurationError: after :meth:`close`, or ``durable=True`` in a job without
                 checkpointing (no checkpoint will ever cover the record).
+            JobEndedError: the job reading the source has ended (also while waiting for room
+                or for the checkpoint).
         """
         if running_under_trio():
             return await self._send_from_trio(record, durable)
@@ -103,10 +114,14 @@ class PushSource(Source):
 
         Raises:
             ConfigurationError: after :meth:`close`.
+            JobEndedError: the job reading the source has ended.
         """
         with self._lock:  # a trio caller appends from its own thread
             if self._closed:
-                raise ConfigurationError("PushSource is closed: no more records")
+                ended = f" ({self._ended})" if self._ended is not None else ""
+                raise ConfigurationError(f"PushSource is closed: no more records{ended}")
+            if self._ended is not None:
+                raise self._end_error("the record was not accepted")
             if self._next - self._first >= self.capacity:
                 return None
             seq = self._next
@@ -124,7 +139,9 @@ class PushSource(Source):
             return await to_job_loop(loop, self.send(record, durable))
         if self._waiters:  # the reader waits for a record: wake it in its loop
             loop.call_soon_threadsafe(self._notify)
-        if durable:
+        if durable and self._durable <= seq:
+            if self._ended is not None:  # its loop may have stopped with the job
+                raise self._end_error(f"record {seq} will never be covered by a checkpoint")
             await to_job_loop(loop, self.wait_durable(seq))
         return seq
 
@@ -133,8 +150,11 @@ class PushSource(Source):
 
         Raises:
             ConfigurationError: in a job without checkpointing.
+            JobEndedError: the job reading the source ended before a checkpoint covered it.
         """
         while self._durable <= seq:
+            if self._ended is not None:
+                raise self._end_error(f"record {seq} will never be covered by a checkpoint")
             if self._checkpointing is False:
                 raise ConfigurationError(
                     "PushSource: the job runs without checkpointing, so no record becomes "
@@ -157,13 +177,36 @@ class PushSource(Source):
 
     def close(self) -> None:
         """End the stream: the job finishes once it has read every accepted record
-        (thread-safe: from a trio application it is passed to the job's loop)."""
+        (thread-safe: from a trio application it is passed to the job's loop). It never
+        raises, like closing the sending end of a trio memory channel: it is the clean-up
+        of ``finally`` blocks and shutdown hooks, which run after a job failed too (the
+        calls that would lose a record raise :class:`~reactive.errors.JobEndedError`)."""
         loop = self._loop
         if loop is not None and loop.is_running() and not _in_loop(loop):
             loop.call_soon_threadsafe(self.close)
             return
         self._closed = True
         self._notify()
+
+    # ------------------------------------------------------------------ the job's side
+    def _job_started(self) -> None:
+        """A job that reads this source started (on its loop): accept records again."""
+        with self._lock:
+            self._ended = None
+
+    def _job_ended(self, how: str) -> None:
+        """The job that read this source ended, as ``how`` says (on the job's loop): refuse
+        records from now on and wake every waiting ``send`` and ``wait_durable``."""
+        with self._lock:
+            self._ended = how
+        self._notify()
+
+    def _end_error(self, what: str) -> JobEndedError:
+        pending = self._next - self._durable
+        lost = (f"; {pending} accepted record(s) are not covered by a completed checkpoint"
+                if pending and self._checkpointing else "")
+        return JobEndedError(
+            f"PushSource: {self._ended}; {what} (nothing reads this source any more{lost})")
 
     # ------------------------------------------------------------------ reader side
     def _notify(self) -> None:

@@ -199,6 +199,9 @@ class Job:
         self._running = asyncio.Event()
         self._stopping = False
         self._cancel_requested = False  # cancel() (or stop()) was called
+        # how _main ended (None: finished); stays unset for a task cancelled before it began
+        self._end_error: BaseException | None = None
+        self._main_ended = False
         validate(flow.transformations, flow.parallelism, flow.max_parallelism)
         if options.restore_from is not None:
             # fail fast, before anything runs: a wrong path, another max parallelism, or
@@ -213,7 +216,12 @@ class Job:
 
         The job owns this one task; ``wait`` and ``cancel`` end it.
         """
+        for hook in self._source_hooks("_job_started"):
+            hook()
         self._task = asyncio.get_running_loop().create_task(self._main(), name=f"job {self.name}")
+        # a callback, not _main's finally: a task cancelled before its first step never
+        # runs its coroutine at all
+        self._task.add_done_callback(self._tell_sources_the_end)
 
     async def wait(self) -> None:
         """Wait until the job finishes.
@@ -506,9 +514,42 @@ class Job:
             error = exc
             raise
         finally:
+            self._end_error, self._main_ended = error, True
             for results in self._results.values():
                 for iterator in results:
                     iterator.end(error)
+
+    def _tell_sources_the_end(self, task: asyncio.Task[None]) -> None:
+        error = self._end_error if self._main_ended \
+            else JobCancelledError(f"job {self.name!r} was cancelled")  # before it began
+        how = self._how_it_ended(error)
+        for hook in self._source_hooks("_job_ended"):
+            hook(how)
+
+    def _source_hooks(self, name: str) -> list[Any]:
+        """The bound method ``name`` of every source that has one: an application-fed
+        source (PushSource) learns when its job starts and ends, so that what the
+        application pushes after the end fails instead of waiting forever. Looked up by
+        name: the source protocol has no such hooks, and the runtime does not import the
+        embedding sources."""
+        hooks = []
+        for t in self.flow.transformations:
+            hook = getattr(t.source, name, None)
+            if callable(hook):
+                hooks.append(hook)
+        return hooks
+
+    def _how_it_ended(self, error: BaseException | None) -> str:
+        """The job's end in words, for errors raised after it (``job 'x' failed ...``)."""
+        if error is None:
+            return f"job {self.name!r} finished"
+        if isinstance(error, JobCancelledError):
+            return f"job {self.name!r} was {'stopped' if self._stopping else 'cancelled'}"
+        if isinstance(error, JobFailedError) and error.__cause__ is not None:
+            cause = error.__cause__
+            return (f"job {self.name!r} failed after {error.attempts} attempt(s): "
+                    f"{type(cause).__name__}: {cause}")
+        return f"job {self.name!r} ended with {type(error).__name__}: {error}"
 
     async def _run_all_attempts(self) -> None:
         # the file work of choosing a restore (reading metadata, hashing every file it
