@@ -72,6 +72,7 @@ class PushSource(Source):
         self._first = 0  # sequence number of the buffer's first record
         self._next = 0  # sequence number of the next record accepted
         self._durable = 0  # records below are covered by a completed checkpoint
+        self._read_up_to = 0  # the running reader's position: records below were read
         self._closed = False
         # how the job that read it ended (None while one runs or before the first)
         self._ended: str | None = None
@@ -201,6 +202,17 @@ class PushSource(Source):
             self._ended = how
         self._notify()
 
+    async def _read_all_accepted(self) -> None:
+        """Wait until the job's reader has read every record accepted so far (or the job
+        ended), on the job's loop. A checkpoint, savepoint or stop the application asks for
+        waits for this before it injects its barrier, so that it covers every record
+        ``send`` accepted before the call (the reader may otherwise still be waiting for its
+        next poll, and a barrier injected first would leave them out: after a stop, a
+        restart with a new PushSource would never see them)."""
+        target = self._next
+        while self._read_up_to < target and self._ended is None:
+            await self._wait_change()
+
     def _end_error(self, what: str) -> JobEndedError:
         pending = self._next - self._durable
         lost = (f"; {pending} accepted record(s) are not covered by a completed checkpoint"
@@ -271,6 +283,7 @@ class _PushReader(SourceReader):
     def open(self, checkpointing: bool) -> None:
         source = self.source
         source._checkpointing = checkpointing
+        source._read_up_to = self.position  # where this attempt starts reading
         source._loop = asyncio.get_running_loop()
         source._loop_ready.set()
 
@@ -285,8 +298,11 @@ class _PushReader(SourceReader):
             await wait_with_timeout(source._wait_change(), 0.05)
             return []
         self.position += len(batch)
+        source._read_up_to = self.position
         if source._checkpointing is False:
             source._release(self.position)
+        elif source._waiters:  # someone may wait for the reader to catch up
+            source._notify()
         return batch
 
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:  # type: ignore[override]

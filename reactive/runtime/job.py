@@ -361,6 +361,9 @@ class Job:
     async def checkpoint(self) -> CompletedCheckpoint:
         """Trigger a checkpoint now and wait for it to complete.
 
+        It covers every record a :class:`~reactive.PushSource` of the job accepted before
+        the call (the barrier is injected once the source has read them).
+
         Returns:
             the completed checkpoint (``checkpoint_id``, ``path``).
 
@@ -370,13 +373,16 @@ class Job:
         """
         if self.options.checkpoints is None:
             raise CheckpointError("checkpointing is off: pass checkpoints=CheckpointConfig(...)")
+        await self._read_accepted_input()
         coordinator = await self._wait_running()
         return await coordinator.checkpoint()
 
     async def savepoint(self, path: str | os.PathLike[str] | None = None) -> CompletedCheckpoint:
         """Take a savepoint now and wait for it (Flink's savepoint; thesis 4.2).
 
-        A savepoint is a full, self-contained checkpoint: no file shared with other
+        Like :meth:`checkpoint`, it covers every record a :class:`~reactive.PushSource`
+        accepted before the call. A savepoint is a full, self-contained checkpoint: no file
+        shared with other
         checkpoints (RocksDB writes a full snapshot), every path relative to its own
         directory, so it can be moved to another directory or machine and restored with
         ``restore_from`` at another parallelism or with the other backend. Retention never
@@ -402,11 +408,13 @@ class Job:
         """Stop the job, with a savepoint by default (Flink's stop-with-savepoint).
 
         The sources are parked right after they inject the savepoint's barrier, so no record
-        after it is processed; when it completes, side effects are committed (every task's
-        ``notify_checkpoint_complete`` has finished) and then the job is cancelled; ``wait``
-        then returns normally and ``status`` is ``stopped``. If the stop fails (the
-        savepoint is aborted, moving it to ``path`` fails, or the caller is cancelled
-        meanwhile), the sources resume and the job keeps running.
+        after it is processed; every record a :class:`~reactive.PushSource` accepted before
+        the call is before it (records accepted while the stop runs may not be:
+        ``source.durable`` counts the covered ones); when it completes, side effects are
+        committed (every task's ``notify_checkpoint_complete`` has finished) and then the
+        job is cancelled; ``wait`` then returns normally and ``status`` is ``stopped``. If
+        the stop fails (the savepoint is aborted, moving it to ``path`` fails, or the caller
+        is cancelled meanwhile), the sources resume and the job keeps running.
 
         Args:
             savepoint: take a savepoint first (False: just stop, like ``cancel``).
@@ -437,6 +445,7 @@ class Job:
         if path is not None and _occupied(Path(path)):
             raise CheckpointError(f"savepoint target {Path(path)} exists and is not an "
                                   "empty directory")
+        await self._read_accepted_input()
         coordinator = await self._wait_running()
         hold = _SourceHold(coordinator.sources) if stop else None
         try:
@@ -538,6 +547,13 @@ class Job:
             if callable(hook):
                 hooks.append(hook)
         return hooks
+
+    async def _read_accepted_input(self) -> None:
+        """Wait until the sources the application pushes into have read every record they
+        accepted before this call (or the job ended): a checkpoint, savepoint or stop asked
+        for next covers those records (its barrier follows them in the source task)."""
+        for hook in self._source_hooks("_read_all_accepted"):
+            await hook()
 
     def _how_it_ended(self, error: BaseException | None) -> str:
         """The job's end in words, for errors raised after it (``job 'x' failed ...``)."""
