@@ -58,6 +58,7 @@ from ..state.backend import StateBackend
 from .execution_graph import ExecutionGraph, validate
 from .metrics import JobMetrics
 from .operators import maybe_await
+from .source_lifecycle import describe_end, read_accepted_input, tell_end, tell_start
 from .switch_interval import short_switch_interval
 from .task import StreamTask, TaskEnvironment
 
@@ -216,8 +217,7 @@ class Job:
 
         The job owns this one task; ``wait`` and ``cancel`` end it.
         """
-        for hook in self._source_hooks("_job_started"):
-            hook()
+        tell_start(self.flow.transformations)
         self._task = asyncio.get_running_loop().create_task(self._main(), name=f"job {self.name}")
         # a callback, not _main's finally: a task cancelled before its first step never
         # runs its coroutine at all
@@ -373,7 +373,7 @@ class Job:
         """
         if self.options.checkpoints is None:
             raise CheckpointError("checkpointing is off: pass checkpoints=CheckpointConfig(...)")
-        await self._read_accepted_input()
+        await read_accepted_input(self.flow.transformations)
         coordinator = await self._wait_running()
         return await coordinator.checkpoint()
 
@@ -382,11 +382,10 @@ class Job:
 
         Like :meth:`checkpoint`, it covers every record a :class:`~reactive.PushSource`
         accepted before the call. A savepoint is a full, self-contained checkpoint: no file
-        shared with other
-        checkpoints (RocksDB writes a full snapshot), every path relative to its own
-        directory, so it can be moved to another directory or machine and restored with
-        ``restore_from`` at another parallelism or with the other backend. Retention never
-        deletes it. It does not commit side effects (two-phase-commit sinks commit its
+        shared with other checkpoints (RocksDB writes a full snapshot), every path relative
+        to its own directory, so it can be moved to another directory or machine and
+        restored with ``restore_from`` at another parallelism or with the other backend.
+        Retention never deletes it. It does not commit side effects (two-phase-commit sinks commit its
         transactions with the next checkpoint, or when a run restores it).
 
         Args:
@@ -445,7 +444,7 @@ class Job:
         if path is not None and _occupied(Path(path)):
             raise CheckpointError(f"savepoint target {Path(path)} exists and is not an "
                                   "empty directory")
-        await self._read_accepted_input()
+        await read_accepted_input(self.flow.transformations)
         coordinator = await self._wait_running()
         hold = _SourceHold(coordinator.sources) if stop else None
         try:
@@ -529,43 +528,9 @@ class Job:
                     iterator.end(error)
 
     def _tell_sources_the_end(self, task: asyncio.Task[None]) -> None:
-        error = self._end_error if self._main_ended \
-            else JobCancelledError(f"job {self.name!r} was cancelled")  # before it began
-        how = self._how_it_ended(error)
-        for hook in self._source_hooks("_job_ended"):
-            hook(how)
-
-    def _source_hooks(self, name: str) -> list[Any]:
-        """The bound method ``name`` of every source that has one: an application-fed
-        source (PushSource) learns when its job starts and ends, so that what the
-        application pushes after the end fails instead of waiting forever. Looked up by
-        name: the source protocol has no such hooks, and the runtime does not import the
-        embedding sources."""
-        hooks = []
-        for t in self.flow.transformations:
-            hook = getattr(t.source, name, None)
-            if callable(hook):
-                hooks.append(hook)
-        return hooks
-
-    async def _read_accepted_input(self) -> None:
-        """Wait until the sources the application pushes into have read every record they
-        accepted before this call (or the job ended): a checkpoint, savepoint or stop asked
-        for next covers those records (its barrier follows them in the source task)."""
-        for hook in self._source_hooks("_read_all_accepted"):
-            await hook()
-
-    def _how_it_ended(self, error: BaseException | None) -> str:
-        """The job's end in words, for errors raised after it (``job 'x' failed ...``)."""
-        if error is None:
-            return f"job {self.name!r} finished"
-        if isinstance(error, JobCancelledError):
-            return f"job {self.name!r} was {'stopped' if self._stopping else 'cancelled'}"
-        if isinstance(error, JobFailedError) and error.__cause__ is not None:
-            cause = error.__cause__
-            return (f"job {self.name!r} failed after {error.attempts} attempt(s): "
-                    f"{type(cause).__name__}: {cause}")
-        return f"job {self.name!r} ended with {type(error).__name__}: {error}"
+        # a task cancelled before its first step never ran _main
+        error = self._end_error if self._main_ended else asyncio.CancelledError()
+        tell_end(self.flow.transformations, describe_end(self.name, error, self._stopping))
 
     async def _run_all_attempts(self) -> None:
         # the file work of choosing a restore (reading metadata, hashing every file it
