@@ -4,7 +4,9 @@ close, a source whose clean-up fails on cancellation)."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -127,3 +129,18 @@ async def test_wait_with_timeout_reports_expiry_and_completion():
 
     with pytest.raises(TimeoutError, match="own"):
         await wait_with_timeout(own_timeout(), 10.0)
+
+
+def test_the_runtime_never_calls_wait_for():
+    """``asyncio.wait_for`` loses cancellations on Python 3.11 (see
+    reactive.runtime.cancellation): the runtime, backends and connectors wait with
+    ``wait_with_timeout`` / ``asyncio.timeout`` instead."""
+    root = Path(__file__).resolve().parent.parent
+    calls = []
+    for folder in ("reactive", "backends", "connectors"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Attribute) and node.attr == "wait_for" and \
+                        isinstance(node.value, ast.Name) and node.value.id == "asyncio":
+                    calls.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert calls == []

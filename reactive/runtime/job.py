@@ -245,6 +245,9 @@ class Job:
     async def cancel(self) -> None:
         """Cancel the job and wait until every task stopped; checkpoints stay on disk.
 
+        A task that fails while the job winds down (a source's clean-up raising, say) does
+        not turn the cancel into a restart: the job ends ``cancelled``.
+
         Raises:
             asyncio.CancelledError: when the caller itself is cancelled meanwhile (its own
                 cancellation is never swallowed).
