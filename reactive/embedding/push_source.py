@@ -83,6 +83,9 @@ class PushSource(Source):
         self._lock = threading.Lock()  # the buffer, for senders on another thread (trio)
         # futures of the coroutines waiting for a change (a send, a read, a release)
         self._waiters: list[asyncio.Future[None]] = []
+        # futures of the checkpoints waiting for the reader to catch up (woken per batch
+        # read, apart from the senders, who need no wake-up then)
+        self._read_waiters: list[asyncio.Future[None]] = []
 
     # ------------------------------------------------------------------ application side
     async def send(self, record: Any, durable: bool = False) -> int:
@@ -201,6 +204,7 @@ class PushSource(Source):
         with self._lock:
             self._ended = how
         self._notify()
+        self._notify_read()
 
     async def _read_all_accepted(self) -> None:
         """Wait until the job's reader has read every record accepted so far (or the job
@@ -211,7 +215,13 @@ class PushSource(Source):
         restart with a new PushSource would never see them)."""
         target = self._next
         while self._read_up_to < target and self._ended is None:
-            await self._wait_change()
+            waiter = asyncio.get_running_loop().create_future()
+            self._read_waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._read_waiters.remove(waiter)
 
     def _end_error(self, what: str) -> JobEndedError:
         pending = self._next - self._durable
@@ -224,6 +234,11 @@ class PushSource(Source):
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _notify_read(self) -> None:
+        for waiter in self._read_waiters:
             if not waiter.done():
                 waiter.set_result(None)
 
@@ -301,8 +316,8 @@ class _PushReader(SourceReader):
         source._read_up_to = self.position
         if source._checkpointing is False:
             source._release(self.position)
-        elif source._waiters:  # someone may wait for the reader to catch up
-            source._notify()
+        if source._read_waiters:
+            source._notify_read()
         return batch
 
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:  # type: ignore[override]
