@@ -81,6 +81,7 @@ from reactive import (
     ConfigurationError,
     Dataflow,
     Job,
+    JobEndedError,
     KeyedProcessFunction,
     PushSource,
     ReactiveError,
@@ -496,6 +497,10 @@ class Service:
         if isinstance(error, ConfigurationError):  # the source was closed: shutting down
             return _json({"error": f"not accepting events: {error}", "accepted": len(seqs)},
                          503)
+        if isinstance(error, JobEndedError):  # the job ended while the events came in
+            return _json({"error": f"the job is {self.job.status}: {len(seqs)} of "
+                                   f"{len(events)} events were accepted, with no guarantee "
+                                   f"({error})", "accepted": len(seqs)}, 503)
         if error is not None:
             raise error
         self.accepted += len(events)

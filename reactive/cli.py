@@ -11,8 +11,9 @@ reactive savepoint D/<job>[/chk-N] --output P   (a checkpoint -> a self-containe
 reactive validate ...            (the Spark validation: python -m reactive.connectors.spark validate)
 ```
 
-Exit codes: 0 success, 1 a failed job or validation, 2 bad usage or input; errors print one
-line (``error: ...``) on standard error.
+Exit codes: 0 success, 1 a failed job or validation, 2 bad usage or input, 128 + the signal
+number when a second SIGINT/SIGTERM abandoned the stop (130 for Ctrl-C twice); errors print
+one line (``error: ...``) on standard error.
 """
 
 from __future__ import annotations
@@ -120,6 +121,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     }
     outcome = run_coroutine(run_until_stopped(flow, **options))
     m = outcome.job.metrics
+    if outcome.abandoned_by is not None:
+        again = outcome.abandoned_by
+        print(f"{again.name} again: savepoint abandoned, job {flow.name!r} cancelled; run "
+              "again with --resume to continue from the latest completed checkpoint",
+              file=sys.stderr)
+        return 128 + int(again)  # the shell's convention for a run ended by a signal
     if outcome.signal_name is not None:
         where = (f" with savepoint {outcome.savepoint.checkpoint_id} at {outcome.savepoint.path}"
                  if outcome.savepoint is not None else "")
@@ -307,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="reactive", description="Run and inspect dataflows.",
         epilog="exit codes: 0 success; 1 the job or the validation failed; 2 bad usage or "
-               "input (errors print one line on standard error)")
+               "input (errors print one line on standard error); 130 a second Ctrl-C "
+               "abandoned the stop (128 + the signal's number)")
     p.add_argument("--version", action="version", version=f"reactive {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a dataflow defined in a module")

@@ -113,6 +113,7 @@ class Dataflow:
             max_parallelism=source.max_source_parallelism,
         )
         t.uid = uid
+        t.source = source
         # a source that generates watermarks gives its records' event time to the windows
         t.timestamp_fn = source.timestamp_fn
         if source.max_source_parallelism is not None:

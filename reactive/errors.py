@@ -14,6 +14,7 @@ __all__ = [
     "ConfigurationError",
     "CorruptCheckpointError",
     "JobCancelledError",
+    "JobEndedError",
     "JobFailedError",
     "MissingExtraError",
     "ReactiveError",
@@ -215,6 +216,12 @@ class JobFailedError(ReactiveError):
 
 class JobCancelledError(ReactiveError):
     """The job was cancelled through its handle before it finished."""
+
+
+class JobEndedError(ReactiveError):
+    """The job that reads an application-fed source has ended (finished, stopped, failed or
+    cancelled): a record pushed now would never be read, and one not yet covered by a
+    completed checkpoint never will be. The message says how the job ended."""
 
 
 class UnsupportedKeyError(ConfigurationError, TypeError):

@@ -59,6 +59,8 @@ class Transformation:
             windows downstream re-derive record timestamps with it.
         sink: the :class:`~reactive.sinks.Sink` of a ``sink`` transformation (the job asks
             it whether it is exactly-once when choosing a checkpoint to restore).
+        source: the :class:`~reactive.sources.Source` of a ``source`` transformation (the
+            job tells an application-fed source when it starts and ends).
         loop_head: for an iteration's tail, the iteration's head, which its feedback
             reaches through the loop's back edge (the one edge not in ``inputs``).
         batch_size: elements per channel batch on its output edges (None: the dataflow's);
@@ -76,6 +78,7 @@ class Transformation:
     max_parallelism: int | None = None
     timestamp_fn: Callable[[Any], float] | None = None
     sink: Any = None
+    source: Any = None
     loop_head: Transformation | None = None
     batch_size: int | None = None
 

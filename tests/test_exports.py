@@ -15,7 +15,7 @@ USER_API = {
     "AggregateFunction", "CheckpointConfig", "CheckpointError", "CheckpointStats",
     "CheckpointStorage", "CompletedCheckpoint", "ConfigurationError", "CorruptCheckpointError",
     "CountWindows", "Dataflow", "EventTimeSessionWindows", "Job", "JobCancelledError",
-    "JobFailedError", "KeyGroupRange", "KeyedProcessFunction", "KeyedStateBackend",
+    "JobEndedError", "JobFailedError", "KeyGroupRange", "KeyedProcessFunction", "KeyedStateBackend",
     "KeyedStateSnapshot", "KeyedStream", "ListState", "ListStateDescriptor", "ManualClock",
     "MapState", "MapStateDescriptor", "MissingExtraError", "MsgpackSerializer",
     "PickleSerializer", "ProcessFunction", "ProcessWindowFunction", "PushSource", "ReactiveError",

@@ -7,9 +7,11 @@ import collections
 import contextlib
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,53 @@ def test_a_signal_stops_with_a_savepoint_and_the_run_resumes_exactly(tmp_path, s
                            text=True, timeout=120)
     assert again.returncode == 0, again.stderr[-3000:]
     assert _committed(out) == expected
+
+
+STUCK_JOB = ROOT / "tests" / "pipelines" / "stuck_savepoint_job.py"
+
+
+def test_a_second_sigint_abandons_the_savepoint_and_exits_130(tmp_path):
+    """Ctrl-C twice: the first takes a stop-with-savepoint (stuck here: the sink's
+    pre-commit never returns), the second abandons it: one line says so, exit code 130."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "reactive", "run", f"{STUCK_JOB}:flow", "--checkpoint-dir",
+           str(tmp_path / "chk"), "--interval", "3600"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    seen: list[str] = []
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr],
+                              daemon=True)
+    reader.start()
+
+    def until(marker: str) -> None:
+        while True:
+            try:
+                line = lines.get(timeout=60)
+            except queue.Empty:
+                pytest.fail(f"no {marker!r} on standard error; seen: {seen}")
+            seen.append(line)
+            if marker in line:
+                return
+
+    try:
+        until("running")  # the job processes records
+        proc.send_signal(signal.SIGINT)
+        until("snapshot waits")  # the savepoint's barrier reached the stuck sink
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(timeout=10)
+    while not lines.empty():
+        seen.append(lines.get())
+    stderr = "".join(seen)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "never retrieved" not in stderr, stderr
+    assert "error:" not in stderr, stderr
+    said = [line for line in seen if "abandoned" in line]
+    assert len(said) == 1, stderr
+    assert said[0].startswith("SIGINT again: savepoint abandoned, job 'stuck-savepoint' "
+                              "cancelled"), said

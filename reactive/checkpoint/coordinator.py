@@ -43,7 +43,6 @@ as a pending one would be); retention runs after, on its own lock (see
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -58,6 +57,7 @@ from ..errors import (
     ConfigurationError,
     StateSerializationError,
 )
+from ..runtime.cancellation import wait_with_timeout
 from ..runtime.events import CheckpointBarrier
 from .completed_checkpoint_store import CompletedCheckpointStore
 from .failure_reason import CheckpointFailureReason
@@ -225,8 +225,8 @@ class CheckpointCoordinator:
                 if self._slots_taken() < self.config.max_concurrent:
                     self.trigger()
                 next_trigger = now + interval
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopped.wait(), tick)
+            # never wait_for: it can swallow the attempt's cancellation (see cancellation)
+            await wait_with_timeout(self._stopped.wait(), tick)
         if self._failure is not None:
             raise self._failure
 
@@ -234,6 +234,12 @@ class CheckpointCoordinator:
         """Stop triggering; pending checkpoints are left to finish or be dropped."""
         self._periodic = False
         self._stopped.set()
+
+    @property
+    def failure(self) -> CheckpointError | None:
+        """The error that stopped the coordinator (too many failed checkpoints, state that
+        cannot be serialized), or None."""
+        return self._failure
 
     def stop_periodic(self) -> None:
         """Stop periodic triggers (the job is finishing) but keep enforcing timeouts."""

@@ -14,6 +14,13 @@ restored job has processed it, and a two-phase-commit sink publishes its results
 ``send`` returns once the record is accepted (in the buffer). A restore in a new process
 starts reading that process's pushes from the beginning: the position of the old process's
 buffer means nothing there (the buffer's session id tells them apart).
+
+When the job that reads the source ends (finished, stopped, failed for good or cancelled),
+nothing will read or checkpoint the buffer any more: every call that would accept a record
+or wait for one to become durable raises :class:`~reactive.errors.JobEndedError` saying how
+the job ended (``ConfigurationError`` after :meth:`PushSource.close`, as before the end), and
+a ``send`` waiting at that moment (a full buffer, ``durable=True``) is woken with it. A new
+job started with the same source accepts records again.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ import uuid
 from collections import deque
 from typing import Any
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, JobEndedError
+from ..runtime.cancellation import wait_with_timeout
 from ..sources import Source, SourceReader
 from .trio_host import running_under_trio, to_job_loop
 
@@ -64,7 +72,10 @@ class PushSource(Source):
         self._first = 0  # sequence number of the buffer's first record
         self._next = 0  # sequence number of the next record accepted
         self._durable = 0  # records below are covered by a completed checkpoint
+        self._read_up_to = 0  # the running reader's position: records below were read
         self._closed = False
+        # how the job that read it ended (None while one runs or before the first)
+        self._ended: str | None = None
         self._checkpointing: bool | None = None  # known once a reader opened
         # the loop of the job that reads it (set when its reader opens), for trio callers
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -72,6 +83,9 @@ class PushSource(Source):
         self._lock = threading.Lock()  # the buffer, for senders on another thread (trio)
         # futures of the coroutines waiting for a change (a send, a read, a release)
         self._waiters: list[asyncio.Future[None]] = []
+        # futures of the checkpoints waiting for the reader to catch up (woken per batch
+        # read, apart from the senders, who need no wake-up then)
+        self._read_waiters: list[asyncio.Future[None]] = []
 
     # ------------------------------------------------------------------ application side
     async def send(self, record: Any, durable: bool = False) -> int:
@@ -87,6 +101,8 @@ class PushSource(Source):
         Raises:
             ConfigurationError: after :meth:`close`, or ``durable=True`` in a job without
                 checkpointing (no checkpoint will ever cover the record).
+            JobEndedError: the job reading the source has ended (also while waiting for room
+                or for the checkpoint).
         """
         if running_under_trio():
             return await self._send_from_trio(record, durable)
@@ -102,10 +118,14 @@ class PushSource(Source):
 
         Raises:
             ConfigurationError: after :meth:`close`.
+            JobEndedError: the job reading the source has ended.
         """
         with self._lock:  # a trio caller appends from its own thread
             if self._closed:
-                raise ConfigurationError("PushSource is closed: no more records")
+                ended = f" ({self._ended})" if self._ended is not None else ""
+                raise ConfigurationError(f"PushSource is closed: no more records{ended}")
+            if self._ended is not None:
+                raise self._end_error("the record was not accepted")
             if self._next - self._first >= self.capacity:
                 return None
             seq = self._next
@@ -123,7 +143,9 @@ class PushSource(Source):
             return await to_job_loop(loop, self.send(record, durable))
         if self._waiters:  # the reader waits for a record: wake it in its loop
             loop.call_soon_threadsafe(self._notify)
-        if durable:
+        if durable and self._durable <= seq:
+            if self._ended is not None:  # its loop may have stopped with the job
+                raise self._end_error(f"record {seq} will never be covered by a checkpoint")
             await to_job_loop(loop, self.wait_durable(seq))
         return seq
 
@@ -132,8 +154,11 @@ class PushSource(Source):
 
         Raises:
             ConfigurationError: in a job without checkpointing.
+            JobEndedError: the job reading the source ended before a checkpoint covered it.
         """
         while self._durable <= seq:
+            if self._ended is not None:
+                raise self._end_error(f"record {seq} will never be covered by a checkpoint")
             if self._checkpointing is False:
                 raise ConfigurationError(
                     "PushSource: the job runs without checkpointing, so no record becomes "
@@ -156,13 +181,54 @@ class PushSource(Source):
 
     def close(self) -> None:
         """End the stream: the job finishes once it has read every accepted record
-        (thread-safe: from a trio application it is passed to the job's loop)."""
+        (thread-safe: from a trio application it is passed to the job's loop). It never
+        raises, like closing the sending end of a trio memory channel: it is the clean-up
+        of ``finally`` blocks and shutdown hooks, which run after a job failed too (the
+        calls that would lose a record raise :class:`~reactive.errors.JobEndedError`)."""
         loop = self._loop
         if loop is not None and loop.is_running() and not _in_loop(loop):
             loop.call_soon_threadsafe(self.close)
             return
         self._closed = True
         self._notify()
+
+    # ------------------------------------------------------------------ the job's side
+    def _job_started(self) -> None:
+        """A job that reads this source started (on its loop): accept records again."""
+        with self._lock:
+            self._ended = None
+
+    def _job_ended(self, how: str) -> None:
+        """The job that read this source ended, as ``how`` says (on the job's loop): refuse
+        records from now on and wake every waiting ``send`` and ``wait_durable``."""
+        with self._lock:
+            self._ended = how
+        self._notify()
+        self._notify_read()
+
+    async def _read_all_accepted(self) -> None:
+        """Wait until the job's reader has read every record accepted so far (or the job
+        ended), on the job's loop. A checkpoint, savepoint or stop the application asks for
+        waits for this before it injects its barrier, so that it covers every record
+        ``send`` accepted before the call (the reader may otherwise still be waiting for its
+        next poll, and a barrier injected first would leave them out: after a stop, a
+        restart with a new PushSource would never see them)."""
+        target = self._next
+        while self._read_up_to < target and self._ended is None:
+            waiter = asyncio.get_running_loop().create_future()
+            self._read_waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._read_waiters.remove(waiter)
+
+    def _end_error(self, what: str) -> JobEndedError:
+        pending = self._next - self._durable
+        lost = (f"; {pending} accepted record(s) are not covered by a completed checkpoint"
+                if pending and self._checkpointing else "")
+        return JobEndedError(
+            f"PushSource: {self._ended}; {what} (nothing reads this source any more{lost})")
 
     # ------------------------------------------------------------------ reader side
     def _notify(self) -> None:
@@ -171,12 +237,24 @@ class PushSource(Source):
             if not waiter.done():
                 waiter.set_result(None)
 
+    def _notify_read(self) -> None:
+        for waiter in self._read_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
     async def _wait_change(self) -> None:
         """Wait for the next change; callers check their condition first (nothing runs
         between that check and registering here, so no change is missed)."""
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        await waiter
+        try:
+            await waiter
+        finally:
+            if not waiter.done() or waiter.cancelled():
+                # timed out or cancelled: an idle reader would otherwise leave one
+                # future per poll in the list until the next push
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
 
     def _read(self, position: int, max_records: int) -> list[Any]:
         with self._lock:
@@ -220,6 +298,7 @@ class _PushReader(SourceReader):
     def open(self, checkpointing: bool) -> None:
         source = self.source
         source._checkpointing = checkpointing
+        source._read_up_to = self.position  # where this attempt starts reading
         source._loop = asyncio.get_running_loop()
         source._loop_ready.set()
 
@@ -229,13 +308,16 @@ class _PushReader(SourceReader):
         if not batch:
             if source._closed and self.position >= source._next:
                 return None
-            # wait a little for a push; barriers are injected between reads
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(source._wait_change(), 0.05)
+            # wait a little for a push; barriers are injected between reads (never
+            # wait_for: it can swallow the cancellation of a job.cancel(), see cancellation)
+            await wait_with_timeout(source._wait_change(), 0.05)
             return []
         self.position += len(batch)
+        source._read_up_to = self.position
         if source._checkpointing is False:
             source._release(self.position)
+        if source._read_waiters:
+            source._notify_read()
         return batch
 
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:  # type: ignore[override]

@@ -64,6 +64,7 @@ from .directory_lock import DirectoryLock
 from .execution_graph import ExecutionGraph, validate
 from .metrics import JobMetrics
 from .operators import maybe_await
+from .source_lifecycle import describe_end, read_accepted_input, tell_end, tell_start
 from .switch_interval import short_switch_interval
 from .task import StreamTask, TaskEnvironment
 
@@ -212,6 +213,10 @@ class Job:
         self._running = asyncio.Event()
         self._stopping = False
         self._locks: list[DirectoryLock] = []
+        self._cancel_requested = False  # cancel() (or stop()) was called
+        # how _main ended (None: finished); stays unset for a task cancelled before it began
+        self._end_error: BaseException | None = None
+        self._main_ended = False
         validate(flow.transformations, flow.parallelism, flow.max_parallelism)
         if options.restore_from is not None:
             # fail fast, before anything runs: a wrong path, another max parallelism, or
@@ -233,9 +238,12 @@ class Job:
                 start time); nothing was started.
         """
         self._lock_directories()
+        tell_start(self.flow.transformations)
         task = asyncio.get_running_loop().create_task(self._main(), name=f"job {self.name}")
-        # also when the task is cancelled before it runs (then _main's finally never runs)
+        # callbacks, not _main's finally: a task cancelled before its first step never runs
+        # its coroutine at all
         task.add_done_callback(lambda _: self._release_directories())
+        task.add_done_callback(self._tell_sources_the_end)
         self._task = task
 
     def _lock_directories(self) -> None:
@@ -287,12 +295,16 @@ class Job:
     async def cancel(self) -> None:
         """Cancel the job and wait until every task stopped; checkpoints stay on disk.
 
+        A task that fails while the job winds down (a source's clean-up raising, say) does
+        not turn the cancel into a restart: the job ends ``cancelled``.
+
         Raises:
             asyncio.CancelledError: when the caller itself is cancelled meanwhile (its own
                 cancellation is never swallowed).
         """
         if self._task is None or self._task.done():
             return
+        self._cancel_requested = True
         self._task.cancel()
         try:
             await self._task
@@ -460,6 +472,9 @@ class Job:
     async def checkpoint(self) -> CompletedCheckpoint:
         """Trigger a checkpoint now and wait for it to complete.
 
+        It covers every record a :class:`~reactive.PushSource` of the job accepted before
+        the call (the barrier is injected once the source has read them).
+
         Returns:
             the completed checkpoint (``checkpoint_id``, ``path``).
 
@@ -469,17 +484,19 @@ class Job:
         """
         if self.options.checkpoints is None:
             raise CheckpointError("checkpointing is off: pass checkpoints=CheckpointConfig(...)")
+        await read_accepted_input(self.flow.transformations)
         coordinator = await self._wait_running()
         return await coordinator.checkpoint()
 
     async def savepoint(self, path: str | os.PathLike[str] | None = None) -> CompletedCheckpoint:
         """Take a savepoint now and wait for it (Flink's savepoint; thesis 4.2).
 
-        A savepoint is a full, self-contained checkpoint: no file shared with other
-        checkpoints (RocksDB writes a full snapshot), every path relative to its own
-        directory, so it can be moved to another directory or machine and restored with
-        ``restore_from`` at another parallelism or with the other backend. Retention never
-        deletes it. It does not commit side effects (two-phase-commit sinks commit its
+        Like :meth:`checkpoint`, it covers every record a :class:`~reactive.PushSource`
+        accepted before the call. A savepoint is a full, self-contained checkpoint: no file
+        shared with other checkpoints (RocksDB writes a full snapshot), every path relative
+        to its own directory, so it can be moved to another directory or machine and
+        restored with ``restore_from`` at another parallelism or with the other backend.
+        Retention never deletes it. It does not commit side effects (two-phase-commit sinks commit its
         transactions with the next checkpoint, or when a run restores it).
 
         Args:
@@ -501,10 +518,13 @@ class Job:
         """Stop the job, with a savepoint by default (Flink's stop-with-savepoint).
 
         The sources are parked right after they inject the savepoint's barrier, so no record
-        after it is processed; when it completes, side effects are committed (every task's
-        ``notify_checkpoint_complete`` has finished) and then the job is cancelled; ``wait``
-        then returns normally and ``status`` is ``stopped``. If the savepoint fails, the
-        sources resume and the job keeps running.
+        after it is processed; every record a :class:`~reactive.PushSource` accepted before
+        the call is before it (records accepted while the stop runs may not be:
+        ``source.durable`` counts the covered ones); when it completes, side effects are
+        committed (every task's ``notify_checkpoint_complete`` has finished) and then the
+        job is cancelled; ``wait`` then returns normally and ``status`` is ``stopped``. If
+        the stop fails (the savepoint is aborted, moving it to ``path`` fails, or the caller
+        is cancelled meanwhile), the sources resume and the job keeps running.
 
         Args:
             savepoint: take a savepoint first (False: just stop, like ``cancel``).
@@ -515,6 +535,8 @@ class Job:
 
         Raises:
             CheckpointError: as :meth:`savepoint`; the job is then still running.
+            OSError: when moving the savepoint to ``path`` fails; it then stays in checkpoint
+                storage (side effects up to it are committed) and the job is still running.
         """
         completed = await self._savepoint(path, stop=True) if savepoint else None
         self._stopping = True
@@ -533,22 +555,26 @@ class Job:
         if path is not None and _occupied(Path(path)):
             raise CheckpointError(f"savepoint target {Path(path)} exists and is not an "
                                   "empty directory")
+        await read_accepted_input(self.flow.transformations)
         coordinator = await self._wait_running()
         hold = _SourceHold(coordinator.sources) if stop else None
         try:
             completed = await coordinator.checkpoint(
                 "savepoint", commit=stop, on_trigger=hold.park if hold else None,
                 await_commit=stop)
+            if path is not None:
+                completed = await in_thread(move_savepoint, completed, Path(path))
+                self._moved[completed.checkpoint_id] = completed
+                for stats in self.metrics.checkpoints:
+                    if stats.checkpoint_id == completed.checkpoint_id:
+                        stats.path = str(completed.path)
         except BaseException:
+            # any failure of the stop (the checkpoint, the move, the caller's cancellation)
+            # leaves the job running: parked sources would keep it "running" with no record
+            # moving while checkpoints still complete
             if hold is not None:
                 hold.release()
             raise
-        if path is not None:
-            completed = await in_thread(move_savepoint, completed, Path(path))
-            self._moved[completed.checkpoint_id] = completed
-            for stats in self.metrics.checkpoints:
-                if stats.checkpoint_id == completed.checkpoint_id:
-                    stats.path = str(completed.path)
         log.info("savepoint %d written to %s", completed.checkpoint_id, completed.path)
         return completed
 
@@ -616,6 +642,7 @@ class Job:
             error = exc
             raise
         finally:
+            self._end_error, self._main_ended = error, True
             self._recover_results(self._committed_output_id())
             # before the task completes: a run awaiting this one may start the next at once
             self._release_directories()
@@ -634,6 +661,11 @@ class Job:
         """The id of :meth:`_latest_committed`'s checkpoint, if any."""
         latest = self._latest_committed()
         return latest.checkpoint_id if latest is not None else None
+
+    def _tell_sources_the_end(self, task: asyncio.Task[None]) -> None:
+        # a task cancelled before its first step never ran _main
+        error = self._end_error if self._main_ended else asyncio.CancelledError()
+        tell_end(self.flow.transformations, describe_end(self.name, error, self._stopping))
 
     async def _run_all_attempts(self) -> None:
         # the file work of choosing a restore (reading metadata, hashing every file it
@@ -678,6 +710,18 @@ class Job:
                 cause = _root_cause(exc)
                 if isinstance(cause, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                     raise
+                if self._cancel_requested:
+                    # the job was cancelled and a task failed while the attempt wound down
+                    # (e.g. a source's clean-up, or an asynchronous snapshot part spawned
+                    # into the closing task group): Python 3.11's TaskGroup raises that
+                    # error instead of the cancellation, but a cancel must never turn into a
+                    # restart. A flag, not Task.cancelling(): on 3.11 a TaskGroup whose child
+                    # fails while it waits in __aexit__ leaves its own cancel request on the
+                    # job's task, so cancelling() counts failures too.
+                    log.debug("job %r: %s: %s while cancelling", self.name,
+                              type(cause).__name__, cause)
+                    self.status = "cancelled"
+                    raise asyncio.CancelledError from exc
                 if attempt > strategy.attempts or _not_restartable(cause):
                     self.status = "failed"
                     await self._forget_if_nothing_completed()
@@ -834,6 +878,10 @@ class Job:
                     await coordinator.checkpoint(await_commit=True)
                     break
                 except CheckpointError as exc:
+                    if coordinator.failure is not None:
+                        # the coordinator failed the job: that is the reason, whichever
+                        # of the two tasks reports it first
+                        raise coordinator.failure  # noqa: B904 - its own __cause__ stays
                     if attempt == 2:
                         raise CheckpointError(f"the final checkpoint failed: {exc}") from exc
             coordinator.stop()
