@@ -470,7 +470,12 @@ class _CachedState:
         return self._b._load(self._t, key) if v is _MISS else v
 
     def clear(self) -> None:
-        self._b._store(self._t, self._b.current_key, _ABSENT)
+        b = self._b
+        key = b.current_key
+        b._store(self._t, key, _ABSENT)
+        # a key whose state goes may never come back (a TTL'd key space): the key-group memo
+        # does not keep it (a later use computes it again)
+        b._kgb_memo.pop(key, None)
 
 
 class _ValueState(_CachedState, ValueState):
