@@ -166,8 +166,11 @@ class WinningBids(KeyedCoProcessFunction):
     def process_element2(self, b: Bid, ctx: Any) -> None:
         auction = self.auction.value()
         if auction is None:
+            # one cleanup timer per key at a time: many bids reach a closed hot auction
+            # between two watermarks, and a timer each would rescan the list each time
+            if not self.early.get():
+                ctx.timer_service.register_event_time_timer((b.date_time + 1) / 1000.0)
             self.early.add((b.date_time, b.price))
-            ctx.timer_service.register_event_time_timer((b.date_time + 1) / 1000.0)
             return
         if auction[0] <= b.date_time <= auction[1]:
             best = self.best.value()
@@ -177,10 +180,14 @@ class WinningBids(KeyedCoProcessFunction):
     def on_timer(self, timestamp: float, ctx: Any) -> list[Any] | None:
         auction = self.auction.value()
         if auction is None:
-            # bids whose auction did not come before the watermark passed them
-            keep = [(t, p) for t, p in self.early.get() if (t + 1) / 1000.0 > timestamp]
+            # drop the bids the watermark passed (an auction that has not come by then
+            # started after them), then wait for the oldest of the others
+            watermark = ctx.timer_service.current_watermark()
+            keep = [(t, p) for t, p in self.early.get() if (t + 1) / 1000.0 > watermark]
             if keep:
                 self.early.update(keep)
+                oldest = min(t for t, _ in keep)
+                ctx.timer_service.register_event_time_timer((oldest + 1) / 1000.0)
             else:
                 self.early.clear()
             return None

@@ -18,6 +18,14 @@ backend, then the next repeat) and the table gives, per query and backend:
   (one sample per sink batch, weighted by its rows); q2, q3 and q4 rows carry no time;
 - peak RSS (MiB) of the child, and the number of completed checkpoints.
 
+With ``--anchor flink`` the same queries also run on Flink 1.20 (PyFlink SQL, the texts in
+:mod:`bench.nexmark.flink_job`, parallelism 1, hashmap and RocksDB incremental backends,
+exactly-once checkpoints every second) over the same events written as JSON lines, in a
+virtual environment the benchmark creates once (``--flink-venv``; ``pip install
+apache-flink``, never a dependency of the project); "vs Flink" is the ratio of the medians.
+Flink's figure is events / (wall time over the file - wall time over a one-event file): its
+job start and stop are left out, its JSON parsing is in (ours generates the events).
+
 A first row, "generator", times generating the same events into records without the
 runtime (the ceiling of any query here). ``--rate`` is the events' event-time rate
 (events/s); Flink's nexmark runs use 10 M/s, which over a run of a million events would
@@ -180,6 +188,59 @@ def generator_rate(events: int, rate: float) -> float:
         return events / (time.perf_counter() - start)
 
 
+FLINK_VERSION = "1.20.3"
+FLINK_BACKEND = {"heap": "hashmap", "rocksdb": "rocksdb"}
+
+
+def flink_python(venv: Path) -> Path:
+    """The python of the Flink anchor's virtual environment, created with pyflink installed
+    on first use (``pip install apache-flink``; never a dependency of the project).
+
+    Raises:
+        SystemExit: when the environment cannot be created or pyflink not installed.
+    """
+    python = venv / "bin" / "python"
+    check = [str(python), "-c", "import pyflink"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return python
+    print(f"  creating {venv} with apache-flink=={FLINK_VERSION} (once)", file=sys.stderr)
+    base = Path(getattr(sys, "_base_executable", sys.executable))
+    steps = [[str(base), "-m", "venv", str(venv)],
+             [str(python), "-m", "pip", "install", "-q", f"apache-flink=={FLINK_VERSION}"]]
+    for step in steps:
+        if subprocess.run(step, check=False).returncode != 0:
+            raise SystemExit(f"the Flink anchor could not run: {' '.join(step)}")
+    return python
+
+
+def run_flink(venv: Path, work: Path, events: int, rate: float, queries: list[str],
+              backends: list[str], repeats: int) -> dict[tuple[str, str], list[float]]:
+    """The same queries on Flink (PyFlink SQL, parallelism 1) over the same events written as
+    JSON lines: events/s per (query, our backend name)."""
+    from reactive.connectors.nexmark import NexmarkConfig
+    from reactive.connectors.nexmark.files import write_events
+
+    python = flink_python(venv)
+    path = write_events(NexmarkConfig(num_events=events, first_event_rate=rate),
+                        work / "events.jsonl")
+    empty = write_events(NexmarkConfig(num_events=1, first_event_rate=rate),
+                         work / "empty.jsonl")
+    flink_backends = [FLINK_BACKEND[b] for b in backends]
+    done = subprocess.run(
+        [str(python), str(Path(__file__).with_name("flink_job.py")), str(path), str(empty),
+         str(events), ",".join(queries), ",".join(flink_backends), str(repeats), str(work)],
+        capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"the Flink anchor failed:\n{done.stderr[-3000:]}")
+    out: dict[tuple[str, str], list[float]] = {}
+    ours = {v: k for k, v in FLINK_BACKEND.items()}
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            r = json.loads(line)
+            out.setdefault((r["query"], ours[r["backend"]]), []).append(r["rate"])
+    return out
+
+
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     code = ("import json, sys; from bench.nexmark.run import child_main; "
             "child_main(json.loads(sys.argv[1]))")
@@ -208,6 +269,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--cpu", type=int, default=0)
+    ap.add_argument("--anchor", choices=["none", "flink"], default="none",
+                    help="also run the queries on Flink (PyFlink SQL) in a separate venv")
+    ap.add_argument("--flink-venv", type=Path,
+                    default=Path.home() / ".cache" / "reactive" / "nexmark-flink-venv")
     args = ap.parse_args(argv)
     queries = args.queries.split(",")
     backends = args.backends.split(",")
@@ -231,6 +296,8 @@ def main(argv: list[str] | None = None) -> None:
                     results.setdefault((q, b), []).append(r)
                     print(f"  {q} {b}: {r['rate']:,.0f} events/s, {r['rows']:,} rows, "
                           f"{r['checkpoints']} checkpoints", file=sys.stderr)
+        flink = (run_flink(args.flink_venv, work, args.events, args.rate, queries, backends,
+                           args.repeats) if args.anchor == "flink" else {})
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -239,18 +306,25 @@ def main(argv: list[str] | None = None) -> None:
 
     rows: list[list[Any]] = [["generator", "-", "/".join(
         fmt(v) for v in (min(generator), statistics.median(generator), max(generator))),
-        "-", "-", "-", "-", "-"]]
+        "-", "-", "-", "-", "-", "-"]]
     for q in queries:
         for b in backends:
             runs = sorted(results[(q, b)], key=lambda r: r["rate"])
             rates = [r["rate"] for r in runs]
             med = runs[len(runs) // 2]
+            anchor = flink.get((q, b))
+            ratio = (f"{statistics.median(rates) / statistics.median(anchor):.2f}"
+                     if anchor else "-")
             rows.append([q, b, "/".join(fmt(v) for v in (rates[0], statistics.median(rates),
                                                            rates[-1])),
-                         fmt(med["p50_ms"]), fmt(med["p99_ms"]), fmt(med["rss_mb"]),
+                         ratio, fmt(med["p50_ms"]), fmt(med["p99_ms"]), fmt(med["rss_mb"]),
                          med["checkpoints"], f"{med['rows']:,}"])
+            if anchor:
+                rows.append([q, f"Flink {FLINK_BACKEND[b]}", "/".join(
+                    fmt(v) for v in (min(anchor), statistics.median(anchor), max(anchor))),
+                    "1.00", "-", "-", "-", "-", "-"])
     print(f"\n{args.events:,} events at {args.rate:,.0f} events/s of event time, parallelism 1 "
           f"on core {args.cpu}, exactly-once checkpoints every {args.interval} s, "
           f"{args.repeats} repeats\n")
-    print_table(["query", "backend", "events/s min/median/max", "p50 ms", "p99 ms",
+    print_table(["query", "backend", "events/s min/median/max", "vs Flink", "p50 ms", "p99 ms",
                  "peak RSS MiB", "checkpoints", "rows"], rows)
