@@ -118,25 +118,28 @@ class GatedSource(NexmarkSource):
         self.gate = gate
 
     def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
-        reader = super().create_reader(subtask, parallelism)
-        reader.__class__ = _GatedReader
-        reader.subtask = subtask  # type: ignore[attr-defined]
-        return reader
+        splits = [[k, self.splits, k] for k in range(subtask, self.splits, parallelism)]
+        return _GatedReader(self, splits, self.gate, subtask)
 
 
 class _GatedReader(NexmarkReader):
-    subtask: int
+    """Reads up to the gate's limit (the reader's end of input is moved there), then
+    waits for the gate to open further."""
+
+    def __init__(self, source: NexmarkSource, entries: list[list[int]], gate: Gate,
+                 subtask: int) -> None:
+        self.gate = gate
+        self.subtask = subtask
+        super().__init__(source, entries)
 
     def _end(self) -> int | None:
         end = self.config.num_events
-        gate = self.source.gate  # type: ignore[attr-defined]
-        return gate.limit if end is None else min(end, gate.limit)
+        return self.gate.limit if end is None else min(end, self.gate.limit)
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
         batch = await super().read_batch(max_records)
-        gate = self.source.gate  # type: ignore[attr-defined]
-        if batch is None and gate.limit < (self.config.num_events or 0):
-            await gate.wait_at_limit(self.subtask)
+        if batch is None and self.gate.limit < (self.config.num_events or 0):
+            await self.gate.wait_at_limit(self.subtask)
             return []
         return batch
 
