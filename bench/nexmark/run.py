@@ -16,7 +16,9 @@ backend, then the next repeat) and the table gives, per query and backend:
   carry an event time (q0, q1: the bid's; q5, q7, q8: the window's end): the wall time from
   the source first emitting an event at or after that time to the sink receiving the row
   (one sample per sink batch, weighted by its rows); q2, q3 and q4 rows carry no time;
-- peak RSS (MiB) of the child, and the number of completed checkpoints.
+- peak RSS (MiB) of the child, and the number of completed checkpoints;
+- "vs generator": the median events/s over the generator's alone (below), and a bar chart
+  of the ratio columns in ``bench/results/nexmark.png`` (``--png``, ``--no-png``).
 
 With ``--anchor flink`` the same queries also run on Flink 1.20 (PyFlink SQL, the texts in
 :mod:`bench.nexmark.flink_job`, parallelism 1, hashmap and RocksDB incremental backends,
@@ -271,6 +273,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cpu", type=int, default=0)
     ap.add_argument("--anchor", choices=["none", "flink"], default="none",
                     help="also run the queries on Flink (PyFlink SQL) in a separate venv")
+    ap.add_argument("--png", type=Path, default=None,
+                    help="bar chart of the ratio columns (default bench/results/nexmark.png)")
+    ap.add_argument("--no-png", action="store_true")
     ap.add_argument("--flink-venv", type=Path,
                     default=Path.home() / ".cache" / "reactive" / "nexmark-flink-venv")
     args = ap.parse_args(argv)
@@ -304,9 +309,10 @@ def main(argv: list[str] | None = None) -> None:
     def fmt(v: float | None) -> str:
         return "-" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
 
-    rows: list[list[Any]] = [["generator", "-", "/".join(
-        fmt(v) for v in (min(generator), statistics.median(generator), max(generator))),
-        "-", "-", "-", "-", "-", "-"]]
+    gen = statistics.median(generator)
+    rows: list[list[Any]] = [["generator", "/".join(
+        fmt(v) for v in (min(generator), gen, max(generator))), "1.00", "-", "-", "-", "-",
+        "-", "-"]]
     for q in queries:
         for b in backends:
             runs = sorted(results[(q, b)], key=lambda r: r["rate"])
@@ -315,16 +321,24 @@ def main(argv: list[str] | None = None) -> None:
             anchor = flink.get((q, b))
             ratio = (f"{statistics.median(rates) / statistics.median(anchor):.2f}"
                      if anchor else "-")
-            rows.append([q, b, "/".join(fmt(v) for v in (rates[0], statistics.median(rates),
-                                                           rates[-1])),
-                         ratio, fmt(med["p50_ms"]), fmt(med["p99_ms"]), fmt(med["rss_mb"]),
-                         med["checkpoints"], f"{med['rows']:,}"])
+            rows.append([f"{q} {b}", "/".join(fmt(v) for v in (
+                rates[0], statistics.median(rates), rates[-1])),
+                f"{statistics.median(rates) / gen:.2f}", ratio, fmt(med["p50_ms"]),
+                fmt(med["p99_ms"]), fmt(med["rss_mb"]), med["checkpoints"], f"{med['rows']:,}"])
             if anchor:
-                rows.append([q, f"Flink {FLINK_BACKEND[b]}", "/".join(
+                rows.append([f"{q} Flink {FLINK_BACKEND[b]}", "/".join(
                     fmt(v) for v in (min(anchor), statistics.median(anchor), max(anchor))),
-                    "1.00", "-", "-", "-", "-", "-"])
-    print(f"\n{args.events:,} events at {args.rate:,.0f} events/s of event time, parallelism 1 "
-          f"on core {args.cpu}, exactly-once checkpoints every {args.interval} s, "
-          f"{args.repeats} repeats\n")
-    print_table(["query", "backend", "events/s min/median/max", "vs Flink", "p50 ms", "p99 ms",
-                 "peak RSS MiB", "checkpoints", "rows"], rows)
+                    f"{statistics.median(anchor) / gen:.2f}", "1.00", "-", "-", "-", "-", "-"])
+    title = (f"{args.events:,} events at {args.rate:,.0f} events/s of event time, parallelism "
+             f"1 on core {args.cpu}, exactly-once checkpoints every {args.interval} s, "
+             f"{args.repeats} repeats")
+    print(f"\n{title}\n")
+    text = print_table(["query, backend", "events/s min/median/max", "vs generator",
+                        "vs Flink", "p50 ms", "p99 ms", "peak RSS MiB", "checkpoints", "rows"],
+                       rows)
+    if not args.no_png:
+        from bench.figures import RESULTS, write_ratio_png
+
+        write_ratio_png(text, args.png or RESULTS / "nexmark.png",
+                        f"Nexmark, {args.events:,} events, 1 core, checkpoints every "
+                        f"{args.interval} s")
