@@ -9,7 +9,7 @@ file that :func:`reactive.connectors.nexmark.files.write_events` wrote (Flink ne
 table layout: ``event_type`` and a ``person`` / ``auction`` / ``bid`` row, watermark 4 s
 behind ``dateTime``, as Flink nexmark's DDL) into a blackhole sink, and prints one JSON line
 per run: the wall time of the query over the event file and over a one-event file (the job's
-fixed start and stop cost, subtracted for events/s).
+fixed start and stop cost, subtracted for events/s), after one warm-up job.
 
 The SQL texts state the Nexmark queries in Flink SQL's window table functions (q0-q5, q7,
 q8 as described in ``bench/nexmark/queries.py``); they are written for this benchmark.
@@ -139,6 +139,7 @@ def main() -> None:
     events, empty, n = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     queries, backends = sys.argv[4].split(","), sys.argv[5].split(",")
     repeats, work = int(sys.argv[6]), Path(sys.argv[7])
+    run(empty, "q0", backends[0], work)  # the JVM's and the planner's first job: warm-up
     for _ in range(repeats):
         for query in queries:
             for backend in backends:
