@@ -17,7 +17,8 @@ are those of Flink nexmark's SQL texts (``nexmark/nexmark``, ``queries/q*.sql``)
   expires]`` (none: it is left out, as the SQL's inner join); per category the running
   average of final prices, emitted at each closing as ``(category, average, count)``.
 - q5 hot items: per sliding window (10 s, every 2 s) the auctions with the most bids,
-  ``(auction, num, window start ms, window end ms)``.
+  ``(auction, num, window start ms, window end ms)``; bids are counted per 2 s pane and
+  each window sums its five panes.
 - q7 highest bid: per tumbling window of 10 s the bids with the window's highest price,
   ``(auction, bidder, price, dateTime, extra)``. A bid belongs to the window ``[start,
   end)`` (the SQL text's ``BETWEEN`` also matches a bid at exactly ``end`` with the previous
@@ -39,7 +40,6 @@ from reactive import (
     KeyedProcessFunction,
     ListStateDescriptor,
     MapStateDescriptor,
-    SlidingEventTimeWindows,
     Stream,
     TumblingEventTimeWindows,
     ValueStateDescriptor,
@@ -272,11 +272,46 @@ class HotItems(KeyedProcessFunction):
         return [(auction, num, start_ms, end_ms) for auction in auctions]
 
 
+class SlidingCounts(KeyedProcessFunction):
+    """q5's sliding counts from 2 s pane counts, keyed by auction: each pane's count is kept
+    until the last window containing it ends; at each window end (an event-time timer) the
+    window's count is the sum of its five panes (slices shared by the overlapping windows,
+    as Flink's hopping window aggregation does, instead of updating five windows per bid)."""
+
+    def open(self, ctx: Any) -> None:
+        self.panes = ctx.get_state(ValueStateDescriptor("panes", default=()))  # (start, n)...
+
+    def process_element(self, r: WindowResult, ctx: Any) -> None:
+        start = round(r.start * 1000)
+        self.panes.update((*self.panes.value(), (start, r.value)))
+        timers = ctx.timer_service
+        for k in range(WINDOW_MS // HOP_MS):
+            timers.register_event_time_timer((start + HOP_MS * (k + 1)) / 1000.0)
+
+    def on_timer(self, timestamp: float, ctx: Any) -> list[Any] | None:
+        end = round(timestamp * 1000)
+        first = end - WINDOW_MS
+        panes = self.panes.value()
+        total = sum(n for start, n in panes if first <= start < end)
+        # the next window starts one slide later: panes before it are done
+        kept = tuple(p for p in panes if p[0] >= first + HOP_MS)
+        if kept:
+            self.panes.update(kept)
+        else:
+            self.panes.clear()
+        if not total:
+            return None
+        return [WindowResult(ctx.current_key, first / 1000.0, end / 1000.0, total)]
+
+
 def q5(events: Stream) -> Stream:
-    """Hot items: the most-bid auctions per sliding window of 10 s every 2 s."""
-    counts = (events.filter(is_bid, name="q5-bids").key_by(lambda b: b.auction)
-              .window(SlidingEventTimeWindows.of(WINDOW_MS / 1000, HOP_MS / 1000))
-              .aggregate(CountBids(), name="q5-counts").uid("q5-counts"))
+    """Hot items: the most-bid auctions per sliding window of 10 s every 2 s (counted per
+    tumbling 2 s pane, then summed over each window's panes)."""
+    panes = (events.filter(is_bid, name="q5-bids").key_by(lambda b: b.auction)
+             .window(TumblingEventTimeWindows.of(HOP_MS / 1000))
+             .aggregate(CountBids(), name="q5-panes").uid("q5-panes"))
+    counts = (panes.key_by(lambda r: r.key).process(SlidingCounts(), name="q5-counts")
+              .uid("q5-counts"))
     return counts.key_by(lambda r: r.end).process(HotItems(), name="q5").uid("q5-hot")
 
 
