@@ -1,0 +1,349 @@
+"""The Nexmark benchmark of the per-record API.
+
+    python -m bench.nexmark [--queries q0,q1,q2,q3,q4,q5,q7,q8] [--events 1000000]
+                            [--rate 10000] [--backends heap,rocksdb] [--repeats 3]
+                            [--interval 1.0] [--cpu 0]
+
+Each run is one query over ``--events`` generated events (:class:`NexmarkSource`, one
+split, parallelism 1) in a fresh child process pinned to one core (``--cpu``), with
+exactly-once checkpoints every ``--interval`` seconds on the heap backend or the RocksDB
+backend (incremental), results into a sink that counts them. Runs are interleaved (query x
+backend, then the next repeat) and the table gives, per query and backend:
+
+- events/s: events / the job's wall time (start to the end of its final checkpoint),
+  min / median / max over the repeats;
+- p50 / p99 latency (ms, of the median run): event time to emit, for the queries whose rows
+  carry an event time (q0, q1: the bid's; q5, q7, q8: the window's end): the wall time from
+  the source first emitting an event at or after that time to the sink receiving the row
+  (one sample per sink batch, weighted by its rows); q2, q3 and q4 rows carry no time;
+- peak RSS (MiB) of the child, and the number of completed checkpoints;
+- "vs generator": the median over the runs of the job's events/s over the generator's
+  alone, measured in the same child on the same core just before the job (generating up
+  to 200,000 of the events into records without the runtime: the ceiling of any query
+  here; its own figures are the first row), and a bar chart of the ratio columns in
+  ``bench/results/nexmark.png`` (``--png``, ``--no-png``).
+
+With ``--anchor flink`` the same queries also run on Flink 1.20 (PyFlink SQL, the texts in
+:mod:`bench.nexmark.flink_job`, parallelism 1, hashmap and RocksDB incremental backends,
+exactly-once checkpoints every second) over the same events written as JSON lines, in a
+virtual environment the benchmark creates once (``--flink-venv``; ``pip install
+apache-flink``, never a dependency of the project); "vs Flink" is the ratio of the medians.
+Flink's figure is events / (wall time over the file - wall time over a one-event file): its
+job start and stop are left out, its JSON parsing is in (ours generates the events).
+
+``--rate`` is the events' event-time rate
+(events/s); Flink's nexmark runs use 10 M/s, which over a run of a million events would
+close no 10 s window before the end of input (nor measure a window's latency), so the
+default is 10,000/s: a 10 s window holds 100,000 events and a million events span 100 s
+of event time (50 q5 windows, 10 q7 and q8 windows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from reactive.sinks import Sink, SinkWriter
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_TIME_OF: dict[str, Callable[[Any], int] | None] = {
+    "q0": lambda r: r[3],
+    "q1": lambda r: r[3],
+    "q2": None,
+    "q3": None,
+    "q4": None,
+    "q5": lambda r: r[3],
+    "q7": lambda r: r[3] - r[3] % 10_000 + 10_000,
+    "q8": lambda r: r[2] + 10_000,
+}
+
+
+class SourceClock:
+    """When (wall time) the source first emitted each event time: ``(event time ms, wall s)``
+    per source batch, both non-decreasing (one split, in-order events)."""
+
+    def __init__(self) -> None:
+        self.times: list[int] = []
+        self.walls: list[float] = []
+
+    def wall_of(self, event_time_ms: int) -> float | None:
+        i = bisect.bisect_left(self.times, event_time_ms)
+        return self.walls[i] if i < len(self.walls) else None
+
+
+class LatencySink(Sink):
+    """Counts rows and samples their event-time-to-emit latency (one sample per batch: its
+    first row's, weighted by the batch's rows)."""
+
+    def __init__(self, clock: SourceClock, time_of: Callable[[Any], int] | None) -> None:
+        self.clock = clock
+        self.time_of = time_of
+        self.rows = 0
+        self.samples: list[tuple[float, int]] = []
+
+    def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
+        return _LatencyWriter(self)
+
+
+class _LatencyWriter(SinkWriter):
+    def __init__(self, sink: LatencySink) -> None:
+        self.sink = sink
+
+    def write(self, batch: list[Any]) -> None:
+        sink = self.sink
+        sink.rows += len(batch)
+        if sink.time_of is None or not batch:
+            return
+        wall = sink.clock.wall_of(sink.time_of(batch[0]))
+        if wall is not None:
+            sink.samples.append((time.perf_counter() - wall, len(batch)))
+
+
+def weighted_percentile(samples: list[tuple[float, int]], q: float) -> float | None:
+    """The ``q`` quantile (0..1) of weighted samples ``(value, weight)``."""
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    total = sum(w for _, w in ordered)
+    seen = 0
+    for value, weight in ordered:
+        seen += weight
+        if seen >= q * total:
+            return value
+    return ordered[-1][0]
+
+
+def child_main(spec: dict[str, Any]) -> None:
+    """One run in this (child) process; prints its figures as JSON on the last line."""
+    from bench.common import peak_rss_mb
+    from reactive import CheckpointConfig, Dataflow
+    from reactive.connectors.nexmark import NexmarkConfig, NexmarkSource
+    from reactive.connectors.nexmark.source import NexmarkReader
+    from reactive.sources import SourceReader
+
+    from .queries import QUERIES
+
+    if hasattr(os, "sched_setaffinity") and spec.get("cpu") is not None:
+        os.sched_setaffinity(0, {spec["cpu"]})
+    config = NexmarkConfig(num_events=spec["events"], first_event_rate=spec["rate"])
+    clock = SourceClock()
+
+    class TimedReader(NexmarkReader):
+        async def read_batch(self, max_records: int) -> list[Any] | None:
+            batch = await super().read_batch(max_records)
+            if batch:
+                clock.times.append(batch[-1].date_time)
+                clock.walls.append(time.perf_counter())
+            return batch
+
+    class TimedSource(NexmarkSource):
+        def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+            return TimedReader(self, [[0, 1, 0]])
+
+    # the generator alone, on the same core just before the job: the run's ceiling
+    generated = generator_rate(min(spec["events"], 200_000), spec["rate"])
+    query = spec["query"]
+    sink = LatencySink(clock, _TIME_OF[query])
+    work = Path(spec["work"])
+    flow = Dataflow(f"nexmark-{query}", parallelism=1)
+    QUERIES[query](flow.source(TimedSource(config, splits=1), uid="events")).sink(sink)
+    backend = None
+    if spec["backend"] == "rocksdb":
+        from reactive.backends.rocksdb import RocksDBStateBackend
+
+        backend = RocksDBStateBackend(path=work / "rocks", incremental=True)
+    start = time.perf_counter()
+    job = flow.execute(checkpoints=CheckpointConfig(interval=spec["interval"],
+                                                    directory=work / "chk"),
+                       state_backend=backend)
+    wall = time.perf_counter() - start
+    done = sum(1 for c in job.metrics.checkpoints if c.status == "completed")
+    p50, p99 = (weighted_percentile(sink.samples, q) for q in (0.5, 0.99))
+    print(json.dumps({"rate": spec["events"] / wall, "wall": wall, "rows": sink.rows,
+                      "generator": generated,
+                      "p50_ms": None if p50 is None else p50 * 1e3,
+                      "p99_ms": None if p99 is None else p99 * 1e3,
+                      "rss_mb": peak_rss_mb(), "checkpoints": done}))
+
+
+def generator_rate(events: int, rate: float) -> float:
+    """Events/s of generating ``events`` records in 4,096-event chunks, without the runtime."""
+    import numpy as np
+
+    from reactive.connectors.nexmark import NexmarkConfig
+    from reactive.connectors.nexmark.generator import generate_columns, to_records
+    from reactive.runtime.gc_tuning import throughput_gc
+
+    config = NexmarkConfig(num_events=events, first_event_rate=rate)
+    to_records(generate_columns(config, np.arange(4096)))  # the string pool, made once
+    with throughput_gc():
+        start = time.perf_counter()
+        for first in range(0, events, 4096):
+            to_records(generate_columns(config, np.arange(first, min(first + 4096, events))))
+        return events / (time.perf_counter() - start)
+
+
+FLINK_VERSION = "1.20.3"
+FLINK_BACKEND = {"heap": "hashmap", "rocksdb": "rocksdb"}
+
+
+def flink_python(venv: Path) -> Path:
+    """The python of the Flink anchor's virtual environment, created with pyflink installed
+    on first use (``pip install apache-flink``; never a dependency of the project).
+
+    Raises:
+        SystemExit: when the environment cannot be created or pyflink not installed.
+    """
+    python = venv / "bin" / "python"
+    check = [str(python), "-c", "import pyflink"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return python
+    print(f"  creating {venv} with apache-flink=={FLINK_VERSION} (once)", file=sys.stderr)
+    base = Path(getattr(sys, "_base_executable", sys.executable))
+    steps = [[str(base), "-m", "venv", str(venv)],
+             [str(python), "-m", "pip", "install", "-q", f"apache-flink=={FLINK_VERSION}"]]
+    for step in steps:
+        if subprocess.run(step, check=False).returncode != 0:
+            raise SystemExit(f"the Flink anchor could not run: {' '.join(step)}")
+    return python
+
+
+def run_flink(venv: Path, work: Path, events: int, rate: float, queries: list[str],
+              backends: list[str], repeats: int) -> dict[tuple[str, str], list[float]]:
+    """The same queries on Flink (PyFlink SQL, parallelism 1) over the same events written as
+    JSON lines: events/s per (query, our backend name)."""
+    from reactive.connectors.nexmark import NexmarkConfig
+    from reactive.connectors.nexmark.files import write_events
+
+    python = flink_python(venv)
+    path = write_events(NexmarkConfig(num_events=events, first_event_rate=rate),
+                        work / "events.jsonl")
+    empty = write_events(NexmarkConfig(num_events=1, first_event_rate=rate),
+                         work / "empty.jsonl")
+    flink_backends = [FLINK_BACKEND[b] for b in backends]
+    done = subprocess.run(
+        [str(python), str(Path(__file__).with_name("flink_job.py")), str(path), str(empty),
+         str(events), ",".join(queries), ",".join(flink_backends), str(repeats), str(work)],
+        capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"the Flink anchor failed:\n{done.stderr[-3000:]}")
+    out: dict[tuple[str, str], list[float]] = {}
+    ours = {v: k for k, v in FLINK_BACKEND.items()}
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            r = json.loads(line)
+            out.setdefault((r["query"], ours[r["backend"]]), []).append(r["rate"])
+    return out
+
+
+def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    code = ("import json, sys; from bench.nexmark.run import child_main; "
+            "child_main(json.loads(sys.argv[1]))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"nexmark {spec['query']} on {spec['backend']} failed:\n"
+                         f"{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark and print its table (Markdown)."""
+    from bench.common import print_table
+
+    from .queries import QUERIES
+
+    ap = argparse.ArgumentParser(prog="python -m bench.nexmark", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--queries", default=",".join(QUERIES))
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--rate", type=float, default=10_000.0)
+    ap.add_argument("--backends", default="heap,rocksdb")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--cpu", type=int, default=0)
+    ap.add_argument("--anchor", choices=["none", "flink"], default="none",
+                    help="also run the queries on Flink (PyFlink SQL) in a separate venv")
+    ap.add_argument("--png", type=Path, default=None,
+                    help="bar chart of the ratio columns (default bench/results/nexmark.png)")
+    ap.add_argument("--no-png", action="store_true")
+    ap.add_argument("--flink-venv", type=Path,
+                    default=Path.home() / ".cache" / "reactive" / "nexmark-flink-venv")
+    args = ap.parse_args(argv)
+    queries = args.queries.split(",")
+    backends = args.backends.split(",")
+    for q in queries:
+        if q not in QUERIES:
+            raise SystemExit(f"unknown query {q!r}; choose from {', '.join(QUERIES)}")
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    work = Path(tempfile.mkdtemp(prefix="nexmark-bench-"))
+    try:
+        for _ in range(args.repeats):
+            for q in queries:
+                for b in backends:
+                    run_dir = work / f"{q}-{b}"
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                    run_dir.mkdir()
+                    spec = {"query": q, "backend": b, "events": args.events, "rate": args.rate,
+                            "interval": args.interval, "cpu": args.cpu, "work": str(run_dir)}
+                    r = run_child(spec)
+                    results.setdefault((q, b), []).append(r)
+                    print(f"  {q} {b}: {r['rate']:,.0f} events/s, {r['rows']:,} rows, "
+                          f"{r['checkpoints']} checkpoints", file=sys.stderr)
+        flink = (run_flink(args.flink_venv, work, args.events, args.rate, queries, backends,
+                           args.repeats) if args.anchor == "flink" else {})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+    generator = [r["generator"] for runs in results.values() for r in runs]
+    gen = statistics.median(generator)
+    rows: list[list[Any]] = [["generator", "/".join(
+        fmt(v) for v in (min(generator), gen, max(generator))), "1.00", "-", "-", "-", "-",
+        "-", "-"]]
+    for q in queries:
+        for b in backends:
+            runs = sorted(results[(q, b)], key=lambda r: r["rate"])
+            rates = [r["rate"] for r in runs]
+            med = runs[len(runs) // 2]
+            anchor = flink.get((q, b))
+            ratio = (f"{statistics.median(rates) / statistics.median(anchor):.2f}"
+                     if anchor else "-")
+            rows.append([f"{q} {b}", "/".join(fmt(v) for v in (
+                rates[0], statistics.median(rates), rates[-1])),
+                f"{statistics.median(r['rate'] / r['generator'] for r in runs):.2f}", ratio,
+                fmt(med["p50_ms"]),
+                fmt(med["p99_ms"]), fmt(med["rss_mb"]), med["checkpoints"], f"{med['rows']:,}"])
+            if anchor:
+                rows.append([f"{q} Flink {FLINK_BACKEND[b]}", "/".join(
+                    fmt(v) for v in (min(anchor), statistics.median(anchor), max(anchor))),
+                    f"{statistics.median(anchor) / gen:.2f}", "1.00", "-", "-", "-", "-", "-"])
+    title = (f"{args.events:,} events at {args.rate:,.0f} events/s of event time, parallelism "
+             f"1 on core {args.cpu}, exactly-once checkpoints every {args.interval} s, "
+             f"{args.repeats} repeats")
+    print(f"\n{title}\n")
+    text = print_table(["query, backend", "events/s min/median/max", "vs generator",
+                        "vs Flink", "p50 ms", "p99 ms", "peak RSS MiB", "checkpoints", "rows"],
+                       rows)
+    if not args.no_png:
+        from bench.figures import RESULTS, write_ratio_png
+
+        write_ratio_png(text, args.png or RESULTS / "nexmark.png",
+                        f"Nexmark, {args.events:,} events, 1 core, checkpoints every "
+                        f"{args.interval} s")
