@@ -23,7 +23,6 @@ import os
 import socket
 from pathlib import Path
 
-from ..checkpoint.durable_files import make_dirs
 from ..errors import ConfigurationError
 
 __all__ = ["DirectoryLock", "DirectoryLockedError"]
@@ -78,7 +77,10 @@ class DirectoryLock:
         """
         if fcntl is None or self._fd is not None:
             return
-        make_dirs(self.directory)
+        # not make_dirs: the lock needs no durability (the OS releases it with the process,
+        # whatever the disk kept), and the run takes it on the loop's thread at start; the
+        # directories a checkpoint lives in are synced when its metadata is written
+        self.directory.mkdir(parents=True, exist_ok=True)
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         fd = os.open(self.path, flags, 0o644)
         try:
