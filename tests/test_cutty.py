@@ -196,13 +196,16 @@ async def _crashing_run(tmp_path, defs: list[Any]) -> dict[Any, Any]:
 
     from reactive import CheckpointConfig, RestartStrategy
 
+    from .conftest import paced
     from .test_windows import GatedInjector, TxnListSink
 
     data = events(8_000, 6, seed=31, disorder=5.0)
     injector = GatedInjector(_random.Random(4).sample(range(1_000, 5_000), 2), tmp_path)
     add = lambda a, b: (a[0], a[1], a[2] + b[2])  # noqa: E731
     flow = Dataflow("agree", parallelism=2, batch_size=100)
-    keyed = (flow.from_collection(data).uid("src").map(injector)
+    # the input waits for a completed checkpoint every 1,000 records: the injected failures
+    # (each after a completed checkpoint) come however fast the records flow
+    keyed = (flow.source(paced(data, every=1_000)).uid("src").map(injector)
              .assign_timestamps(lambda r: r[1], 5.0).key_by(lambda r: r[0]))
     sink = TxnListSink()
     (keyed.windows(defs) if len(defs) > 1 else keyed.window(defs[0])).reduce(add).uid(
@@ -246,13 +249,16 @@ async def test_two_window_branches_in_one_job_are_exact_through_crashes(tmp_path
 
     from reactive import CheckpointConfig, RestartStrategy
 
+    from .conftest import paced
     from .test_windows import GatedInjector, TxnListSink
 
     data = events(8_000, 6, seed=31, disorder=5.0)
     injector = GatedInjector(_random.Random(4).sample(range(1_000, 5_000), 2), tmp_path)
     add = lambda a, b: (a[0], a[1], a[2] + b[2])  # noqa: E731
     flow = Dataflow("branches", parallelism=2, batch_size=100)
-    keyed = (flow.from_collection(data).uid("src").map(injector)
+    # the input waits for a completed checkpoint every 1,000 records: the injected failures
+    # (each after a completed checkpoint) come however fast the records flow
+    keyed = (flow.source(paced(data, every=1_000)).uid("src").map(injector)
              .assign_timestamps(lambda r: r[1], 5.0).key_by(lambda r: r[0]))
     shared, single = TxnListSink(), TxnListSink()
     keyed.windows([SlidingEventTimeWindows.of(60, 20), TumblingEventTimeWindows.of(40)]
