@@ -70,7 +70,12 @@ def test_partitions_follow_the_parallelism_in_a_users_session(
     assert users_session.conf.get(SHUFFLE_PARTITIONS) == "200"
     said = [r.getMessage() for r in caplog.records if SHUFFLE_PARTITIONS in r.getMessage()]
     assert said and "=3" in said[0] and "Spark's default" in said[0]
-    assert sum(int(p["numInputRows"]) for p in job.progress()["out"]) >= len(WORDS)
+    # what `reactive run --runner spark` prints per query
+    summary = job.summary()["out"]
+    assert summary["shape"] == "transformWithState"
+    assert summary["input_rows"] == len(WORDS) + 1  # and the end-of-input marker
+    assert summary["micro_batches"] >= 2 and summary["rows_per_second"] > 0
+    assert summary["state_rows"] >= len(set(WORDS))  # a count per word, at least
 
 
 def test_partitions_the_user_set_are_kept(users_session: Any, tmp_path: Path) -> None:

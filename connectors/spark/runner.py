@@ -18,6 +18,7 @@ checkpoint plays the part of the embedded runtime's checkpoints.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -57,11 +58,15 @@ class SparkJob:
         plans: the translated plans, in the same order.
         settings: the Spark SQL settings the runner gave the queries (by configuration key),
             which differ from the session's; the session itself is left as it was.
+        shapes: how each query runs, by sink uid: ``"native window aggregation"`` (Spark
+            SQL, :mod:`.native_plan`), ``"transformWithState"`` (the keyed operator in
+            Python) or ``"per-record"`` (no keyed operator).
     """
 
     queries: dict[str, StreamingQuery]
     plans: list[QueryPlan]
     settings: dict[str, str] = field(default_factory=dict)
+    shapes: dict[str, str] = field(default_factory=dict)
 
     def wait(self) -> None:
         """Wait until every query has processed its whole input.
@@ -88,6 +93,29 @@ class SparkJob:
         """Spark's progress reports of each query's recent micro-batches, by sink uid."""
         return {uid: list(q.recentProgress) for uid, q in self.queries.items()}
 
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """Per query (by sink uid), from Spark's progress reports: ``micro_batches`` run,
+        ``input_rows`` and ``rows_per_second`` (input rows over the micro-batches' trigger
+        execution time) of the recent reports, ``state_rows`` and ``state_bytes`` (memory
+        used) of the stateful operators after the last micro-batch, and ``shape``."""
+        out: dict[str, dict[str, Any]] = {}
+        for uid, q in self.queries.items():
+            reports = [json.loads(p.json) for p in q.recentProgress]
+            last: dict[str, Any] = reports[-1] if reports else {}
+            rows = sum(int(p["numInputRows"]) for p in reports)
+            millis = sum(int(p.get("durationMs", {}).get("triggerExecution", 0))
+                         for p in reports)
+            operators = last.get("stateOperators") or []
+            out[uid] = {
+                "shape": self.shapes.get(uid, ""),
+                "micro_batches": int(last.get("batchId", -1)) + 1,
+                "input_rows": rows,
+                "rows_per_second": rows / (millis / 1000) if millis else 0.0,
+                "state_rows": sum(int(o.get("numRowsTotal", 0)) for o in operators),
+                "state_bytes": sum(int(o.get("memoryUsedBytes", 0)) for o in operators),
+            }
+        return out
+
     def records_read(self) -> dict[str, int]:
         """Input rows of each query over its recent micro-batches, by sink uid."""
         return {uid: sum(int(p["numInputRows"]) for p in q.recentProgress)
@@ -108,6 +136,8 @@ class SparkRunner:
             of state store partitions of a stateful query: its keyed parallelism). None: the
             session's value when someone set it, else the dataflow's parallelism (see
             :func:`shuffle_partitions_for`).
+        native: run what is relational as Spark SQL (:mod:`.native_plan`: windows with
+            built-in aggregations); False keeps every keyed operator in Python.
 
     Sizing: a stateful streaming query runs one task per shuffle partition in every
     micro-batch, and fixes that number in its checkpoint for good. Spark's default of 200
@@ -126,7 +156,7 @@ class SparkRunner:
 
     def __init__(self, spark: SparkSession, checkpoint_location: str | Path,
                  max_records_per_batch: int = 100_000, state_store: str = "rocksdb",
-                 shuffle_partitions: int | None = None) -> None:
+                 shuffle_partitions: int | None = None, native: bool = True) -> None:
         if max_records_per_batch < 1:
             raise ValueError(f"max_records_per_batch must be >= 1, got {max_records_per_batch}")
         if state_store not in ("rocksdb", "default"):
@@ -138,6 +168,7 @@ class SparkRunner:
         self.max_records_per_batch = max_records_per_batch
         self.state_store = state_store
         self.shuffle_partitions = shuffle_partitions
+        self.native = native
 
     def translate(self, flow: LogicalGraph) -> list[QueryPlan]:
         """The query plans of ``flow`` (see :func:`~.translation.translate`).
@@ -162,17 +193,19 @@ class SparkRunner:
         self.spark.dataSource.register(ReactiveSource)
         settings = self.query_settings(flow)
         queries: dict[str, StreamingQuery] = {}
+        shapes: dict[str, str] = {}
         with _session_conf(self.spark, settings):
             try:
                 for plan in plans:
                     assert plan.sink is not None
                     location = self.checkpoint_location / flow.name / plan.sink.uid
-                    queries[plan.sink.uid] = self._start_query(plan, location)
+                    queries[plan.sink.uid], shapes[plan.sink.uid] = self._start_query(
+                        plan, location)
             except BaseException:
                 for q in queries.values():
                     q.stop()
                 raise
-        return SparkJob(queries, plans, settings)
+        return SparkJob(queries, plans, settings, shapes)
 
     def query_settings(self, flow: LogicalGraph) -> dict[str, str]:
         """The Spark SQL settings the queries of ``flow`` get where the session's differ:
@@ -214,7 +247,8 @@ class SparkRunner:
         return job
 
     # ------------------------------------------------------------------ one query
-    def _start_query(self, plan: QueryPlan, location: Path) -> StreamingQuery:
+    def _start_query(self, plan: QueryPlan, location: Path) -> tuple[StreamingQuery, str]:
+        from .native_plan import native_query, native_window
         from .record_chain import SinkEncoder
         from .stream_source import SOURCE_FORMAT, source_options
 
@@ -225,18 +259,27 @@ class SparkRunner:
                                            self.max_records_per_batch))
                  .load())
         if plan.keyed is None:
+            shape = "per-record"
             out = frame.mapInArrow(_records_to_sink(plan, encoder), encoder.spark_schema())
         else:
-            out = self._keyed(frame, plan, encoder)
+            window, why_not = native_window(plan) if self.native else (None, "native=False")
+            if window is not None:
+                shape = "native window aggregation"
+                out = native_query(frame, plan, window, encoder)
+            else:
+                shape = "transformWithState"
+                log.info("operator %r runs in Python (transformWithState): %s",
+                         plan.keyed.name, why_not)
+                out = self._keyed(frame, plan, encoder)
         writer = (out.writeStream.format(encoder.spark_format)
                   .outputMode("append")
                   .option("path", plan.sink.directory)
                   .option("checkpointLocation", str(location))
                   .queryName(f"{plan.sink.uid}")
                   .trigger(availableNow=True))
-        log.info("starting the Spark query of sink %r (checkpoint location %s)",
-                 plan.sink.uid, location)
-        return writer.start()
+        log.info("starting the Spark query of sink %r (%s; checkpoint location %s)",
+                 plan.sink.uid, shape, location)
+        return writer.start(), shape
 
     def _keyed(self, frame: DataFrame, plan: QueryPlan, encoder: Any) -> DataFrame:
         from .keyed_processor import KeyedOperatorProcessor
