@@ -18,6 +18,7 @@ record comes one more micro-batch with the end-of-input marker (see
 from __future__ import annotations
 
 import base64
+import itertools
 import pickle
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -75,6 +76,27 @@ class ReactiveSource(DataSource):
         return _CollectionReader(spec, limit)
 
 
+_ARROW_ROWS = 8192  # rows per Arrow batch handed to Spark
+
+
+def _as_arrow(rows: Iterator[tuple[Any, ...]]) -> Iterator[Any]:
+    """``(record, ts, seq)`` rows as Arrow record batches of :data:`SOURCE_SCHEMA` (Spark
+    takes them as they are; rows given one by one are checked and converted field by
+    field, which costs more than reading the line)."""
+    import pyarrow as pa
+
+    schema = pa.schema([("record", pa.binary()), ("ts", pa.timestamp("us", tz="UTC")),
+                        ("seq", pa.int64())])
+    while True:
+        chunk = list(itertools.islice(rows, _ARROW_ROWS))
+        if not chunk:
+            return
+        records, tss, seqs = zip(*chunk, strict=True)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(records, pa.binary()), pa.array(tss, schema.field("ts").type),
+             pa.array(seqs, pa.int64())], schema=schema)
+
+
 class _Span(InputPartition):
     """The records of one micro-batch: from offset ``start`` to ``end``."""
 
@@ -122,7 +144,10 @@ class _CollectionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         return [_Span(start, end)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _as_arrow(self._rows(partition))
+
+    def _rows(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, _Span)
         start, end = partition.start, partition.end
         for i in range(start["index"], end["index"]):
@@ -177,7 +202,10 @@ class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         return [_Span(start, end)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _as_arrow(self._rows(partition))
+
+    def _rows(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         from reactive.connectors.files import InvalidLine
 
         assert isinstance(partition, _Span)
