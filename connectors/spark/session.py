@@ -106,6 +106,9 @@ def local_session(
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.pythonUDF.arrow.enabled": "false",
         "spark.sql.session.timeZone": "UTC",
+        # how long a starting Python worker may take to connect back to the JVM (15 s by
+        # default): on a loaded machine, interpreter start-up alone can take longer
+        "spark.python.authenticate.socketTimeout": "120s",
         **(extra_conf or {}),
     }
     builder = SparkSession.builder.master(master).appName(app_name)
