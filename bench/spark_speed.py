@@ -2,7 +2,8 @@
 records/s with Spark's start-up excluded (and reported apart), local[2] against local[1].
 
     python -m bench.spark_speed [--data CSV] [--limit N] [--repeats 3] [--batch N]
-                                [--masters local[2],local[1]] [--python-plan]
+                                [--masters local[2],local[1]] [--read-partitions 1,2]
+                                [--python-plan]
 
 The input (``--data``, else written once to ``data/flights-3y.csv`` by :func:`three_years`)
 is the 2013 table and copies shifted by one and two years: 1,010,328 flights in event-time
@@ -121,7 +122,8 @@ def spark_child(args: argparse.Namespace) -> None:
         shutil.rmtree(out, ignore_errors=True)
         started = time.perf_counter()
         job = SparkRunner(spark, out / "chk", max_records_per_batch=args.batch,
-                          native=not args.python_plan).run(
+                          native=not args.python_plan,
+                          read_partitions=int(args.read_partitions)).run(
             flights.build_flow(Path(args.data), out / "out"))
         runs.append(time.perf_counter() - started)
         shapes = job.shapes
@@ -142,6 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch", type=int, default=200_000, help="records per micro-batch")
     p.add_argument("--masters", default="local[2],local[1]")
+    p.add_argument("--read-partitions", default="1",
+                   help="comma-separated SparkRunner(read_partitions=) values to run")
     p.add_argument("--python-plan", action="store_true",
                    help="Spark runs the window in Python (transformWithState), not natively")
     p.add_argument("--spark-child", action="store_true", help=argparse.SUPPRESS)
@@ -178,18 +182,19 @@ def main(argv: list[str] | None = None) -> None:
         base = statistics.median(embedded["csv"])
         row("embedded, CSV reader (p=2, heap)", embedded["csv"], None)
         row("embedded, line reader (p=2, heap)", embedded["lines"], base)
-        for master in args.masters.split(","):
+        for master, parts in [(m, n) for n in args.read_partitions.split(",")
+                              for m in args.masters.split(",")]:
             cmd = [sys.executable, "-m", "bench.spark_speed", "--spark-child", "--master",
                    master, "--data", str(data), "--repeats", str(args.repeats), "--batch",
                    str(args.batch), "--work", str(work), "--embedded",
-                   str(work / "embedded-lines")]
+                   str(work / "embedded-lines"), "--read-partitions", parts]
             if args.python_plan:
                 cmd.append("--python-plan")
             done = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"the Spark run on {master} failed:\n{done.stderr[-4000:]}")
             result = json.loads(done.stdout.strip().splitlines()[-1])
-            row(f"Spark {master}, queries only", result["runs"], base,
+            row(f"Spark {master}, read partitions {parts}, queries only", result["runs"], base,
                 f"start-up {result['startup']:.1f} s; equal: {result['equal']}; "
                 f"{', '.join(sorted(set(result['shapes'].values())))}")
         print(f"flights job, {records - 1:,} flights ({data.name}), {args.repeats} repeats, "

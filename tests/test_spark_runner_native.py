@@ -56,6 +56,8 @@ def _events() -> list[tuple[str, float, int | None, float]]:
 
 
 EVENTS = _events()
+#: the same without the records beyond the bound
+IN_ORDER = [e for i, e in enumerate(EVENTS) if i % 37 != 36]
 
 
 def stats() -> Aggregates:
@@ -65,9 +67,10 @@ def stats() -> Aggregates:
                       last(lambda e: e[2], "int"))
 
 
-def windows(name: str, out: Path, aggregate: AggregateFunction | None = None) -> Dataflow:
+def windows(name: str, out: Path, aggregate: AggregateFunction | None = None,
+            events: list[Any] = EVENTS) -> Dataflow:
     flow = Dataflow(name, parallelism=2)
-    (flow.from_collection(EVENTS).assign_timestamps(lambda e: e[1], max_out_of_orderness=DELAY)
+    (flow.from_collection(events).assign_timestamps(lambda e: e[1], max_out_of_orderness=DELAY)
          .key_by(lambda e: e[0]).window(TumblingEventTimeWindows.of(SIZE))
          .aggregate(aggregate or stats(), name="per-ten-seconds").uid("per-ten-seconds")
          .map(lambda w: [w.key, w.start, w.end, *w.value])
@@ -75,11 +78,11 @@ def windows(name: str, out: Path, aggregate: AggregateFunction | None = None) ->
     return flow
 
 
-def by_loop() -> list[list[Any]]:
+def by_loop(events: list[Any] = EVENTS) -> list[list[Any]]:
     """The embedded rule, in plain Python: a record is late when its window ended at or
     before the largest timestamp before it minus the bound."""
     watermark, acc = float("-inf"), {}
-    for key, ts, amount, price in EVENTS:
+    for key, ts, amount, price in events:
         start = ts - ts % SIZE
         if start + SIZE > watermark:
             acc.setdefault((key, start), []).append((amount, price))
@@ -203,3 +206,14 @@ async def test_native_window_equals_embedded_row_for_row_late_records_included(
         windows("spark", on_spark))
     assert job.shapes == {"out": "native window aggregation"}
     assert committed(on_spark) == committed(embedded) == by_loop()
+
+
+async def test_native_window_read_in_two_parts_equals_embedded_within_the_bound(
+        spark: Any, tmp_path: Path) -> None:
+    embedded, on_spark = tmp_path / "embedded", tmp_path / "spark"
+    await windows("embedded", embedded, events=IN_ORDER).run(
+        checkpoints=CheckpointConfig(interval=0.05, directory=tmp_path / "chk"))
+    job = SparkRunner(spark, tmp_path / "spark-chk", max_records_per_batch=300,
+                      read_partitions=2).run(windows("spark", on_spark, events=IN_ORDER))
+    assert job.shapes == {"out": "native window aggregation"}
+    assert committed(on_spark) == committed(embedded) == by_loop(IN_ORDER)

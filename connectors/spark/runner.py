@@ -138,6 +138,11 @@ class SparkRunner:
             :func:`shuffle_partitions_for`).
         native: run what is relational as Spark SQL (:mod:`.native_plan`: windows with
             built-in aggregations); False keeps every keyed operator in Python.
+        read_partitions: Spark tasks each micro-batch's records are read and run through
+            the per-record functions in (consecutive ranges of the source; 1: one task, in
+            source order). More use more cores for parsing; a keyed operator still sees
+            each key's records in source order, but late records are judged as embedded
+            only with 1 (see :mod:`.native_plan`).
 
     Sizing: a stateful streaming query runs one task per shuffle partition in every
     micro-batch, and fixes that number in its checkpoint for good. Spark's default of 200
@@ -150,13 +155,14 @@ class SparkRunner:
     queries: Spark turns it off for them, so it cannot coalesce these partitions either.
 
     Raises:
-        ValueError: on a non-positive ``max_records_per_batch`` or ``shuffle_partitions``,
-            or an unknown state store.
+        ValueError: on a non-positive ``max_records_per_batch``, ``shuffle_partitions`` or
+            ``read_partitions``, or an unknown state store.
     """
 
     def __init__(self, spark: SparkSession, checkpoint_location: str | Path,
                  max_records_per_batch: int = 100_000, state_store: str = "rocksdb",
-                 shuffle_partitions: int | None = None, native: bool = True) -> None:
+                 shuffle_partitions: int | None = None, native: bool = True,
+                 read_partitions: int = 1) -> None:
         if max_records_per_batch < 1:
             raise ValueError(f"max_records_per_batch must be >= 1, got {max_records_per_batch}")
         if state_store not in ("rocksdb", "default"):
@@ -169,6 +175,9 @@ class SparkRunner:
         self.state_store = state_store
         self.shuffle_partitions = shuffle_partitions
         self.native = native
+        if read_partitions < 1:
+            raise ValueError(f"read_partitions must be >= 1, got {read_partitions}")
+        self.read_partitions = read_partitions
 
     def translate(self, flow: LogicalGraph) -> list[QueryPlan]:
         """The query plans of ``flow`` (see :func:`~.translation.translate`).
@@ -256,7 +265,8 @@ class SparkRunner:
         encoder = SinkEncoder(plan.sink)
         frame = (self.spark.readStream.format(SOURCE_FORMAT)
                  .options(**source_options(plan.source.kind, plan.source.source,
-                                           self.max_records_per_batch))
+                                           self.max_records_per_batch,
+                                           self.read_partitions))
                  .load())
         if plan.keyed is None:
             shape = "per-record"
