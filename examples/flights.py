@@ -33,9 +33,10 @@ back and compares them with Spark's batch computation, as for the file.
 
 ``--runner spark`` runs the same dataflow (``build_flow``) on Spark Structured Streaming in
 local mode (``reactive.connectors.spark.SparkRunner``, ``--spark-master``, default
-``local[2]``): one query per sink, the window operator in ``transformWithState`` with its
-state in Spark's RocksDB state store, the output written by Spark's file sink (exactly once
-through its ``_spark_metadata`` log) and validated by the bridge in the same way.
+``local[2]``): one query per sink, the hourly windows (built-in aggregations) as Spark SQL's
+``groupBy(window, key).agg`` with its state in Spark's RocksDB state store, the output
+written by Spark's file sink (exactly once through its ``_spark_metadata`` log) and
+validated by the bridge in the same way.
 
 ``python -m reactive run examples/flights.py`` runs the same dataflow (``flow()`` below)
 without the crash, validation and report.
@@ -78,6 +79,7 @@ from reactive import (
 )
 from reactive.connectors.files import InvalidLine
 from reactive.connectors.kafka import KafkaDeadLetter
+from reactive.windowing.aggregates import Aggregates, count, max_of, mean, sum_of
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA_JOB = KAFKA_SOURCE_UID = "flights-kafka"  # the Kafka variant's job name and source uid
@@ -105,7 +107,8 @@ class DeadLetter(NamedTuple):
 
 
 class DelayStats(AggregateFunction):
-    """Accumulator ``(flights, cancelled, delay sum, delays counted, max delay)`` (minutes)."""
+    """Accumulator ``(flights, cancelled, delay sum, delays counted, max delay)`` (minutes):
+    :func:`delay_stats` written as a user function (the dataflow uses the built-ins)."""
 
     def create_accumulator(self) -> tuple[int, int, float, int, float | None]:
         return (0, 0, 0.0, 0, None)
@@ -125,6 +128,15 @@ class DelayStats(AggregateFunction):
     def get_result(self, acc: Any) -> tuple[int, int, float | None, float | None]:
         n, cancelled, total, counted, worst = acc
         return (n, cancelled, total / counted if counted else None, worst)
+
+
+def delay_stats() -> Aggregates:
+    """A window's ``(flights, cancelled, mean departure delay, max departure delay)``: the
+    statistics of :class:`DelayStats` as built-in aggregations (SQL's semantics: the mean
+    and max skip cancelled flights, whose delay is None), which the embedded runtime folds
+    like any aggregate and the Spark runner runs natively as Spark SQL."""
+    return Aggregates(count(), sum_of("cancelled", dtype="int"), mean("dep_delay"),
+                      max_of("dep_delay"))
 
 
 def parse_line(record: Any) -> list[Flight | DeadLetter]:
@@ -269,7 +281,7 @@ def build_flow(data: Path, output: Path, parallelism: int = 2,
     (valid.key_by(lambda f: (f.origin, f.carrier))
           .window(TumblingEventTimeWindows.of(HOUR),
                   timestamp=None if bootstrap is None else flight_time)
-          .aggregate(DelayStats(), name="hourly-delays").uid("hourly-delays")
+          .aggregate(delay_stats(), name="hourly-delays").uid("hourly-delays")
           .map(to_row, name="to-row")
           .sink(CommittingFileSink(output, format="parquet", schema=result_schema())
                 if bootstrap is None else flights_kafka.results_sink(bootstrap),

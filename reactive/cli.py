@@ -156,8 +156,10 @@ def _run_on_spark(flow: Dataflow, checkpoint_dir: Path, master: str) -> int:
     runner = runner_class(session(master), checkpoint_dir / "spark")
     job = runner.run(flow)
     print(f"job {flow.name!r} finished on Spark ({master}):")
-    for uid, rows in job.records_read().items():
-        print(f"  query of sink {uid}: {rows:,} input rows")
+    for uid, q in job.summary().items():
+        print(f"  query of sink {uid} ({q['shape']}): {q['micro_batches']} micro-batches, "
+              f"{q['input_rows']:,} input rows, {q['rows_per_second']:,.0f} rows/s, state "
+              f"{q['state_rows']:,} rows ({q['state_bytes']:,} bytes)")
     return 0
 
 

@@ -39,8 +39,11 @@ async def test_flights_on_spark_equal_the_embedded_run_row_for_row(
     embedded, on_spark = tmp_path / "embedded", tmp_path / "spark"
     await flights.build_flow(data, embedded).run(
         checkpoints=CheckpointConfig(interval=0.1, directory=tmp_path / "chk"))
-    SparkRunner(spark, tmp_path / "spark-chk", max_records_per_batch=1_000).run(
+    job = SparkRunner(spark, tmp_path / "spark-chk", max_records_per_batch=1_000).run(
         flights.build_flow(data, on_spark))
+    # the hourly windows (built-in aggregations) run as Spark SQL
+    assert job.shapes == {"dead-letter-sink": "per-record",
+                          "results-sink": "native window aggregation"}
     results = rows(spark, on_spark)
     assert results == rows(spark, embedded)
     assert sum(r[4] for r in results) == 3_000 - 3_000 // 400  # every valid flight counted

@@ -41,9 +41,12 @@ def write_input(path: Path, seed: int) -> list[tuple[str, float, int]]:
     return rows
 
 
-def build(data: Path, out: Path) -> Any:
+def build(data: Path, out: Path, shape: str = "python") -> Any:
+    """The dataflow; ``shape`` ``"native"`` aggregates with built-in aggregations (a native
+    Spark SQL plan), ``"python"`` with a user function (``transformWithState``)."""
     from reactive import AggregateFunction, Dataflow, TumblingEventTimeWindows
     from reactive.connectors.files import CommittingFileSink
+    from reactive.windowing.aggregates import Aggregates, count, sum_of
 
     class Total(AggregateFunction):
         def create_accumulator(self) -> Any:
@@ -75,14 +78,15 @@ def build(data: Path, out: Path) -> Any:
     (flow.read_text_file(data).flat_map(parse, name="parse")
          .assign_timestamps(lambda r: r[1], max_out_of_orderness=2)
          .key_by(lambda r: r[0]).window(TumblingEventTimeWindows.of(60))
-         .aggregate(Total()).uid("totals")
+         .aggregate(Total() if shape == "python"
+                    else Aggregates(count(), sum_of(lambda r: r[2], dtype="int"))).uid("totals")
          .map(lambda w: {"key": w.key, "start": int(w.start), "n": w.value[0],
                          "total": w.value[1]})
          .sink(CommittingFileSink(out)).uid("out"))
     return flow
 
 
-def driver(data: Path, out: Path, checkpoints: Path) -> None:
+def driver(data: Path, out: Path, checkpoints: Path, shape: str) -> None:
     """The driver process: run the dataflow on Spark to the end of its input. With
     :data:`KILL_ENV` set to a micro-batch's entry in the sink's commit log, the first record
     parsed once that entry exists SIGKILLs the driver's process group (Python and the JVM),
@@ -92,17 +96,21 @@ def driver(data: Path, out: Path, checkpoints: Path) -> None:
     from reactive.connectors.spark import SparkRunner, local_session
 
     spark = local_session("local[2]", app_name="reactive-restart", shuffle_partitions=2)
-    SparkRunner(spark, checkpoints, max_records_per_batch=BATCH).run(build(data, out))
+    job = SparkRunner(spark, checkpoints, max_records_per_batch=BATCH).run(
+        build(data, out, shape))
+    wanted = "native window aggregation" if shape == "native" else "transformWithState"
+    assert job.shapes["out"] == wanted, job.shapes
 
 
-def start_driver(data: Path, out: Path, checkpoints: Path,
+def start_driver(data: Path, out: Path, checkpoints: Path, shape: str,
                  kill_after: int | None = None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop(KILL_ENV, None)
     if kill_after is not None:
         env[KILL_ENV] = str(checkpoints / "restart" / "out" / "commits" / str(kill_after))
     # a process group of its own: the kill takes the driver's JVM down with it
-    return subprocess.Popen([sys.executable, __file__, str(data), str(out), str(checkpoints)],
+    return subprocess.Popen([sys.executable, __file__, str(data), str(out), str(checkpoints),
+                             shape],
                             env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -113,18 +121,19 @@ def committed_batches(commits: Path) -> int:
     return sum(1 for p in commits.iterdir() if p.name.isdigit())
 
 
-def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int) -> None:
+def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int,
+                  shape: str = "python") -> None:
     from reactive.connectors.spark import ResultLog, validate_exactly_once
 
     data, out, chk = tmp_path / "input.csv", tmp_path / "out", tmp_path / "chk"
     rows = write_input(data, seed)
     commits = chk / "restart" / "out" / "commits"
-    first = start_driver(data, out, chk, kill_after)
+    first = start_driver(data, out, chk, shape, kill_after)
     code = first.wait(timeout=600)
     assert code == -signal.SIGKILL, f"the driver ended (exit code {code}) instead of being killed"
     batches_before = committed_batches(commits)
     assert batches_before < LINES // BATCH, "the kill came after the input was consumed"
-    second = start_driver(data, out, chk)
+    second = start_driver(data, out, chk, shape)
     assert second.wait(timeout=600) == 0
     # the restarted driver continued after the committed batches, it did not start over
     assert committed_batches(commits) > batches_before
@@ -149,17 +158,20 @@ def spark() -> Any:
     return local_session("local[2]", app_name="reactive-spark-restart", shuffle_partitions=2)
 
 
-def test_driver_killed_mid_way_resumes_exactly_once(tmp_path: Path, spark: Any) -> None:
-    check_restart(tmp_path, spark, seed=19, kill_after=1)
+@pytest.mark.parametrize("shape", ["python", "native"])
+def test_driver_killed_mid_way_resumes_exactly_once(
+        tmp_path: Path, spark: Any, shape: str) -> None:
+    check_restart(tmp_path, spark, seed=19, kill_after=1, shape=shape)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("shape", ["python", "native"])
 @pytest.mark.parametrize("seed", range(4))
 def test_driver_killed_at_seeded_batches_resumes_exactly_once(
-        tmp_path: Path, spark: Any, seed: int) -> None:
+        tmp_path: Path, spark: Any, seed: int, shape: str) -> None:
     check_restart(tmp_path, spark, seed=seed,
-                  kill_after=random.Random(seed).randrange(0, LINES // BATCH - 2))
+                  kill_after=random.Random(seed).randrange(0, LINES // BATCH - 2), shape=shape)
 
 
 if __name__ == "__main__":
-    driver(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
+    driver(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])

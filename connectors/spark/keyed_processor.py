@@ -116,16 +116,33 @@ class KeyedOperatorProcessor(StatefulProcessor):
         if not received:
             return iter(())
         records = [pickle.loads(data) for _, data in received]
+        self._begin(key)
+        outputs = self.op.process_batch(records)
+        self._flush()
+        return self._emit(outputs)
+
+    def _begin(self, key: Any) -> None:
         self.backend.set_current_key(self._key(key))
-        return self._emit(self.op.process_batch(records))
+        self.backend.reset()
+        if self.timers is not None:
+            self.timers.reset()
+
+    def _flush(self) -> None:
+        """Write the key's state and timers back to Spark, once per call (see
+        :class:`~.state_adapter.SparkKeyedStateBackend`)."""
+        self.backend.flush()
+        if self.timers is not None:
+            self.timers.flush()
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Any:
         """A Spark timer of ``key`` expired: fire the operator's timers registered for it."""
         self._set_watermark(timerValues)
-        self.backend.set_current_key(self._key(key))
+        self._begin(key)
         assert self.timers is not None
-        return self._emit(self.timers.fire(expiredTimerInfo.getExpiryTimeInMs()))
+        outputs = self.timers.fire(expiredTimerInfo.getExpiryTimeInMs())
+        self._flush()
+        return self._emit(outputs)
 
     def close(self) -> None:
         """Close the operator's functions."""

@@ -18,8 +18,11 @@ checkpoint plays the part of the embedded runtime's checkpoints.
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,12 +35,18 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-__all__ = ["SparkJob", "SparkRunner"]
+__all__ = ["SparkJob", "SparkRunner", "shuffle_partitions_for"]
 
 log = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 _PRE_SCHEMA = "record binary, ts timestamp, seq bigint, key binary"
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+STATE_STORE_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+#: the shuffle partitions :func:`~.session.local_session` set when its caller chose none:
+#: while the session still has that value, the runner sizes the queries as in a session
+#: where nobody set them
+SIZED_BY_DEFAULT = "spark.reactive.shufflePartitions.default"
 
 
 @dataclass
@@ -47,10 +56,17 @@ class SparkJob:
     Attributes:
         queries: one streaming query per sink, by the sink's uid.
         plans: the translated plans, in the same order.
+        settings: the Spark SQL settings the runner gave the queries (by configuration key),
+            which differ from the session's; the session itself is left as it was.
+        shapes: how each query runs, by sink uid: ``"native window aggregation"`` (Spark
+            SQL, :mod:`.native_plan`), ``"transformWithState"`` (the keyed operator in
+            Python) or ``"per-record"`` (no keyed operator).
     """
 
     queries: dict[str, StreamingQuery]
     plans: list[QueryPlan]
+    settings: dict[str, str] = field(default_factory=dict)
+    shapes: dict[str, str] = field(default_factory=dict)
 
     def wait(self) -> None:
         """Wait until every query has processed its whole input.
@@ -77,6 +93,29 @@ class SparkJob:
         """Spark's progress reports of each query's recent micro-batches, by sink uid."""
         return {uid: list(q.recentProgress) for uid, q in self.queries.items()}
 
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """Per query (by sink uid), from Spark's progress reports: ``micro_batches`` run,
+        ``input_rows`` and ``rows_per_second`` (input rows over the micro-batches' trigger
+        execution time) of the recent reports, ``state_rows`` and ``state_bytes`` (memory
+        used) of the stateful operators after the last micro-batch, and ``shape``."""
+        out: dict[str, dict[str, Any]] = {}
+        for uid, q in self.queries.items():
+            reports = [json.loads(p.json) for p in q.recentProgress]
+            last: dict[str, Any] = reports[-1] if reports else {}
+            rows = sum(int(p["numInputRows"]) for p in reports)
+            millis = sum(int(p.get("durationMs", {}).get("triggerExecution", 0))
+                         for p in reports)
+            operators = last.get("stateOperators") or []
+            out[uid] = {
+                "shape": self.shapes.get(uid, ""),
+                "micro_batches": int(last.get("batchId", -1)) + 1,
+                "input_rows": rows,
+                "rows_per_second": rows / (millis / 1000) if millis else 0.0,
+                "state_rows": sum(int(o.get("numRowsTotal", 0)) for o in operators),
+                "state_bytes": sum(int(o.get("memoryUsedBytes", 0)) for o in operators),
+            }
+        return out
+
     def records_read(self) -> dict[str, int]:
         """Input rows of each query over its recent micro-batches, by sink uid."""
         return {uid: sum(int(p["numInputRows"]) for p in q.recentProgress)
@@ -93,21 +132,52 @@ class SparkRunner:
         max_records_per_batch: source records per micro-batch at most.
         state_store: ``"rocksdb"`` (Spark's RocksDB state store provider) or ``"default"``
             (the session's, HDFS-backed unless configured otherwise).
+        shuffle_partitions: ``spark.sql.shuffle.partitions`` of the queries (Spark's number
+            of state store partitions of a stateful query: its keyed parallelism). None: the
+            session's value when someone set it, else the dataflow's parallelism (see
+            :func:`shuffle_partitions_for`).
+        native: run what is relational as Spark SQL (:mod:`.native_plan`: windows with
+            built-in aggregations); False keeps every keyed operator in Python.
+        read_partitions: Spark tasks each micro-batch's records are read and run through
+            the per-record functions in (consecutive ranges of the source; 1: one task, in
+            source order). More use more cores for parsing; a keyed operator still sees
+            each key's records in source order, but late records are judged as embedded
+            only with 1 (see :mod:`.native_plan`).
+
+    Sizing: a stateful streaming query runs one task per shuffle partition in every
+    micro-batch, and fixes that number in its checkpoint for good. Spark's default of 200
+    partitions makes a small keyed query on a laptop run 200 tiny tasks per micro-batch, so
+    the runner gives the queries the dataflow's parallelism unless the user chose a value
+    (here, or in the session's configuration). The session is not changed: the settings
+    apply to the queries this runner starts (a streaming query keeps a copy of the session's
+    configuration from its start), are logged, and are listed in ``SparkJob.settings``.
+    Adaptive query execution (``spark.sql.adaptive.*``) does not apply to streaming
+    queries: Spark turns it off for them, so it cannot coalesce these partitions either.
 
     Raises:
-        ValueError: on a non-positive ``max_records_per_batch`` or an unknown state store.
+        ValueError: on a non-positive ``max_records_per_batch``, ``shuffle_partitions`` or
+            ``read_partitions``, or an unknown state store.
     """
 
     def __init__(self, spark: SparkSession, checkpoint_location: str | Path,
-                 max_records_per_batch: int = 100_000, state_store: str = "rocksdb") -> None:
+                 max_records_per_batch: int = 100_000, state_store: str = "rocksdb",
+                 shuffle_partitions: int | None = None, native: bool = True,
+                 read_partitions: int = 1) -> None:
         if max_records_per_batch < 1:
             raise ValueError(f"max_records_per_batch must be >= 1, got {max_records_per_batch}")
         if state_store not in ("rocksdb", "default"):
             raise ValueError(f"state_store must be 'rocksdb' or 'default', got {state_store!r}")
+        if shuffle_partitions is not None and shuffle_partitions < 1:
+            raise ValueError(f"shuffle_partitions must be >= 1, got {shuffle_partitions}")
         self.spark = spark
         self.checkpoint_location = Path(checkpoint_location)
         self.max_records_per_batch = max_records_per_batch
         self.state_store = state_store
+        self.shuffle_partitions = shuffle_partitions
+        self.native = native
+        if read_partitions < 1:
+            raise ValueError(f"read_partitions must be >= 1, got {read_partitions}")
+        self.read_partitions = read_partitions
 
     def translate(self, flow: LogicalGraph) -> list[QueryPlan]:
         """The query plans of ``flow`` (see :func:`~.translation.translate`).
@@ -130,20 +200,46 @@ class SparkRunner:
         _export_python_path(self.spark)
 
         self.spark.dataSource.register(ReactiveSource)
-        if self.state_store == "rocksdb":
-            self.spark.conf.set("spark.sql.streaming.stateStore.providerClass",
-                                ROCKSDB_PROVIDER)
+        settings = self.query_settings(flow)
         queries: dict[str, StreamingQuery] = {}
-        try:
-            for plan in plans:
-                assert plan.sink is not None
-                location = self.checkpoint_location / flow.name / plan.sink.uid
-                queries[plan.sink.uid] = self._start_query(plan, location)
-        except BaseException:
-            for q in queries.values():
-                q.stop()
-            raise
-        return SparkJob(queries, plans)
+        shapes: dict[str, str] = {}
+        with _session_conf(self.spark, settings):
+            try:
+                for plan in plans:
+                    assert plan.sink is not None
+                    location = self.checkpoint_location / flow.name / plan.sink.uid
+                    queries[plan.sink.uid], shapes[plan.sink.uid] = self._start_query(
+                        plan, location)
+            except BaseException:
+                for q in queries.values():
+                    q.stop()
+                raise
+        return SparkJob(queries, plans, settings, shapes)
+
+    def query_settings(self, flow: LogicalGraph) -> dict[str, str]:
+        """The Spark SQL settings the queries of ``flow`` get where the session's differ:
+        the shuffle partitions (see the class docstring) and the RocksDB state store
+        provider; each change is logged with the session's value it replaces."""
+        conf = self.spark.conf
+        wanted: dict[str, str] = {}
+        chosen = self.shuffle_partitions
+        current = conf.get(SHUFFLE_PARTITIONS, None)
+        if chosen is None and (current is None or conf.get(SIZED_BY_DEFAULT, None) == current):
+            chosen = shuffle_partitions_for(flow)
+        if chosen is not None:
+            wanted[SHUFFLE_PARTITIONS] = str(chosen)
+        if self.state_store == "rocksdb":
+            wanted[STATE_STORE_PROVIDER] = ROCKSDB_PROVIDER
+        settings: dict[str, str] = {}
+        for key, value in wanted.items():
+            had = conf.get(key, None)
+            if had == value:
+                continue
+            settings[key] = value
+            log.info("the Spark queries of dataflow %r run with %s=%s (the session has %s)",
+                     flow.name, key, value,
+                     "Spark's default" if had is None else f"{had!r}")
+        return settings
 
     def run(self, flow: LogicalGraph) -> SparkJob:
         """``start`` then ``wait``: run ``flow`` to the end of its input.
@@ -160,7 +256,8 @@ class SparkRunner:
         return job
 
     # ------------------------------------------------------------------ one query
-    def _start_query(self, plan: QueryPlan, location: Path) -> StreamingQuery:
+    def _start_query(self, plan: QueryPlan, location: Path) -> tuple[StreamingQuery, str]:
+        from .native_plan import native_query, native_window
         from .record_chain import SinkEncoder
         from .stream_source import SOURCE_FORMAT, source_options
 
@@ -168,21 +265,31 @@ class SparkRunner:
         encoder = SinkEncoder(plan.sink)
         frame = (self.spark.readStream.format(SOURCE_FORMAT)
                  .options(**source_options(plan.source.kind, plan.source.source,
-                                           self.max_records_per_batch))
+                                           self.max_records_per_batch,
+                                           self.read_partitions))
                  .load())
         if plan.keyed is None:
+            shape = "per-record"
             out = frame.mapInArrow(_records_to_sink(plan, encoder), encoder.spark_schema())
         else:
-            out = self._keyed(frame, plan, encoder)
+            window, why_not = native_window(plan) if self.native else (None, "native=False")
+            if window is not None:
+                shape = "native window aggregation"
+                out = native_query(frame, plan, window, encoder)
+            else:
+                shape = "transformWithState"
+                log.info("operator %r runs in Python (transformWithState): %s",
+                         plan.keyed.name, why_not)
+                out = self._keyed(frame, plan, encoder)
         writer = (out.writeStream.format(encoder.spark_format)
                   .outputMode("append")
                   .option("path", plan.sink.directory)
                   .option("checkpointLocation", str(location))
                   .queryName(f"{plan.sink.uid}")
                   .trigger(availableNow=True))
-        log.info("starting the Spark query of sink %r (checkpoint location %s)",
-                 plan.sink.uid, location)
-        return writer.start()
+        log.info("starting the Spark query of sink %r (%s; checkpoint location %s)",
+                 plan.sink.uid, shape, location)
+        return writer.start(), shape
 
     def _keyed(self, frame: DataFrame, plan: QueryPlan, encoder: Any) -> DataFrame:
         from .keyed_processor import KeyedOperatorProcessor
@@ -200,6 +307,40 @@ class SparkRunner:
         processor = KeyedOperatorProcessor(plan.keyed, plan.after_key, plan.sink)
         return keyed.groupBy("key").transformWithState(
             processor, encoder.spark_schema(), "Append", "EventTime")
+
+
+def shuffle_partitions_for(flow: LogicalGraph) -> int:
+    """The shuffle partitions a dataflow's queries get when nobody chose them: the largest
+    parallelism of its keyed operators (the dataflow's default where an operator has
+    none), at most its max parallelism (its number of key groups).
+
+    Args:
+        flow: the dataflow.
+
+    Returns:
+        a partition count >= 1.
+    """
+    keyed = [t.parallelism or flow.parallelism for t in flow.transformations
+             if any(e.partitioning == "hash" for e in t.inputs)]
+    return max(1, min(max(keyed, default=flow.parallelism), flow.max_parallelism))
+
+
+@contextmanager
+def _session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """Apply ``settings`` to the session while queries start (each streaming query keeps a
+    copy of the configuration it started with), then restore the session's own values."""
+    conf = spark.conf
+    before = {key: conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, had in before.items():
+            if had is None:
+                conf.unset(key)
+            else:
+                conf.set(key, had)
 
 
 def _export_python_path(spark: SparkSession) -> None:

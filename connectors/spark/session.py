@@ -57,7 +57,7 @@ def find_java() -> Path:
 def local_session(
     master: str = "local[*]",
     app_name: str = "reactive-spark-bridge",
-    shuffle_partitions: int = 4,
+    shuffle_partitions: int | None = None,
     driver_memory: str = "2g",
     log_level: str = "ERROR",
     extra_conf: dict[str, str] | None = None,
@@ -73,7 +73,9 @@ def local_session(
     Args:
         master: the Spark master URL (``local[*]``: one worker thread per core).
         app_name: the application name.
-        shuffle_partitions: ``spark.sql.shuffle.partitions``.
+        shuffle_partitions: ``spark.sql.shuffle.partitions``; None: 4 for batch jobs, and
+            the Spark runner sizes its streaming queries to the dataflow's parallelism
+            (``SparkRunner``), as it does in a session where nobody chose them.
         driver_memory: ``spark.driver.memory`` (only effective when this call starts the JVM).
         log_level: Spark's log level after start-up (``ERROR``, ``WARN``, ``INFO``...).
         extra_conf: more Spark configuration, applied last.
@@ -92,14 +94,21 @@ def local_session(
     # workers must run the driver's interpreter: another python may lack reactive or mmh3
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    partitions = 4 if shuffle_partitions is None else shuffle_partitions
     conf = {
-        "spark.sql.shuffle.partitions": str(shuffle_partitions),
-        "spark.default.parallelism": str(shuffle_partitions),
+        "spark.sql.shuffle.partitions": str(partitions),
+        "spark.default.parallelism": str(partitions),
+        # read by the Spark runner (runner.SIZED_BY_DEFAULT): the partitions nobody chose
+        "spark.reactive.shufflePartitions.default": (str(partitions) if shuffle_partitions
+                                                      is None else "chosen"),
         "spark.driver.memory": driver_memory,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.pythonUDF.arrow.enabled": "false",
         "spark.sql.session.timeZone": "UTC",
+        # how long a starting Python worker may take to connect back to the JVM (15 s by
+        # default): on a loaded machine, interpreter start-up alone can take longer
+        "spark.python.authenticate.socketTimeout": "120s",
         **(extra_conf or {}),
     }
     builder = SparkSession.builder.master(master).appName(app_name)

@@ -56,53 +56,112 @@ def _serializer(descriptor: StateDescriptor) -> Serializer:
     return s if s is not None else _PICKLE
 
 
-class _SparkValueState(ValueState):
+_ABSENT: Any = object()  # a cached entry known to be absent (cleared or removed)
+
+
+class _Cached:
+    """A state whose Spark variable is read at most once and written at most once per
+    grouping key and call of the stateful processor: reads go to Spark the first time, then
+    to the cache; writes stay in the cache until :meth:`flush` (a write-back cache, so a
+    key's records of a micro-batch cost one read and one write, not one round trip to
+    Spark's state server per access)."""
+
+    def flush(self) -> None:
+        """Write what changed to Spark (inside the processor's call for this key)."""
+
+    def reset(self) -> None:
+        """Forget the cache (the next key's state is another)."""
+
+
+class _SparkValueState(ValueState, _Cached):
+    _value: Any
+    _loaded: bool
+    _dirty: bool
+
     def __init__(self, state: Any, descriptor: ValueStateDescriptor) -> None:
         self._state = state
         self._default = descriptor.default
         self._ser = _serializer(descriptor)
+        self.reset()
+
+    def _load(self) -> Any:
+        if not self._loaded:
+            row = self._state.get()
+            self._value = _ABSENT if row is None else self._ser.deserialize(row[0])
+            self._loaded = True
+        return self._value
 
     def value(self) -> Any:
-        row = self._state.get()
-        return self._default if row is None else self._ser.deserialize(row[0])
+        v = self._load()
+        return self._default if v is _ABSENT else v
 
     def update(self, value: Any) -> None:
-        self._state.update((self._ser.serialize(value),))
+        self._value, self._loaded, self._dirty = value, True, True
 
     def clear(self) -> None:
-        self._state.clear()
+        self._value, self._loaded, self._dirty = _ABSENT, True, True
+
+    def flush(self) -> None:
+        if self._dirty:
+            if self._value is _ABSENT:
+                self._state.clear()
+            else:
+                self._state.update((self._ser.serialize(self._value),))
+            self._dirty = False
+
+    def reset(self) -> None:
+        self._value = _ABSENT
+        self._loaded = self._dirty = False
 
 
-class _SparkListState(ListState):
+class _SparkListState(ListState, _Cached):
+    _base: list[Any] | None
+    _appended: list[Any]
+    _replaced: bool
+
     def __init__(self, state: Any, descriptor: ListStateDescriptor) -> None:
         self._state = state
         self._ser = _serializer(descriptor)
+        self.reset()
 
     def get(self) -> list[Any]:
-        out: list[Any] = []
-        if not self._state.exists():
-            return out
-        for (chunk,) in self._state.get():
-            out.extend(self._ser.deserialize(chunk))
-        return out
+        if self._base is None:
+            base: list[Any] = []
+            if self._state.exists():
+                for (chunk,) in self._state.get():
+                    base.extend(self._ser.deserialize(chunk))
+            self._base = base
+        return [*self._base, *self._appended]
 
     def add(self, value: Any) -> None:
-        self._state.appendValue((self._ser.serialize([value]),))
+        self._appended.append(value)
 
     def add_all(self, values: Iterable[Any]) -> None:
-        values = list(values)
-        if values:
-            self._state.appendValue((self._ser.serialize(values),))
+        self._appended.extend(values)
 
     def update(self, values: Iterable[Any]) -> None:
-        values = list(values)
-        if values:
-            self._state.put([(self._ser.serialize(values),)])
-        else:
-            self._state.clear()
+        self._base, self._appended, self._replaced = list(values), [], True
 
     def clear(self) -> None:
-        self._state.clear()
+        self.update(())
+
+    def flush(self) -> None:
+        if self._replaced:
+            values = [*(self._base or ()), *self._appended]
+            if values:
+                self._state.put([(self._ser.serialize(values),)])
+            else:
+                self._state.clear()
+        elif self._appended:  # one chunk for the appends of this call
+            self._state.appendValue((self._ser.serialize(self._appended),))
+        if self._base is not None:
+            self._base = [*self._base, *self._appended]
+        self._appended, self._replaced = [], False
+
+    def reset(self) -> None:
+        self._base = None
+        self._appended = []
+        self._replaced = False
 
 
 def _user_key(user_key: Any) -> bytes:
@@ -113,55 +172,107 @@ def _user_key(user_key: Any) -> bytes:
         return b"p" + pickle.dumps(user_key, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-class _SparkMapState(MapState):
+class _SparkMapState(MapState, _Cached):
+    """Entries read once and written once per call; the first ``items()`` reads every
+    entry, and the cache answers from then on."""
+
+    _cache: dict[bytes, tuple[Any, Any]]
+    _dirty: set[bytes]
+    _cleared: bool
+    _complete: bool  # every entry of the key is in the cache
+
     def __init__(self, state: Any, descriptor: MapStateDescriptor) -> None:
         self._state = state
         self._ser = _serializer(descriptor)
+        self.reset()
+
+    def _entry(self, user_key: Any) -> tuple[bytes, Any]:
+        uid = _user_key(user_key)
+        found = self._cache.get(uid)
+        if found is None:
+            row = None if self._complete else self._state.getValue((uid,))
+            found = (user_key, _ABSENT if row is None else self._ser.deserialize(row[1]))
+            self._cache[uid] = found
+        return uid, found[1]
 
     def get(self, user_key: Any, default: Any = None) -> Any:
-        row = self._state.getValue((_user_key(user_key),))
-        return default if row is None else self._ser.deserialize(row[1])
+        value = self._entry(user_key)[1]
+        return default if value is _ABSENT else value
 
     def put(self, user_key: Any, value: Any) -> None:
-        self._state.updateValue((_user_key(user_key),),
-                                (pickle.dumps(user_key, protocol=pickle.HIGHEST_PROTOCOL),
-                                 self._ser.serialize(value)))
+        uid = _user_key(user_key)
+        self._cache[uid] = (user_key, value)
+        self._dirty.add(uid)
 
     def remove(self, user_key: Any) -> None:
-        self._state.removeKey((_user_key(user_key),))
+        uid = _user_key(user_key)
+        self._cache[uid] = (user_key, _ABSENT)
+        self._dirty.add(uid)
 
     def contains(self, user_key: Any) -> bool:
-        return bool(self._state.containsKey((_user_key(user_key),)))
+        return self._entry(user_key)[1] is not _ABSENT
 
     def items(self) -> Iterator[tuple[Any, Any]]:
-        if not self._state.exists():
-            return iter(())
-        ser = self._ser
+        if not self._complete:  # read every entry once; the cache is the map from now on
+            if self._state.exists():
+                ser = self._ser
+                for k, v in self._state.iterator():
+                    if k[0] not in self._cache:
+                        self._cache[k[0]] = (pickle.loads(v[0]), ser.deserialize(v[1]))
+            self._complete = True
         # a snapshot: callers may change the map while iterating
-        pairs = [(pickle.loads(v[0]), ser.deserialize(v[1])) for _, v in self._state.iterator()]
-        return iter(pairs)
+        return iter([(uk, v) for uk, v in self._cache.values() if v is not _ABSENT])
 
     def clear(self) -> None:
-        self._state.clear()
+        self._cache.clear()
+        self._dirty.clear()
+        self._cleared = self._complete = True
+
+    def flush(self) -> None:
+        if self._cleared:
+            self._state.clear()
+        for uid in self._dirty:
+            user_key, value = self._cache[uid]
+            if value is _ABSENT:
+                if not self._cleared:
+                    self._state.removeKey((uid,))
+            else:
+                self._state.updateValue(
+                    (uid,), (pickle.dumps(user_key, protocol=pickle.HIGHEST_PROTOCOL),
+                             self._ser.serialize(value)))
+        if self._cleared:  # every entry not cached is gone: keep the cache as the truth
+            self._cache = {uid: e for uid, e in self._cache.items() if e[1] is not _ABSENT}
+        self._dirty = set()
+        self._cleared = False
+
+    def reset(self) -> None:
+        self._cache = {}
+        self._dirty = set()
+        self._cleared = self._complete = False
 
 
-class _SparkReducingState(ReducingState):
+class _SparkReducingState(ReducingState, _Cached):
     def __init__(self, state: Any, descriptor: ReducingStateDescriptor) -> None:
-        self._state = state
         self._fn = descriptor.reduce_fn
-        self._ser = _serializer(descriptor)
+        self._value = _SparkValueState(state, ValueStateDescriptor(
+            descriptor.name, serializer=_serializer(descriptor)))
 
     def get(self) -> Any:
-        row = self._state.get()
-        return None if row is None else self._ser.deserialize(row[0])
+        v = self._value._load()
+        return None if v is _ABSENT else v
 
     def add(self, value: Any) -> None:
-        row = self._state.get()
-        acc = value if row is None else self._fn(self._ser.deserialize(row[0]), value)
-        self._state.update((self._ser.serialize(acc),))
+        acc = self._value._load()
+        self._value.update(value if acc is _ABSENT else self._fn(acc, value))
 
     def clear(self) -> None:
-        self._state.clear()
+        self._value.clear()
+
+    def flush(self) -> None:
+        self._value.flush()
+
+    def reset(self) -> None:
+        self._value.reset()
 
 
 class SparkKeyedStateBackend(KeyedStateBackend):
@@ -187,6 +298,19 @@ class SparkKeyedStateBackend(KeyedStateBackend):
     def set_current_key(self, key: Any) -> None:
         """Spark sets the grouping key itself; this keeps it for ``ctx.current_key``."""
         self._current_key = key
+
+    def reset(self) -> None:
+        """Forget the cached state: called when the processor starts a call (for another
+        key, or for the same key in another micro-batch, which may be a retry)."""
+        for state in self._states.values():
+            state.reset()  # type: ignore[attr-defined]
+
+    def flush(self) -> None:
+        """Write the current key's changed state to Spark: called by the stateful
+        processor before it returns from a call for that key (Spark scopes state access
+        to the grouping key of the call)."""
+        for state in self._states.values():
+            state.flush()  # type: ignore[attr-defined]
 
     def get_state(self, descriptor: StateDescriptor) -> State:
         """The state ``descriptor`` names (created in Spark on first use; functions create
@@ -273,10 +397,36 @@ class SparkTimerService:
         self.on_event_time = on_event_time
         self.watermark = float("-inf")
         self._timers = handle.getMapState(TIMERS_STATE, "millis bigint", "timers binary")
+        # the current key's timer rows read or changed in this call (a write-back cache,
+        # as for the state; see flush and reset)
+        self._cache: dict[int, list[tuple[float, Any]]] = {}
+        self._dirty: set[int] = set()
 
     def _pending(self, millis: int) -> list[tuple[float, Any]]:
-        row = self._timers.getValue((millis,))
-        return [] if row is None else list(pickle.loads(row[0]))
+        found = self._cache.get(millis)
+        if found is None:
+            row = self._timers.getValue((millis,))
+            found = self._cache[millis] = [] if row is None else list(pickle.loads(row[0]))
+        return found
+
+    def _store(self, millis: int, pending: list[tuple[float, Any]]) -> None:
+        self._cache[millis] = pending
+        self._dirty.add(millis)
+
+    def flush(self) -> None:
+        """Write the current key's changed timer rows to Spark (inside the call)."""
+        for millis in self._dirty:
+            pending = self._cache[millis]
+            if pending:
+                self._timers.updateValue((millis,), (pickle.dumps(pending),))
+            else:
+                self._timers.removeKey((millis,))
+        self._dirty = set()
+
+    def reset(self) -> None:
+        """Forget the cached timer rows (the next call is for another key)."""
+        self._cache = {}
+        self._dirty = set()
 
     def register_event_time_timer(self, timestamp: float, namespace: Any = None, *,
                                   new: bool = False) -> None:
@@ -288,9 +438,9 @@ class SparkTimerService:
         pending = self._pending(millis)
         if (timestamp, namespace) in pending:
             return
-        pending.append((timestamp, namespace))
-        self._timers.updateValue((millis,), (pickle.dumps(pending),))
-        self.handle.registerTimer(millis)
+        if not pending:
+            self.handle.registerTimer(millis)
+        self._store(millis, [*pending, (timestamp, namespace)])
 
     def delete_event_time_timer(self, timestamp: float, namespace: Any = None) -> None:
         """Cancel a timer of the current key (no error when absent)."""
@@ -298,11 +448,9 @@ class SparkTimerService:
         pending = self._pending(millis)
         if (timestamp, namespace) not in pending:
             return
-        pending.remove((timestamp, namespace))
-        if pending:
-            self._timers.updateValue((millis,), (pickle.dumps(pending),))
-        else:
-            self._timers.removeKey((millis,))
+        pending = [p for p in pending if p != (timestamp, namespace)]
+        self._store(millis, pending)
+        if not pending:
             self.handle.deleteTimer(millis)
 
     def register_processing_time_timer(self, timestamp: float, namespace: Any = None) -> None:
@@ -323,7 +471,7 @@ class SparkTimerService:
         """Spark's timer at ``millis`` expired for the current key: fire the timers
         registered for it, in registration order; returns their outputs."""
         pending = self._pending(millis)
-        self._timers.removeKey((millis,))
+        self._store(millis, [])
         out: list[Any] = []
         for timestamp, namespace in pending:
             out.extend(self.on_event_time(timestamp, namespace))

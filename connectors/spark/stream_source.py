@@ -18,6 +18,7 @@ record comes one more micro-batch with the end-of-input marker (see
 from __future__ import annotations
 
 import base64
+import itertools
 import pickle
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -38,13 +39,16 @@ SOURCE_FORMAT = "reactive-source"
 SOURCE_SCHEMA = "record binary, ts timestamp, seq bigint"
 
 
-def source_options(kind: str, source: Any, max_records_per_batch: int) -> dict[str, str]:
+def source_options(kind: str, source: Any, max_records_per_batch: int,
+                   read_partitions: int = 1) -> dict[str, str]:
     """The options of a :class:`ReactiveSource` reading ``source``.
 
     Args:
         kind: ``"lines"`` or ``"collection"``.
         source: the ``LineFileSource`` or ``CollectionSource``.
         max_records_per_batch: records per micro-batch at most.
+        read_partitions: Spark partitions (tasks) each micro-batch is read and processed in,
+            by consecutive ranges of records.
     """
     if kind == "lines":
         spec: dict[str, Any] = {"kind": kind, "files": source.splits(),
@@ -53,7 +57,8 @@ def source_options(kind: str, source: Any, max_records_per_batch: int) -> dict[s
         spec = {"kind": kind, "items": list(source.items)}
     data = pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
     return {"spec": base64.b64encode(data).decode("ascii"),
-            "maxRecordsPerBatch": str(max_records_per_batch)}
+            "maxRecordsPerBatch": str(max_records_per_batch),
+            "readPartitions": str(read_partitions)}
 
 
 class ReactiveSource(DataSource):
@@ -70,9 +75,31 @@ class ReactiveSource(DataSource):
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         spec = pickle.loads(base64.b64decode(self.options["spec"]))
         limit = int(self.options.get("maxRecordsPerBatch", "100000"))
+        parts = int(self.options.get("readPartitions", "1"))
         if spec["kind"] == "lines":
-            return _LinesReader(spec, limit)
-        return _CollectionReader(spec, limit)
+            return _LinesReader(spec, limit, parts)
+        return _CollectionReader(spec, limit, parts)
+
+
+_ARROW_ROWS = 8192  # rows per Arrow batch handed to Spark
+
+
+def _as_arrow(rows: Iterator[tuple[Any, ...]]) -> Iterator[Any]:
+    """``(record, ts, seq)`` rows as Arrow record batches of :data:`SOURCE_SCHEMA` (Spark
+    takes them as they are; rows given one by one are checked and converted field by
+    field, which costs more than reading the line)."""
+    import pyarrow as pa
+
+    schema = pa.schema([("record", pa.binary()), ("ts", pa.timestamp("us", tz="UTC")),
+                        ("seq", pa.int64())])
+    while True:
+        chunk = list(itertools.islice(rows, _ARROW_ROWS))
+        if not chunk:
+            return
+        records, tss, seqs = zip(*chunk, strict=True)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(records, pa.binary()), pa.array(tss, schema.field("ts").type),
+             pa.array(seqs, pa.int64())], schema=schema)
 
 
 class _Span(InputPartition):
@@ -96,9 +123,10 @@ class _CollectionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets ``{"index": i, "done": bool}``: the next record, and whether the end marker
     was emitted."""
 
-    def __init__(self, spec: dict[str, Any], limit: int) -> None:
+    def __init__(self, spec: dict[str, Any], limit: int, parts: int = 1) -> None:
         self.items: list[Any] = spec["items"]
         self.limit = limit
+        self.parts = parts
 
     def initialOffset(self) -> dict[str, Any]:
         return {"index": 0, "done": False}
@@ -120,9 +148,16 @@ class _CollectionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"index": end, "done": rows is None}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        return [_Span(start, end)]
+        first, last = start["index"], end["index"]
+        per = -(-(last - first) // self.parts) if last > first else 1
+        cuts = [{"index": i, "done": False} for i in range(first + per, last, per)]
+        bounds = [start, *cuts, end]
+        return [_Span(a, b) for a, b in itertools.pairwise(bounds)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _as_arrow(self._rows(partition))
+
+    def _rows(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, _Span)
         start, end = partition.start, partition.end
         for i in range(start["index"], end["index"]):
@@ -137,11 +172,12 @@ class _CollectionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets ``{"file": i, "pos": byte, "seq": lines before, "done": bool}``."""
 
-    def __init__(self, spec: dict[str, Any], limit: int) -> None:
+    def __init__(self, spec: dict[str, Any], limit: int, parts: int = 1) -> None:
         self.files: list[str] = spec["files"]
         self.with_offsets: bool = spec["with_offsets"]
         self.errors: str = spec["errors"]
         self.limit = limit
+        self.parts = parts
 
     def initialOffset(self) -> dict[str, Any]:
         return {"file": 0, "pos": 0, "seq": 0, "done": False}
@@ -175,9 +211,35 @@ class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "done": rows is None and f >= len(self.files)}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        return [_Span(start, end)]
+        """The micro-batch's lines in ``parts`` consecutive ranges: the files are scanned
+        once more for the byte positions of the cuts, which only the offsets' line counts
+        fix, so a micro-batch replayed from the offset log is cut the same way."""
+        total = end["seq"] - start["seq"]
+        if self.parts == 1 or total < 2:
+            return [_Span(start, end)]
+        per = -(-total // self.parts)
+        targets = list(range(start["seq"] + per, end["seq"], per))
+        cuts: list[dict[str, Any]] = []
+        f, pos, seq = start["file"], start["pos"], start["seq"]
+        while len(cuts) < len(targets) and f < len(self.files):
+            with open(self.files[f], "rb") as fh:
+                fh.seek(pos)
+                for line in fh:
+                    pos += len(line)
+                    seq += 1
+                    if seq == targets[len(cuts)]:
+                        cuts.append({"file": f, "pos": pos, "seq": seq, "done": False})
+                        if len(cuts) == len(targets):
+                            break
+                else:  # the file is read to its end
+                    f, pos = f + 1, 0
+        bounds = [start, *cuts, end]
+        return [_Span(a, b) for a, b in itertools.pairwise(bounds)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _as_arrow(self._rows(partition))
+
+    def _rows(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         from reactive.connectors.files import InvalidLine
 
         assert isinstance(partition, _Span)

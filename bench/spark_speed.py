@@ -1,0 +1,209 @@
+"""The flights job on Spark local mode against the embedded run, on three years of flights:
+records/s with Spark's start-up excluded (and reported apart), local[2] against local[1].
+
+    python -m bench.spark_speed [--data CSV] [--limit N] [--repeats 3] [--batch N]
+                                [--masters local[2],local[1]] [--read-partitions 1,2]
+                                [--python-plan]
+
+The input (``--data``, else written once to ``data/flights-3y.csv`` by :func:`three_years`)
+is the 2013 table and copies shifted by one and two years: 1,010,328 flights in event-time
+order. Each run is the flights dataflow of ``examples/flights.py`` (line reader, the hourly
+windows with built-in aggregations, the dead-letter output), from nothing to the last
+committed file, on fresh output and checkpoint directories:
+
+- embedded (the baseline): heap backend, checkpoints every second, parallelism 2, the
+  vectorized CSV reader of the main job, and the line reader Spark translates;
+- on Spark, in a child process per master (a SparkContext's master is fixed): the JVM and
+  session are started once and timed apart; each repeat is ``SparkRunner.run`` alone.
+
+Every Spark run's committed results and dead letters are compared with the embedded run's,
+row for row. Records/s counts the input lines. Ratios are to the embedded CSV run's median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import print_table
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def three_years(path: Path) -> Path:
+    """Write (once) the 2013 flights and copies shifted by one and two years, in event-time
+    order: 1,010,328 rows (2013 is no leap year, so every date exists a year on).
+
+    Args:
+        path: the CSV to write; left as is when it exists.
+
+    Returns:
+        ``path``.
+    """
+    if path.exists():
+        return path
+    sys.path.insert(0, str(EXAMPLES))
+    import flights_data
+
+    base = flights_data.prepare_flights(path.with_name("flights.csv"))
+    lines = base.read_text(encoding="utf-8").splitlines()
+    header, rows = lines[0], lines[1:]
+    out = [header, *rows]
+    for shift in (1, 2):
+        # ``year`` is the first column and ``time_hour`` (UTC: a late flight of Dec 31 has
+        # next year's) the last; both move by ``shift`` years
+        for r in rows:
+            cut = r.rindex(",") + 1
+            out.append(f"{int(r[:4]) + shift}{r[4:cut]}{int(r[cut:cut + 4]) + shift}"
+                       f"{r[cut + 4:]}")
+    tmp = path.with_name("." + path.name + ".tmp")
+    tmp.write_text("\n".join(out) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def _flights() -> Any:
+    sys.path.insert(0, str(EXAMPLES))
+    import flights
+
+    return flights
+
+
+def embedded_run(data: Path, work: Path, reader: str) -> float:
+    """One embedded run; returns its seconds."""
+    from reactive import CheckpointConfig
+    from reactive.backends.heap import HeapStateBackend
+
+    flights = _flights()
+    shutil.rmtree(work, ignore_errors=True)
+    started = time.perf_counter()
+    asyncio.run(flights.build_flow(data, work / "out", reader=reader).run(
+        checkpoints=CheckpointConfig(interval=1.0, directory=work / "chk"),
+        state_backend=HeapStateBackend()))
+    return time.perf_counter() - started
+
+
+def spark_child(args: argparse.Namespace) -> None:
+    """In a child process: start one session, run the job ``--repeats`` times; print JSON."""
+    flights = _flights()
+    from reactive.connectors.spark import (
+        ResultLog,
+        SparkRunner,
+        list_part_files,
+        local_session,
+    )
+
+    started = time.perf_counter()
+    spark = local_session(args.master, app_name="bench-spark-speed")
+    startup = time.perf_counter() - started
+    work = Path(args.work)
+    runs, equal, shapes = [], True, {}
+
+    def rows(d: Path) -> list[Any]:
+        return sorted(tuple(r) for r in ResultLog(spark, d).read()
+                      .drop("checkpoint_id", "subtask").collect())
+
+    def lines(d: Path) -> list[str]:  # JSON lines; the real table has no dead letters
+        return sorted(line for p in list_part_files(d)
+                      for line in p.path.read_text(encoding="utf-8").splitlines())
+
+    for i in range(args.repeats):
+        out = work / f"spark-{i}"
+        shutil.rmtree(out, ignore_errors=True)
+        started = time.perf_counter()
+        job = SparkRunner(spark, out / "chk", max_records_per_batch=args.batch,
+                          native=not args.python_plan,
+                          read_partitions=int(args.read_partitions)).run(
+            flights.build_flow(Path(args.data), out / "out"))
+        runs.append(time.perf_counter() - started)
+        shapes = job.shapes
+        if i == 0:
+            embedded = Path(args.embedded)
+            equal = (rows(out / "out") == rows(embedded / "out") and
+                     lines(out / "out" / "_dead_letters") ==
+                     lines(embedded / "out" / "_dead_letters"))
+        shutil.rmtree(out, ignore_errors=True)
+    print(json.dumps({"startup": startup, "runs": runs, "equal": equal, "shapes": shapes}))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=None, help="the flights CSV (default: three years)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="only the first N rows of the data (a copy is written)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batch", type=int, default=200_000, help="records per micro-batch")
+    p.add_argument("--masters", default="local[2],local[1]")
+    p.add_argument("--read-partitions", default="1",
+                   help="comma-separated SparkRunner(read_partitions=) values to run")
+    p.add_argument("--python-plan", action="store_true",
+                   help="Spark runs the window in Python (transformWithState), not natively")
+    p.add_argument("--spark-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--master", default="local[2]", help=argparse.SUPPRESS)
+    p.add_argument("--work", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--embedded", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.spark_child:
+        spark_child(args)
+        return
+    data = Path(args.data) if args.data else three_years(ROOT / "data" / "flights-3y.csv")
+    work = Path(tempfile.mkdtemp(prefix="bench-spark-speed-"))
+    try:
+        if args.limit is not None:
+            with open(data, encoding="utf-8") as f:
+                head = [next(f) for _ in range(args.limit + 1)]
+            data = work / "input.csv"
+            data.write_text("".join(head), encoding="utf-8")
+        with open(data, "rb") as f:
+            records = sum(1 for _ in f)
+        table: list[list[Any]] = []
+
+        def row(name: str, seconds: list[float], base: float | None, extra: str = "") -> None:
+            med = statistics.median(seconds)
+            table.append([name, f"{min(seconds):.1f} / {med:.1f} / {max(seconds):.1f}",
+                          f"{records / max(seconds):,.0f} / {records / med:,.0f} / "
+                          f"{records / min(seconds):,.0f}",
+                          "1.000" if base is None else f"{base / med:.3f}", extra])
+
+        embedded: dict[str, list[float]] = {"csv": [], "lines": []}
+        for _ in range(args.repeats):
+            for reader in embedded:
+                embedded[reader].append(embedded_run(data, work / f"embedded-{reader}", reader))
+        base = statistics.median(embedded["csv"])
+        row("embedded, CSV reader (p=2, heap)", embedded["csv"], None)
+        row("embedded, line reader (p=2, heap)", embedded["lines"], base)
+        for master, parts in [(m, n) for n in args.read_partitions.split(",")
+                              for m in args.masters.split(",")]:
+            cmd = [sys.executable, "-m", "bench.spark_speed", "--spark-child", "--master",
+                   master, "--data", str(data), "--repeats", str(args.repeats), "--batch",
+                   str(args.batch), "--work", str(work), "--embedded",
+                   str(work / "embedded-lines"), "--read-partitions", parts]
+            if args.python_plan:
+                cmd.append("--python-plan")
+            done = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"the Spark run on {master} failed:\n{done.stderr[-4000:]}")
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            row(f"Spark {master}, read partitions {parts}, queries only", result["runs"], base,
+                f"start-up {result['startup']:.1f} s; equal: {result['equal']}; "
+                f"{', '.join(sorted(set(result['shapes'].values())))}")
+        print(f"flights job, {records - 1:,} flights ({data.name}), {args.repeats} repeats, "
+              f"micro-batches of {args.batch:,}; machine shared with other jobs")
+        print_table(["run", "seconds min / median / max", "records/s min / median / max",
+                     "vs embedded CSV (median)", "notes"], table)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

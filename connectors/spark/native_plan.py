@@ -1,0 +1,278 @@
+"""Native plans: a keyed event-time window aggregated by built-in aggregations
+(:class:`~reactive.windowing.aggregates.Aggregates`) run as Spark SQL,
+``withWatermark(ts).groupBy(window(ts), key).agg(count, sum, avg, min, max, min_by, max_by)``,
+with its state in Spark's state store and no Python per record in the aggregation.
+
+The query: the source's records go through the per-record steps before ``key_by`` in one
+``mapInArrow`` (Python, as in every plan), which also gives each record its event time, the
+canonical bytes of its key and the aggregated fields as typed columns; Spark aggregates them
+natively, in append mode, and emits each window once the watermark passes its end; a last
+``mapInArrow`` turns the window rows into the ``WindowResult`` records the steps after the
+window and the sink receive. The end-of-input marker (:mod:`.record_chain`) moves the
+watermark past every window, so the last windows are emitted as embedded.
+
+Late records, as embedded (``end <= watermark``, Flink's rule with no allowed lateness): the
+embedded watermark before a record is the largest timestamp of the records before it minus
+the bound. Spark drops a window row whose end is at or before its watermark, which is that
+value over the micro-batches before the current one; the first ``mapInArrow`` drops the
+records late against the records before them in the same micro-batch (it reads the
+micro-batch's one partition in source order). Together: exactly the embedded rule, for
+timestamps in whole milliseconds (Spark's watermark unit). Spark's watermark starts at the
+epoch where the embedded one starts at -inf, so the event times Spark sees are shifted by a
+whole number of windows, about 317 years (:func:`time_shift`), and shifted back after the
+aggregation: records from the year 1653 on are never late against that first watermark.
+
+With ``SparkRunner(read_partitions=N)`` a micro-batch is read in N parts, each judged alone
+(as an embedded job whose timestamps are assigned by N parallel instances): a record late
+only against an earlier part's records of its micro-batch is kept. Input whose disorder
+stays within the bound gives the same results either way.
+
+What runs natively (:func:`native_window`, else the plan keeps the Python operator in
+``transformWithState``, with the reason logged): a tumbling event-time window (Spark cannot
+drop one window of a sliding record, as embedded does for a record late for some of its
+windows only), the default trigger, no evictor, no allowed lateness, no late-data output, the
+window's timestamps those of the ``assign_timestamps`` before ``key_by``. Sums of floats
+are added in another order than embedded (Spark adds partial sums per micro-batch and
+partition), so they can differ in the last bits; sums of integer-valued floats, ints,
+counts, minimums, maximums, first and last values are equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from reactive.windowing.aggregates import Aggregates, BuiltinAggregate
+
+from .translation import QueryPlan
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+__all__ = ["NativeWindow", "native_query", "native_window"]
+
+
+@dataclass(frozen=True)
+class NativeWindow:
+    """A tumbling event-time window aggregated by built-in aggregations.
+
+    Attributes:
+        size, offset: the windows ``[offset + k*size, offset + (k+1)*size)`` (seconds).
+        aggregations: the built-in aggregations, in result order.
+        delay: the watermark's bound (seconds).
+    """
+
+    size: float
+    offset: float
+    aggregations: tuple[BuiltinAggregate, ...]
+    delay: float
+
+
+def native_window(plan: QueryPlan) -> tuple[NativeWindow | None, str]:
+    """The native form of ``plan``'s keyed operator, or None and why not.
+
+    Args:
+        plan: a translated query plan.
+
+    Returns:
+        ``(window, "")`` when it runs as Spark SQL, else ``(None, reason)``.
+    """
+    from reactive.windowing.assigners import TumblingEventTimeWindows
+    from reactive.windowing.triggers import EventTimeTrigger
+    from reactive.windowing.window_operator import WindowOperator
+
+    step = plan.keyed
+    if step is None or step.kind != "window":
+        return None, "no window operator"
+    op = step.operator
+    if type(op) is not WindowOperator:
+        return None, f"{type(op).__name__} (shared or count windows) runs in Python"
+    if not isinstance(op.agg, Aggregates):
+        return None, ("the window's aggregate is a user function; built-in aggregations "
+                      "(reactive.windowing.aggregates.Aggregates) run natively")
+    if type(op.assigner) is not TumblingEventTimeWindows:
+        return None, f"{type(op.assigner).__name__}: only tumbling event-time windows"
+    if type(op.trigger) is not EventTimeTrigger or op.evictor is not None or op.discarding:
+        return None, "a custom trigger, an evictor or discarding firing"
+    if op.lateness != 0:
+        return None, "allowed lateness (late firings update an emitted window)"
+    if op.late_output():
+        return None, "a late-data output"
+    timestamps = [s for s in plan.before_key if s.kind == "timestamps"]
+    if plan.watermark_delay is None or len(timestamps) != 1 \
+            or op.timestamp_fn is not timestamps[0].fn:
+        return None, "the window's timestamps are not those of assign_timestamps"
+    assigner = op.assigner
+    return NativeWindow(float(assigner.size), float(assigner.offset),
+                        op.agg.aggregations, float(plan.watermark_delay)), ""
+
+
+def time_shift(window: NativeWindow) -> int:
+    """Microseconds added to every event time Spark sees: a whole number of windows (so
+    each record's window is the same one shifted), at least 10**16 us (about 317 years)."""
+    size = round(window.size * 1_000_000)
+    return -(-10**16 // size) * size
+
+
+def _spark_type(dtype: str) -> str:
+    return "bigint" if dtype == "int" else "double"
+
+
+def _duration(seconds: float) -> str:
+    return f"{round(seconds * 1_000_000)} microseconds"
+
+
+def _aggregate(i: int, a: BuiltinAggregate) -> Column:
+    from pyspark.sql import functions as F
+
+    v = F.col(f"v{i}")
+    order = F.when(v.isNotNull(), F.struct("seq", "sub"))
+    column = {
+        "count": F.count(F.lit(1)) if a.field is None else F.count(v),
+        "sum": F.sum(v), "mean": F.avg(v), "min": F.min(v), "max": F.max(v),
+        "first": F.min_by(v, order), "last": F.max_by(v, order),
+    }[a.kind]
+    return column.alias(f"a{i}")
+
+
+def native_query(frame: DataFrame, plan: QueryPlan, window: NativeWindow,
+                 encoder: Any) -> DataFrame:
+    """The streaming DataFrame of the sink's rows for a native window plan.
+
+    Args:
+        frame: the source's streaming DataFrame (``record, ts, seq``).
+        plan: the plan (its keyed step is the window).
+        window: its native form (:func:`native_window`).
+        encoder: the sink's :class:`~.record_chain.SinkEncoder`.
+
+    Returns:
+        the DataFrame to write with the sink's format, in append mode.
+    """
+    from pyspark.sql import functions as F
+
+    values = ", ".join(f"v{i} {_spark_type(a.dtype)}"
+                       for i, a in enumerate(window.aggregations))
+    schema = f"key binary, ts timestamp, seq bigint, sub int, {values}"
+    rows = frame.mapInArrow(_records_to_columns(plan, window), schema)
+    delay_ms = round(window.delay * 1000)
+    grouped = (rows.withWatermark("ts", f"{delay_ms} milliseconds")
+               .groupBy(F.window("ts", _duration(window.size), _duration(window.size),
+                                 _duration(window.offset)).alias("w"), "key")
+               .agg(*[_aggregate(i, a) for i, a in enumerate(window.aggregations)]))
+    shift = time_shift(window)
+    results = grouped.select("key", (F.unix_micros(F.col("w.start")) - shift).alias("start"),
+                             (F.unix_micros(F.col("w.end")) - shift).alias("end"),
+                             *[f"a{i}" for i in range(len(window.aggregations))])
+    return results.mapInArrow(_windows_to_sink(plan, encoder), encoder.spark_schema())
+
+
+def _records_to_columns(plan: QueryPlan, window: NativeWindow) -> Any:
+    """The ``mapInArrow`` function before the aggregation: source records through the
+    steps, as ``key, ts, seq, sub`` and one typed column per aggregated field; records late
+    against the records before them in the micro-batch are dropped here (see the module
+    docstring)."""
+    steps = plan.before_key
+    assert plan.keyed is not None
+    key_of = plan.keyed.key_selector
+    key_serializer = plan.keyed.key_serializer
+    name, uid = plan.keyed.name, plan.keyed.uid
+    extractors = [a.extractor() for a in window.aggregations]
+    types = [a.dtype for a in window.aggregations]
+    size, offset, delay = window.size, window.offset, window.delay
+    shift = time_shift(window)
+
+    def run(batches: Any) -> Any:
+        import pickle
+
+        import pyarrow as pa
+
+        from reactive.errors import UserFunctionError
+        from reactive.key_encoding import encode_key
+
+        from .record_chain import END_OF_INPUT_TIME, run_steps
+
+        end_micros = int(END_OF_INPUT_TIME.timestamp() * 1_000_000)
+        ts_type = pa.timestamp("us", tz="UTC")
+        value_types = [pa.int64() if t == "int" else pa.float64() for t in types]
+        encode = key_serializer.serialize if key_serializer is not None else encode_key
+        loads = pickle.loads
+        watermark = float("-inf")  # of the records before, in this micro-batch
+        for batch in batches:
+            keys: list[bytes | None] = []
+            tss: list[int] = []
+            seqs: list[int] = []
+            subs: list[int] = []
+            cols: list[list[Any]] = [[] for _ in extractors]
+            records = batch.column("record").to_pylist()
+            batch_seqs = batch.column("seq").to_pylist()
+            for data, seq in zip(records, batch_seqs, strict=True):
+                if data is None:  # the end-of-input marker
+                    keys.append(None)
+                    tss.append(end_micros)
+                    seqs.append(seq)
+                    subs.append(0)
+                    for c in cols:
+                        c.append(None)
+                    continue
+                sub = 0
+                for r, t in run_steps(steps, loads(data), None, f"record {seq}"):
+                    assert t is not None
+                    # late: its window ended at or before the watermark (no lateness)
+                    late = t - (t - offset) % size + size <= watermark
+                    if t - delay > watermark:
+                        watermark = t - delay
+                    if late:
+                        continue
+                    try:
+                        k = encode(key_of(r))
+                        vals = [None if get is None else get(r) for get in extractors]
+                    except Exception as exc:
+                        raise UserFunctionError(name, uid, 0, 1, r, exc,
+                                                f"record {seq}") from exc
+                    keys.append(k)
+                    tss.append(round(t * 1_000_000) + shift)
+                    seqs.append(seq)
+                    subs.append(sub)
+                    sub += 1
+                    for c, v in zip(cols, vals, strict=True):
+                        c.append(v)
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(keys, pa.binary()), pa.array(tss, pa.int64()).cast(ts_type),
+                 pa.array(seqs, pa.int64()), pa.array(subs, pa.int32()),
+                 *[pa.array(c, t) for c, t in zip(cols, value_types, strict=True)]],
+                names=["key", "ts", "seq", "sub", *[f"v{i}" for i in range(len(cols))]])
+
+    return run
+
+
+def _windows_to_sink(plan: QueryPlan, encoder: Any) -> Any:
+    """The ``mapInArrow`` function after the aggregation: window rows as ``WindowResult``
+    records, through the steps after the window, to the sink's rows."""
+    steps = plan.after_key
+    assert plan.keyed is not None
+    key_serializer = plan.keyed.key_serializer
+
+    def run(batches: Any) -> Any:
+        from reactive.key_encoding import decode_key
+        from reactive.windowing.functions import WindowResult
+
+        from .record_chain import run_steps
+
+        decode = key_serializer.deserialize if key_serializer is not None else decode_key
+        row = encoder.row
+        for batch in batches:
+            out: list[tuple[Any, ...]] = []
+            columns = [c.to_pylist() for c in batch.columns]
+            keys, starts, ends, values = columns[0], columns[1], columns[2], columns[3:]
+            for i, data in enumerate(keys):
+                if data is None:  # the end-of-input marker's window
+                    continue
+                result = WindowResult(decode(data), starts[i] / 1_000_000,
+                                      ends[i] / 1_000_000, tuple(v[i] for v in values))
+                for r, _ in run_steps(steps, result, None):
+                    out.append(row(r))
+            if out:
+                yield encoder.batch(out)
+
+    return run
+
