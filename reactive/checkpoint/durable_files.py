@@ -12,7 +12,8 @@ from typing import Any
 from ..errors import CorruptCheckpointError
 from .paths import resolve_under
 
-__all__ = ["fsync_dir", "fsync_tree", "make_dirs", "resolve_under", "verify_file", "write_atomic"]
+__all__ = ["create_dirs", "fsync_dir", "fsync_tree", "make_dirs", "resolve_under", "sync_created",
+           "verify_file", "write_atomic"]
 
 _CHUNK = 1 << 20
 
@@ -35,6 +36,13 @@ def make_dirs(path: Path) -> None:
     """Create ``path`` and its missing parents, each made durable in its parent (an fsync of
     the parent after each ``mkdir``): a directory that a completed checkpoint, a savepoint or
     committed output lives in must not vanish in a power loss."""
+    sync_created(create_dirs(path))
+
+
+def create_dirs(path: Path) -> list[Path]:
+    """Create ``path`` and its missing parents without making them durable; return the
+    directories this call created, outermost first, for :func:`sync_created` (a caller on
+    the event loop's thread creates now and syncs later, in a worker thread)."""
     missing = []
     d = path
     while not d.is_dir():
@@ -42,6 +50,7 @@ def make_dirs(path: Path) -> None:
         if d.parent == d:
             break
         d = d.parent
+    created = []
     for d in reversed(missing):
         try:
             d.mkdir()
@@ -49,6 +58,13 @@ def make_dirs(path: Path) -> None:
             if not d.is_dir():
                 raise
             continue
+        created.append(d)
+    return created
+
+
+def sync_created(created: list[Path]) -> None:
+    """Make directories :func:`create_dirs` created durable: fsync the parent of each."""
+    for d in created:
         fsync_dir(d.parent)
 
 

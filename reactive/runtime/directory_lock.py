@@ -23,6 +23,7 @@ import os
 import socket
 from pathlib import Path
 
+from ..checkpoint.durable_files import create_dirs
 from ..errors import ConfigurationError
 
 __all__ = ["DirectoryLock", "DirectoryLockedError"]
@@ -62,6 +63,8 @@ class DirectoryLock:
         self.path = self.directory / name
         self.what = what
         self._fd: int | None = None
+        #: the directories :meth:`acquire` created (to be made durable, ``sync_created``)
+        self.created: list[Path] = []
 
     def acquire(self, job: str, run_id: str) -> None:
         """Take the lock without waiting and write this process's identity into it.
@@ -77,10 +80,10 @@ class DirectoryLock:
         """
         if fcntl is None or self._fd is not None:
             return
-        # not make_dirs: the lock needs no durability (the OS releases it with the process,
-        # whatever the disk kept), and the run takes it on the loop's thread at start; the
-        # directories a checkpoint lives in are synced when its metadata is written
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # created now, made durable later off the loop (Job._main: the run takes its locks
+        # on the loop's thread at start); the lock itself needs no durability, the OS
+        # releases it with the process
+        self.created = create_dirs(self.directory)
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         fd = os.open(self.path, flags, 0o644)
         try:

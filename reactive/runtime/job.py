@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..checkpoint.completed_checkpoint_store import CompletedCheckpointStore
 from ..checkpoint.coordinator import CheckpointCoordinator, OperatorInfo
+from ..checkpoint.durable_files import sync_created
 from ..checkpoint.lineage import (
     ReplayPolicy,
     committed_output,
@@ -633,6 +634,10 @@ class Job:
         """Run the job; then end every results iterator (with the job's error, if any)."""
         error: BaseException | None = None
         try:
+            # the directories the locks created at start, made durable off the loop
+            created = [d for lock in self._locks for d in lock.created]
+            if created:
+                await in_thread(sync_created, created)
             with short_switch_interval():  # worker threads get the GIL from a busy loop
                 await self._run_all_attempts()
         except asyncio.CancelledError:
