@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -199,7 +200,7 @@ class SparkRunner:
 
         _export_python_path(self.spark)
 
-        self.spark.dataSource.register(ReactiveSource)
+        self._source_format = _register_source(self.spark, ReactiveSource)
         settings = self.query_settings(flow)
         queries: dict[str, StreamingQuery] = {}
         shapes: dict[str, str] = {}
@@ -263,7 +264,7 @@ class SparkRunner:
 
         assert plan.sink is not None
         encoder = SinkEncoder(plan.sink)
-        frame = (self.spark.readStream.format(SOURCE_FORMAT)
+        frame = (self.spark.readStream.format(getattr(self, "_source_format", SOURCE_FORMAT))
                  .options(**source_options(plan.source.kind, plan.source.source,
                                            self.max_records_per_batch,
                                            self.read_partitions))
@@ -440,3 +441,23 @@ def _records_to_keyed(plan: QueryPlan) -> Any:
                  pa.array(out_s, pa.int64()), pa.array(out_k, pa.binary())], schema=schema)
 
     return run
+
+
+def _register_source(spark: Any, source: Any) -> str:
+    """Register the dataflow source with ``spark`` and return the format name to read it by.
+
+    A session made by ``newSession()`` after its parent registered the source inherits the
+    registration's name but cannot look it up (Spark 4: registering again raises
+    DATA_SOURCE_ALREADY_EXISTS, reading raises DATA_SOURCE_NOT_FOUND); such a session gets
+    the source under a name of its own."""
+    try:
+        spark.dataSource.register(source)
+        return str(source.name())
+    except Exception as exc:
+        if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
+            raise
+    own = f"{source.name()}-{uuid.uuid4().hex[:8]}"
+    renamed = type(f"{source.__name__}OfSession", (source,),
+                   {"name": classmethod(lambda cls: own)})
+    spark.dataSource.register(renamed)
+    return own
