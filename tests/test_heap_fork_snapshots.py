@@ -229,21 +229,23 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_a_child_dies_with_its_parent(tmp_path):
     """kill -9 of the job's process while a child writes: the child does not go on writing
     into a checkpoint directory that the next run cleans up (it dies with its parent)."""
+    import select
     import subprocess
     import sys
-    import time
 
     proc = subprocess.run([sys.executable, "-c", CHILD_OUTLIVES, str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     child = int((tmp_path / "child").read_text())
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.01)  # polling for the kernel's delivery of the parent-death signal
-    else:
+    # wait for the child's end on a pidfd (it is not our child: no waitpid), at most 10 s
+    try:
+        pidfd = os.pidfd_open(child)
+    except ProcessLookupError:
+        return  # gone already
+    try:
+        ended, _, _ = select.select([pidfd], [], [], 10.0)
+    finally:
+        os.close(pidfd)
+    if not ended:
         os.kill(child, signal.SIGKILL)
         pytest.fail(f"the snapshot child {child} outlived its killed parent")
