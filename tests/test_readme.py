@@ -1,7 +1,7 @@
-"""Every ```python block of README.md and of the pages under docs/ runs as it is: each is
-written to a file of its own in a fresh directory and run by this interpreter, with a timeout.
-README.md starts with the two commands `.ci/run` runs, and every relative link of these pages
-points at a file that exists.
+"""Every ```python block of README.md, ARCHITECTURE.md and the pages under docs/ runs as it
+is: each is written to a file of its own in a fresh directory and run by this interpreter,
+with a timeout. README.md starts with the two commands `.ci/run` runs, and every relative
+link of these pages points at a file that exists.
 
 A block that needs a service the tests cannot start is preceded by the line
 ``<!-- readme-test: skip: <reason> -->``; it is reported as skipped with that reason. A block
@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [README, ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP = re.compile(r"<!--\s*readme-test:\s*skip:\s*(?P<reason>.*?)\s*-->")
 TIMEOUT = 120  # seconds per block; the blocks take a few seconds
 
