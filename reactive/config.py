@@ -24,9 +24,9 @@ class CheckpointConfig:
         mode: ``"exactly_once"`` aligns barriers (Algorithm 1 of the ABS paper);
             ``"at_least_once"`` does not block channels, so state may count replayed records;
             ``"synchronous"`` is the baseline the ABS paper compares against (a Naiad-style
-            global synchronous snapshot, thesis section 3.4.2): the sources are halted
-            from the trigger until the checkpoint completes, in-flight records drain, and
-            every task writes its whole snapshot before it processes anything else. It is
+            global synchronous snapshot, Carbone 2018 (PhD thesis), section 3.4.2): the sources
+            are halted from the trigger until the checkpoint completes, in-flight records drain,
+            and every task writes its whole snapshot before it processes anything else. It is
             exactly once like ``"exactly_once"`` and meant for comparisons, not for use:
             the job stops for the drain and the writes of every checkpoint
             (``reactive.checkpoint.synchronous_snapshots``).

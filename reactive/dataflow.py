@@ -594,7 +594,8 @@ class Stream:
                 name: str | None = None, uid: str | None = None) -> Stream:
         """A loop: ``step(loop_input)`` returns ``(feedback, output)``; the feedback stream
         flows back into ``loop_input`` beside this stream's records, the output leaves the
-        loop (thesis 6.3.3's structured loops; the only way to build a cycle).
+        loop (structured loops: Carbone 2018 (PhD thesis), section 6.3.3; the only way to build
+        a cycle).
 
         ```python
         def step(loop_input):            # (vertex, label) proposals
@@ -732,8 +733,8 @@ class KeyedStream(Stream):
     def windows(self, assigners: list[WindowAssigner],
                 timestamp: Callable[[Any], float] | None = None) -> WindowedStream[Stream]:
         """Several periodic window definitions over the same records, aggregated with
-        shared partial aggregates (Cutty, thesis chapter 5); results carry the definition's
-        index as ``WindowResult.query``.
+        shared partial aggregates (Cutty, Carbone 2018 (PhD thesis), chapter 5); results carry
+        the definition's index as ``WindowResult.query``.
 
         Raises:
             ConfigurationError: for non-periodic or mixed count/time assigners.

@@ -6,8 +6,8 @@ key (:mod:`.snapshot`), full or incremental (:mod:`.changelog`), and restores th
 of its range from any snapshot handle that a key-group reader is registered for: its own
 ``heap-v1``/``heap-v2`` files (:mod:`.format`), and those of other backends (RocksDB) through
 :func:`reactive.state.key_group_stream.read_key_groups`, so a job moves between backends
-through any completed checkpoint or savepoint, at any parallelism (rescaling, thesis
-section 4.2).
+through any completed checkpoint or savepoint, at any parallelism (rescaling, Carbone
+2018 (PhD thesis), section 4.2).
 
 ``set_current_key`` is the hottest function of the system: one dict hit in the key ->
 key-group-index memo. The memo doubles as the dirty set: each checkpoint swaps in a fresh

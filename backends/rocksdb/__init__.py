@@ -1,6 +1,6 @@
 """The RocksDB state backend: keyed state in an embedded RocksDB (rocksdict), with
-asynchronous and incremental snapshots (thesis sections 4.2, 4.5.1, 4.5.2; Flink's
-``EmbeddedRocksDBStateBackend``).
+asynchronous and incremental snapshots (Carbone 2018 (PhD thesis), sections 4.2, 4.5.1 and
+4.5.2; Flink's ``EmbeddedRocksDBStateBackend``).
 
 ``from reactive.backends.rocksdb import RocksDBStateBackend`` is the public entry point. The package's
 modules, one job each:

@@ -2,12 +2,12 @@
 O(1), and the local phase that writes them to RocksDB and takes the local RocksDB checkpoint
 off the task's critical path.
 
-The synchronous part of a snapshot (thesis 4.5.1, asynchronous snapshot invocation) only
-*freezes* the current generation of every state's write-back cache: its dict of cached values
-and its dict of dirty keys become a :class:`FrozenTable` of a :class:`Generation`, and the
-state continues into new, empty dicts (O(number of states) at any state size). This is
-Flink's copy-on-write idea (the heap backend's ``CopyOnWriteStateMap`` snapshots) applied to
-the cache in front of RocksDB:
+The synchronous part of a snapshot (Carbone 2018 (PhD thesis), section 4.5.1, asynchronous
+snapshot invocation) only *freezes* the current generation of every state's write-back cache: its
+dict of cached values and its dict of dirty keys become a :class:`FrozenTable` of a
+:class:`Generation`, and the state continues into new, empty dicts (O(number of states) at any
+state size). This is Flink's copy-on-write idea (the heap backend's ``CopyOnWriteStateMap``
+snapshots) applied to the cache in front of RocksDB:
 
 - reads look in the current generation, then in the frozen ones (newest first), then in
   RocksDB. A dirty value of a mutable type taken from a frozen generation is first

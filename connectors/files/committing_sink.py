@@ -105,8 +105,8 @@ def _committed_parts(directory: Path) -> list[str]:
 
 
 class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
-    """Exactly-once part files: the two-phase-commit file sink of the thesis (4.1.4) and of
-    Flink's ``FileSink``.
+    """Exactly-once part files: the two-phase-commit file sink of Carbone 2018 (PhD thesis),
+    section 4.1.4, and of Flink's ``FileSink``.
 
     Each subtask writes the records of one checkpoint interval to a hidden in-progress file
     (``.part-<subtask>-<random>.<ext>.inprogress``: names starting with '.' are skipped by

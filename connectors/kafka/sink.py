@@ -7,7 +7,7 @@ producer prepared: a new producer with the same transactional id fences it (Init
 aborts the open transaction). A sink that wrote the interval's records into an open Kafka
 transaction and committed it after the checkpoint completed would lose the interval when the
 process dies between the completion and the Kafka commit. So this sink is the write-ahead-log
-sink of the thesis (Carbone 2018, table 4.1; Flink's ``GenericWriteAheadSink``) with an
+sink of Carbone 2018 (PhD thesis), table 4.1 (and Flink's ``GenericWriteAheadSink``) with an
 idempotent commit:
 
 1. During the interval the records are serialized and kept in the open (local) transaction.

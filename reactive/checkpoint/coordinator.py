@@ -7,16 +7,16 @@ then does it notify every task (``notify_checkpoint_complete``), which commits p
 effects. A checkpoint that times out or is declined is aborted; after
 ``tolerable_failed_checkpoints`` consecutive failures the job fails. Source: Carbone et
 al., "Lightweight Asynchronous Snapshots for Distributed Dataflows" (2015), section 3, and
-the thesis, section 4.5.
+Carbone 2018 (PhD thesis), section 4.5.
 
 A *savepoint* is a checkpoint triggered with kind ``"savepoint"``: its barriers tell the
 backends to write self-contained snapshots (``SnapshotContext.savepoint``: no shared files),
 and its metadata is written with paths relative to its own directory (``self_contained``),
-so it can be moved and restored anywhere, at another parallelism (thesis 4.2). As in Flink
-1.15+, an intermediate savepoint does not commit side effects (``commit=False``: the tasks
-are not notified; the next completed checkpoint commits what it pre-committed), so that a
-failover to the previous checkpoint cannot replay records a savepoint already committed;
-stop-with-savepoint commits (``commit=True``), since the job ends with it.
+so it can be moved and restored anywhere, at another parallelism (Carbone 2018 (PhD thesis),
+section 4.2). As in Flink 1.15+, an intermediate savepoint does not commit side effects
+(``commit=False``: the tasks are not notified; the next completed checkpoint commits what it
+pre-committed), so that a failover to the previous checkpoint cannot replay records a savepoint
+already committed; stop-with-savepoint commits (``commit=True``), since the job ends with it.
 
 Whoever must not move on before side effects are committed (stop-with-savepoint, the job's
 final checkpoint) waits with ``await_commit=True``: the checkpoint's ``committed`` future
@@ -24,9 +24,9 @@ resolves when every task has run its ``notify_checkpoint_complete`` (Flink waits
 ``notifyCheckpointComplete`` of the final/synchronous savepoint the same way). When the
 attempt ends, :meth:`shutdown` fails every future still pending, so no caller hangs.
 
-With ``mode="synchronous"`` (the baseline of the ABS paper's evaluation, thesis 3.4.2) the
-coordinator halts the sources right behind the barriers until the checkpoint completes or
-is aborted, and the tasks write their snapshots before they go on
+With ``mode="synchronous"`` (the baseline of the ABS paper's evaluation, Carbone 2018 (PhD
+thesis), section 3.4.2) the coordinator halts the sources right behind the barriers until the
+checkpoint completes or is aborted, and the tasks write their snapshots before they go on
 (:mod:`reactive.checkpoint.synchronous_snapshots`).
 
 No file work runs on the event loop (it is the application's loop too): the metadata is

@@ -1,4 +1,5 @@
-"""Savepoints: self-contained, movable checkpoints (Flink's savepoints; thesis 4.2).
+"""Savepoints: self-contained, movable checkpoints (Flink's savepoints; Carbone 2018
+(PhD thesis), section 4.2).
 
 A savepoint's metadata says ``"self_contained": true``; it references no shared file, and
 its handle paths are relative to the savepoint directory itself (``uid-0.heap``, not

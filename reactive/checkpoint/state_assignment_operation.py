@@ -5,8 +5,8 @@ Keyed state follows key groups: an instance receives the handles of every old in
 whose key-group range intersects its own, and its backend loads only its key groups (so the
 same code restores at the same or another parallelism). Operator state is redistributed by
 its declared mode: ``split`` (same parallelism: unchanged; else all entries dealt round robin)
-or ``union`` (every instance gets all entries). Source: thesis section 4.2. The in-flight
-records of an unaligned checkpoint are handed out by key group too
+or ``union`` (every instance gets all entries). Source: Carbone 2018 (PhD thesis), section 4.2.
+The in-flight records of an unaligned checkpoint are handed out by key group too
 (:mod:`.channel_state`).
 """
 

@@ -23,8 +23,8 @@ batch per key group (key columns, ``_key_group``, the state arrays) into an Arro
   winning (Flink's changelog / incremental heap snapshots; SDG paper section 5's dirty
   state). Savepoints are always full and self-contained.
 
-A restore at any parallelism reads only the key groups of its range (rescaling: thesis
-section 4.2); its first checkpoint afterwards is full.
+A restore at any parallelism reads only the key groups of its range (rescaling: Carbone
+2018 (PhD thesis), section 4.2); its first checkpoint afterwards is full.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """A sink's records as an async iterator for the application, released when the checkpoint
 that covers them completes (read committed) or at once (read uncommitted).
 
-Read committed is the epoch commit of the thesis (4.1.3) applied to an in-memory queue: the
-records a sink instance receives between two barriers are held as that checkpoint's
-transaction, released in checkpoint order when it completes. So the application never acts on
-output that a failure takes back, whatever the sink itself guarantees. Read uncommitted yields
-every record at once: after a failure it may see records again.
+Read committed is the epoch commit of Carbone 2018 (PhD thesis), section 4.1.3, applied to an
+in-memory queue: the records a sink instance receives between two barriers are held as that
+checkpoint's transaction, released in checkpoint order when it completes. So the application
+never acts on output that a failure takes back, whatever the sink itself guarantees. Read
+uncommitted yields every record at once: after a failure it may see records again.
 
 The iterator is bounded: a sink instance accepts no batch while ``capacity`` released records
 wait to be read (backpressure: the sink task waits, its input channels fill, the sources
@@ -19,9 +19,10 @@ When an attempt fails, its instances hand their held transactions back to the it
 outlives attempts as the job does: the restore releases those of the checkpoints the restored
 one covers (they completed, so the restored job does not produce their records again; the
 notification just never reached the sink instance) and drops the others (the restored job
-produces their records again). This is the recovery of a two-phase-commit writer (thesis
-4.1.3.1: commit the restored checkpoint's pending transactions) for an in-memory sink; each
-transaction is released once, by the instance's notification or by the restore.
+produces their records again). This is the recovery of a two-phase-commit writer (Carbone
+2018 (PhD thesis), section 4.1.3.1: commit the restored checkpoint's pending transactions) for an
+in-memory sink; each transaction is released once, by the instance's notification or by the
+restore.
 """
 
 from __future__ import annotations

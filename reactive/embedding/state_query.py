@@ -1,8 +1,8 @@
-"""Point lookups of keyed state for the application (queryable state, thesis 4.3.1): read
-committed, from the latest completed checkpoint, or live, from the operator instance that
-owns the key's key group (asked in its task's mailbox, between two batches, so the lookup
-never sees a half-processed batch's key). No network server: the application and the job
-share the process."""
+"""Point lookups of keyed state for the application (queryable state, Carbone 2018 (PhD
+thesis), section 4.3.1): read committed, from the latest completed checkpoint, or live, from
+the operator instance that owns the key's key group (asked in its task's mailbox, between two
+batches, so the lookup never sees a half-processed batch's key). No network server: the
+application and the job share the process."""
 
 from __future__ import annotations
 

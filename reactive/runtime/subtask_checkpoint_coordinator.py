@@ -6,13 +6,13 @@ chained operator to snapshot (``snapshot_state``: sinks pre-commit here), captur
 state (the backends' cheap synchronous parts) and serializes the operator state, then the
 barrier is forwarded downstream and the *asynchronous part* runs in the job's task group:
 it writes the files and acknowledges to the checkpoint coordinator with the state handles,
-or declines the checkpoint when anything fails (thesis 4.5.1; ABS paper, Algorithm 1).
-Completion and abort notifications reach the operators through it too.
+or declines the checkpoint when anything fails (Carbone 2018 (PhD thesis), section 4.5.1; ABS
+paper, Algorithm 1). Completion and abort notifications reach the operators through it too.
 
 In the synchronous-snapshot baseline (``synchronous``, set by the checkpoint coordinator
-for ``mode="synchronous"``; thesis 3.4.2) the task runs the writing in place of spawning
-it: it processes nothing else until its snapshot is written and acknowledged, and the
-statistics count the whole snapshot as its synchronous part.
+for ``mode="synchronous"``; Carbone 2018 (PhD thesis), section 3.4.2) the task runs the writing
+in place of spawning it: it processes nothing else until its snapshot is written and
+acknowledged, and the statistics count the whole snapshot as its synchronous part.
 
 For an unaligned checkpoint (``reactive.runtime.unaligned``) the task passes the future of
 its in-flight records: the asynchronous part writes them, once complete, as the head

@@ -2,8 +2,8 @@
 
 A :class:`StateBackend` is a factory the user passes to ``run(state_backend=...)``; it
 creates one :class:`KeyedStateBackend` per keyed operator instance, owning a contiguous
-key-group range. Snapshots follow the asynchronous snapshot invocation of the thesis
-(section 4.5.1): :meth:`KeyedStateBackend.snapshot` is the *synchronous part*, called in the
+key-group range. Snapshots follow the asynchronous snapshot invocation of Carbone 2018
+(PhD thesis), section 4.5.1: :meth:`KeyedStateBackend.snapshot` is the *synchronous part*, called in the
 task between two batches; it returns a :class:`KeyedStateSnapshot` whose :meth:`write` is the
 *asynchronous part*, run while the task keeps processing.
 

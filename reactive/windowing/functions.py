@@ -55,9 +55,10 @@ def window_result(key: Any, start: float, end: float, value: Any) -> WindowResul
 
 
 class AggregateFunction(ABC):
-    """An incremental aggregate (Flink's ``AggregateFunction``; the thesis's lift / combine /
-    lower). ``merge`` must be associative: windows share partial aggregates through it.
-    Accumulators are stored in keyed state (picklable values)."""
+    """An incremental aggregate (Flink's ``AggregateFunction``; lift / combine / lower in
+    Carbone 2018 (PhD thesis), chapter 5). ``merge`` must be associative: windows share
+    partial aggregates through it. Accumulators are stored in keyed state (picklable
+    values)."""
 
     @abstractmethod
     def create_accumulator(self) -> Any:

@@ -1,4 +1,5 @@
-"""Window operators (Flink's ``WindowOperator`` / ``EvictingWindowOperator``, thesis ch. 5).
+"""Window operators (Flink's ``WindowOperator`` / ``EvictingWindowOperator``; Carbone
+2018 (PhD thesis), chapter 5).
 
 - :class:`WindowOperator`: one assigner (event-time or processing-time tumbling, sliding,
   session with a fixed or dynamic gap; the global window) with a trigger and an optional
