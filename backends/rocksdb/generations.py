@@ -31,7 +31,7 @@ snapshots) applied to the cache in front of RocksDB:
 - while a generation is not in RocksDB, the task writes nothing to RocksDB (a newer value
   would leak into the older checkpoint): the current generation grows in memory instead, up
   to ``pending_limit`` entries per state. Past that bound the task finishes the pending
-  local phases itself (:meth:`GenerationQueue.drain`, the old synchronous pause, as
+  local phases itself (:meth:`GenerationQueue.drain`, a synchronous pause, as
   back-pressure), as it does before ``keys()``.
 
 A discarded snapshot's generation is still written to RocksDB (it is live state), just
@@ -74,7 +74,8 @@ ABSENT: Any = object()
 
 #: seconds of event-loop time one step of writing cached entries to RocksDB may take (a
 #: local phase's step, or the task writing dirty entries out): an application task sharing
-#: the loop then waits a few ms at most (issue 21: p99 delay < 10 ms)
+#: the loop then waits a few ms at most (the target: an application task's p99 delay under
+#: 10 ms while a job runs)
 STEP_SECONDS = 0.002
 #: the clock that bounds the steps (seconds; a test may replace it with a fake one)
 clock: Callable[[], float] = time.perf_counter
