@@ -339,9 +339,10 @@ phase (records/s over the whole job, the final checkpoint included).
 
 {text}
 {_image("snapshot parts per state size", path)}
-**Reading.** The heap backend matches the thesis: its synchronous part only marks key groups
-for copy-on-write (well under a millisecond at any size) and the asynchronous part grows
-linearly with the bytes written. RocksDB's synchronous part is larger than the thesis shows:
+**Reading.** The heap backend matches the thesis: its synchronous part only plans the snapshot
+per key group and starts the copy-on-write watch (well under a millisecond at any size:
+O(key groups), not O(state)), and the asynchronous part grows linearly with the bytes
+written. RocksDB's synchronous part is larger than the thesis shows:
 ours flushes the write-back cache and the memtable before the RocksDB checkpoint (so the
 hard-linked files hold everything), and that flush grows with what was written since the
 last flush; its asynchronous part copies the SST files. Note that in one Python process the
