@@ -17,6 +17,7 @@ from .state.api import State
 from .state.descriptors import StateDescriptor
 from .state.operator_state import OperatorListState, RedistributionMode
 from .state.ttl import IncrementalCleanup, backend_descriptor, ttl_config, ttl_state
+from .state.ttl_clock import TtlClock
 from .state.ttl_config import StateTtlConfig
 from .time.clock import SystemClock
 
@@ -73,6 +74,9 @@ class RuntimeContext:
         self.keyed_states: dict[str, State] = {}
         # sweeps the expired entries of its TTL states' keys (created with the first one)
         self._ttl_cleanup: IncrementalCleanup | None = None
+        #: the wall clock of its TTL states (at most one), frozen by the operator around each
+        #: batch of records
+        self.ttl_clocks: list[TtlClock] = []
 
     @property
     def timer_service(self) -> TimerService:
@@ -137,13 +141,38 @@ class RuntimeContext:
         if config is None:
             state: State = self._keyed.get_state(descriptor)
         else:
-            inner = self._keyed.get_state(backend_descriptor(descriptor, config))
             if self._ttl_cleanup is None:
                 self._ttl_cleanup = IncrementalCleanup(self._keyed)
-            state = ttl_state(descriptor, config, inner, self._ttl_time(config),
-                              self._ttl_cleanup)
+            clock = self._ttl_clock(config)
+            native = self._keyed.get_ttl_state(descriptor, config, clock)
+            if native is not None:
+                self._ttl_cleanup.register(descriptor.name, native)
+                state = native
+            else:
+                inner = self._keyed.get_state(backend_descriptor(descriptor, config))
+                state = ttl_state(descriptor, config, inner, clock.now, self._ttl_cleanup)
         self.keyed_states[descriptor.name] = state
         return state
+
+    def _ttl_clock(self, config: StateTtlConfig) -> TtlClock:
+        """The clock of a TTL state of ``config``: the wall clock's is shared by the
+        operator's TTL states and frozen by the operator for each batch of records
+        (:attr:`ttl_clocks`, :mod:`reactive.state.ttl_clock`); other time sources are read
+        at every access.
+
+        Raises:
+            StateAccessError: for event-time TTL outside a keyed process function.
+        """
+        read = self._ttl_time(config)
+        if read is not time.time:
+            # a watermark (constant within a batch) or a given clock (a test's manual
+            # clock may move with each record): read at every access, as given
+            return TtlClock(read)
+        if self.ttl_clocks:
+            return self.ttl_clocks[0]
+        clock = TtlClock(read)
+        self.ttl_clocks.append(clock)
+        return clock
 
     def _ttl_time(self, config: StateTtlConfig) -> Callable[[], float]:
         """What a TTL state reads the time from (see :mod:`reactive.state.ttl`).
@@ -162,7 +191,7 @@ class RuntimeContext:
         if config.clock is not None:
             return config.clock.now
         # the operator's processing-time clock (a test's manual one) where it has one; the
-        # system clock's time.time bound directly: read twice per record, it is hot
+        # system clock's time.time bound directly (read once per batch, see TtlClock)
         clock = self._timer_service.clock if self._timer_service is not None else None
         if clock is None or type(clock) is SystemClock:
             return time.time

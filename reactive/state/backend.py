@@ -46,11 +46,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..keygroups import KeyGroupRange, assign_to_key_group
 from .api import State
 from .descriptors import StateDescriptor
+
+if TYPE_CHECKING:
+    from .ttl_clock import TtlClock
+    from .ttl_config import StateTtlConfig
 
 __all__ = ["KeyedStateBackend", "KeyedStateSnapshot", "SnapshotContext", "StateBackend"]
 
@@ -137,6 +141,25 @@ class KeyedStateBackend(ABC):
         Raises:
             StateAccessError: if the name was registered with another kind of state.
         """
+
+    def get_ttl_state(self, descriptor: StateDescriptor, config: StateTtlConfig,
+                      clock: TtlClock) -> State | None:
+        """A backend's own implementation of a state with time-to-live (a fast path), or
+        None (the default): the runtime then wraps :meth:`get_state`'s state in the TTL
+        decorators of :mod:`reactive.state.ttl`.
+
+        A state returned here must behave exactly as the decorator of its kind (a subclass of
+        it, e.g. ``TtlValueState``) and store exactly what the decorator stores under
+        :func:`reactive.state.ttl.backend_descriptor` (``(value, expires_at)`` pairs), so a
+        snapshot restores into any backend, with or without the fast path.
+
+        Args:
+            descriptor: the user's descriptor (its ``ttl`` set).
+            config: the descriptor's TTL.
+            clock: the time the TTL is measured in (seconds; read ``clock.frozen`` inside
+                a batch, else ``clock.now()``: :mod:`reactive.state.ttl_clock`).
+        """
+        return None
 
     @abstractmethod
     def keys(self, state_name: str) -> Iterator[Any]:
