@@ -366,6 +366,17 @@ async def test_a_job_with_ttl_state_is_exact_through_failures(tmp_path: Path):
     live = {k: v for k, v in expected.items() if v[1] > end}
     assert live.items() <= final.items() <= expected.items()
     assert len(live) < len(expected)
+    # every expiry that a later event of its key found was counted once at least (on that
+    # access, or by a sweep before it; a failed attempt's counts stay, so replays add more)
+    found_expired = 0
+    written: dict[str, float] = {}
+    for key, t in events:
+        if key in written and written[key] + 3.0 <= t:
+            found_expired += 1
+        written[key] = t
+    stats = job.metrics.keyed_state()["count"]
+    assert stats["expired"] >= found_expired > 0
+    assert stats["keys"] == 0  # sampled from the running attempt: the job has ended
 
 
 def test_a_batch_reads_the_wall_clock_once_and_an_access_outside_reads_it_live():
@@ -438,3 +449,40 @@ def test_the_native_value_state_and_the_decorator_store_the_same(tmp_path: Path,
     kb.set_current_key("a")
     assert decorator.value() == "none"
     kb.dispose()
+
+
+async def test_the_job_reports_each_operators_keys_and_expired_entries(tmp_path: Path):
+    """``job.metrics.keyed_state()`` while the job runs: the keys in the operator's state
+    and the entries its TTL expired, in step with what a user sent."""
+    from reactive import CheckpointConfig, Dataflow, PushSource
+    from reactive.connectors.collections import DiscardingSink
+    from reactive.time.clock import ManualClock
+
+    clock = ManualClock(0.0)
+
+    class Count(KeyedProcessFunction):
+        def open(self, ctx: Any) -> None:
+            self.count = ctx.get_state(ValueStateDescriptor(
+                "c", default=0, ttl=StateTtlConfig(TTL, clock=clock)))
+
+        def process_element(self, value: Any, ctx: Any) -> None:
+            self.count.update(self.count.value() + 1)
+
+    source = PushSource()
+    flow = Dataflow("ttl-metrics", parallelism=1)
+    (flow.source(source).uid("src").key_by(lambda v: v).process(Count()).uid("count")
+         .sink(DiscardingSink()))
+    job = await flow.start(checkpoints=CheckpointConfig(interval=None, directory=tmp_path))
+    for k in ("a", "b", "c"):
+        last = await source.send(k)
+    while source.durable <= last:
+        await job.checkpoint()
+    assert job.metrics.keyed_state()["count"] == {"keys": 3, "expired": 0}
+    clock.advance(TTL)  # a, b and c expire; a is written again
+    last = await source.send("a")
+    while source.durable <= last:
+        await job.checkpoint()
+    stats = job.metrics.keyed_state()["count"]
+    assert stats["expired"] >= 1  # a's expired count, found on access (b, c: by a sweep)
+    assert stats["keys"] == 3 - (stats["expired"] - 1)
+    await job.cancel()
