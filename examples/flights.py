@@ -319,8 +319,8 @@ def rows_before_restored_position(job: Any, data: Path) -> int:
     chk = job.restored_from
     if chk is None:
         return 0
-    sub = chk.metadata["operators"]["flights-file"]["subtasks"]["0"]["operator_state"]
-    state = pickle.loads((chk.job_dir / sub["files"][0]["path"]).read_bytes())
+    sub = chk.metadata.operators["flights-file"].subtasks[0].operator_state
+    state = pickle.loads((chk.job_dir / sub.files[0].path).read_bytes())
     offset = max((int(entry[1]) for entry in state["source-position"][1]), default=0)
     if offset < 0:  # the split was read to its end
         return count_lines(data) - 1
@@ -337,9 +337,10 @@ def kafka_records_before_restored_position(job: Any) -> int:
     chk = job.restored_from
     if chk is None:
         return 0
-    subtasks = chk.metadata["operators"][KAFKA_SOURCE_UID]["subtasks"].values()
-    entries = [entry for sub in subtasks for f in sub["operator_state"]["files"]
-               for entry in pickle.loads((chk.job_dir / f["path"]).read_bytes())
+    subtasks = chk.metadata.operators[KAFKA_SOURCE_UID].subtasks.values()
+    entries = [entry for sub in subtasks if sub.operator_state is not None
+               for f in sub.operator_state.files
+               for entry in pickle.loads((chk.job_dir / f.path).read_bytes())
                ["source-position"][1]]
     # entries: [topic, partition, next offset, stopping offset]; union state may repeat them
     return sum({(e[0], e[1]): int(e[2]) for e in entries}.values())
