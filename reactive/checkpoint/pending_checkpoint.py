@@ -58,7 +58,11 @@ class TaskAcknowledgeResult(enum.Enum):
     """The checkpoint was aborted or completed meanwhile."""
 
 
-def _future() -> asyncio.Future[object]:
+def _done_future() -> asyncio.Future[CompletedCheckpoint]:
+    return asyncio.get_running_loop().create_future()
+
+
+def _committed_future() -> asyncio.Future[None]:
     return asyncio.get_running_loop().create_future()
 
 
@@ -92,9 +96,8 @@ class PendingCheckpoint:
     stats: CheckpointStats
     commit: bool = True
     operators: Mapping[str, OperatorInfo] = field(default_factory=dict)
-    done: asyncio.Future[CompletedCheckpoint] = field(
-        default_factory=_future)  # type: ignore[arg-type]
-    committed: asyncio.Future[None] = field(default_factory=_future)  # type: ignore[arg-type]
+    done: asyncio.Future[CompletedCheckpoint] = field(default_factory=_done_future)
+    committed: asyncio.Future[None] = field(default_factory=_committed_future)
     _states: dict[str, dict[int, OperatorSubtaskState]] = field(default_factory=dict)
     _acknowledged: set[str] = field(default_factory=set)
     _discarded: bool = False
