@@ -77,6 +77,7 @@ from reactive import (
     TumblingEventTimeWindows,
     WindowResult,
 )
+from reactive.checkpoint.metadata import read_metadata
 from reactive.connectors.files import InvalidLine
 from reactive.connectors.kafka import KafkaDeadLetter
 from reactive.windowing.aggregates import Aggregates, count, max_of, mean, sum_of
@@ -415,10 +416,9 @@ async def run_job(args: argparse.Namespace) -> dict[str, Any]:
     last = done[-1] if done else None
     state_bytes = 0
     if last is not None and last.path:
-        meta = json.loads((Path(last.path) / "_metadata").read_text())["body"]
-        state_bytes = sum(int(f["size"]) for op in meta["operators"].values()
-                          for sub in op["subtasks"].values()
-                          for h in (sub.get("keyed_state"),) if h for f in h["files"])
+        meta = read_metadata(Path(last.path))
+        state_bytes = sum(f.size for _, _, sub in meta.subtask_states()
+                          if sub.keyed_state is not None for f in sub.keyed_state.files)
     return {
         "records": m.by_name().get("crash-injector", {}).get("records_in", 0),
         "seconds": elapsed,
