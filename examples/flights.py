@@ -77,6 +77,7 @@ from reactive import (
     TumblingEventTimeWindows,
     WindowResult,
 )
+from reactive.checkpoint.metadata import read_metadata
 from reactive.connectors.files import InvalidLine
 from reactive.connectors.kafka import KafkaDeadLetter
 from reactive.windowing.aggregates import Aggregates, count, max_of, mean, sum_of
@@ -319,8 +320,8 @@ def rows_before_restored_position(job: Any, data: Path) -> int:
     chk = job.restored_from
     if chk is None:
         return 0
-    sub = chk.metadata["operators"]["flights-file"]["subtasks"]["0"]["operator_state"]
-    state = pickle.loads((chk.job_dir / sub["files"][0]["path"]).read_bytes())
+    sub = chk.metadata.operators["flights-file"].subtasks[0].operator_state
+    state = pickle.loads((chk.job_dir / sub.files[0].path).read_bytes())
     offset = max((int(entry[1]) for entry in state["source-position"][1]), default=0)
     if offset < 0:  # the split was read to its end
         return count_lines(data) - 1
@@ -337,9 +338,10 @@ def kafka_records_before_restored_position(job: Any) -> int:
     chk = job.restored_from
     if chk is None:
         return 0
-    subtasks = chk.metadata["operators"][KAFKA_SOURCE_UID]["subtasks"].values()
-    entries = [entry for sub in subtasks for f in sub["operator_state"]["files"]
-               for entry in pickle.loads((chk.job_dir / f["path"]).read_bytes())
+    subtasks = chk.metadata.operators[KAFKA_SOURCE_UID].subtasks.values()
+    entries = [entry for sub in subtasks if sub.operator_state is not None
+               for f in sub.operator_state.files
+               for entry in pickle.loads((chk.job_dir / f.path).read_bytes())
                ["source-position"][1]]
     # entries: [topic, partition, next offset, stopping offset]; union state may repeat them
     return sum({(e[0], e[1]): int(e[2]) for e in entries}.values())
@@ -414,10 +416,9 @@ async def run_job(args: argparse.Namespace) -> dict[str, Any]:
     last = done[-1] if done else None
     state_bytes = 0
     if last is not None and last.path:
-        meta = json.loads((Path(last.path) / "_metadata").read_text())["body"]
-        state_bytes = sum(int(f["size"]) for op in meta["operators"].values()
-                          for sub in op["subtasks"].values()
-                          for h in (sub.get("keyed_state"),) if h for f in h["files"])
+        meta = read_metadata(Path(last.path))
+        state_bytes = sum(f.size for _, _, sub in meta.subtask_states()
+                          if sub.keyed_state is not None for f in sub.keyed_state.files)
     return {
         "records": m.by_name().get("crash-injector", {}).get("records_in", 0),
         "seconds": elapsed,

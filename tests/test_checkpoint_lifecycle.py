@@ -138,8 +138,8 @@ async def test_operator_state_is_captured_at_the_barrier(tmp_path):
     for chk in completed:
         states = {}
         for uid in ("src", "counter"):
-            handle = chk.metadata["operators"][uid]["subtasks"]["0"]["operator_state"]
-            states[uid] = pickle.loads((chk.job_dir / handle["files"][0]["path"]).read_bytes())
+            handle = chk.metadata.operators[uid].subtasks[0].operator_state
+            states[uid] = pickle.loads((chk.job_dir / handle.files[0].path).read_bytes())
         position = states["src"]["source-position"][1][0]
         counted = states["counter"]["progress"][1][0]["counted"]
         assert counted == position, f"checkpoint {chk.checkpoint_id}"

@@ -115,9 +115,10 @@ def restored_positions(directory: Path, job: str, checkpoint_id: int) -> list[li
     chk = next(c for c in CheckpointStorage(directory, job).completed()
                if c.checkpoint_id == checkpoint_id)
     entries: list[list[Any]] = []
-    for sub in chk.metadata["operators"]["sales"]["subtasks"].values():
-        for f in sub["operator_state"]["files"]:
-            entries += pickle.loads((chk.job_dir / f["path"]).read_bytes())["source-position"][1]
+    for sub in chk.metadata.operators["sales"].subtasks.values():
+        assert sub.operator_state is not None
+        for f in sub.operator_state.files:
+            entries += pickle.loads((chk.job_dir / f.path).read_bytes())["source-position"][1]
     return entries
 
 

@@ -448,7 +448,7 @@ class Job:
         coordinator = self._coordinator
         if coordinator is not None:
             for checkpoint in reversed(coordinator.store.checkpoints):
-                if (checkpoint.metadata.get("run_id") == self.run_id
+                if (checkpoint.metadata.run_id == self.run_id
                         and committed_output(checkpoint.metadata)):
                     return self._moved.get(checkpoint.checkpoint_id, checkpoint)
         return self._initial

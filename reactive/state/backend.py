@@ -17,6 +17,13 @@ checkpoint metadata. Every handle has:
   that several checkpoints may reference (incremental snapshots); the runtime deletes a
   shared file when no retained checkpoint references it any more.
 
+The handle stays a plain dict at this boundary, in both directions: the rest of it is the
+backend's own format (its key-group index, its file map), which only the backend reads.
+The runtime reads it into a :class:`~reactive.checkpoint.contract.KeyedStateHandle` when the
+task acknowledges (a handle it cannot read declines the checkpoint, naming the operator),
+keeps the backend's other fields verbatim, and gives :meth:`KeyedStateBackend.restore` the
+same dict back.
+
 Threads. The runtime calls the hooks of a keyed backend from two threads, never from two
 at once:
 
