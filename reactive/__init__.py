@@ -7,7 +7,7 @@ The public API is re-exported here; everything else is internal.
 from .checkpoint.metadata import CompletedCheckpoint
 from .checkpoint.stats import CheckpointStats
 from .checkpoint.storage import CheckpointStorage
-from .config import CheckpointConfig, RestartStrategy
+from .config import CheckpointConfig, RestartStrategy, StartOptions
 from .dataflow import Dataflow, KeyedStream, Stream
 from .embedding import PushSource, StateQueryError
 from .errors import (
@@ -32,6 +32,8 @@ from .serialization import MsgpackSerializer, PickleSerializer, Serializer
 from .sinks import Sink, SinkWriter
 from .sources import Source, SourceReader
 from .state import (
+    AggregatingState,
+    AggregatingStateDescriptor,
     KeyedStateBackend,
     KeyedStateSnapshot,
     ListState,
@@ -61,6 +63,8 @@ from .windowing import (
 
 __all__ = [
     "AggregateFunction",
+    "AggregatingState",
+    "AggregatingStateDescriptor",
     "CheckpointConfig",
     "CheckpointError",
     "CheckpointStats",
@@ -104,6 +108,7 @@ __all__ = [
     "SnapshotContext",
     "Source",
     "SourceReader",
+    "StartOptions",
     "StateAccessError",
     "StateBackend",
     "StateQueryError",

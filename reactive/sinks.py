@@ -11,16 +11,21 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
 
 __all__ = ["Sink", "SinkWriter"]
 
+# the record type; Any by default (PEP 696), so a plain ``Sink`` subclass takes anything
+T = TypeVar("T", default=Any)
 
-class SinkWriter(ABC):
-    """Writes one instance's records."""
+
+class SinkWriter(ABC, Generic[T]):
+    """Writes one instance's records (of type ``T``)."""
 
     @abstractmethod
-    def write(self, batch: list[Any]) -> Awaitable[None] | None:
+    def write(self, batch: list[T]) -> Awaitable[None] | None:
         """Write a batch of records (may be a coroutine)."""
 
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
@@ -49,8 +54,8 @@ class SinkWriter(ABC):
         return None
 
 
-class Sink(ABC):
-    """A sink factory (``stream.sink(s)``).
+class Sink(ABC, Generic[T]):
+    """A sink factory (``stream.sink(s)``) of records of type ``T``.
 
     Attributes:
         exactly_once: True when the sink publishes each record once across failures
@@ -65,7 +70,7 @@ class Sink(ABC):
     deduplicates_by_checkpoint_id: bool = False
 
     @abstractmethod
-    def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
+    def create_writer(self, subtask: int, parallelism: int) -> SinkWriter[T]:
         """Create the writer of instance ``subtask`` of ``parallelism``."""
 
     def exclusive_directories(self) -> Sequence[Path]:

@@ -16,15 +16,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any, Generic, Literal
+
+from typing_extensions import TypeVar
 
 __all__ = ["Source", "SourceReader"]
 
+# the record type; Any by default (PEP 696), so a plain ``Source`` subclass emits anything
+T = TypeVar("T", default=Any)
 
-class SourceReader(ABC):
-    """Reads one instance's share of a source."""
 
-    def open(self, checkpointing: bool) -> None:  # noqa: B027 - optional hook
+class SourceReader(ABC, Generic[T]):
+    """Reads one instance's share of a source: records of type ``T``."""
+
+    def open(self, checkpointing: bool) -> None:
         """Called once per attempt before the first read (after ``restore_state``).
 
         Args:
@@ -33,7 +38,7 @@ class SourceReader(ABC):
         """
 
     @abstractmethod
-    async def read_batch(self, max_records: int) -> list[Any] | None:
+    async def read_batch(self, max_records: int) -> list[T] | None:
         """Return up to ``max_records`` records, ``[]`` when none is ready yet, ``None`` at the
         end of input (then never called again)."""
 
@@ -74,8 +79,8 @@ class SourceReader(ABC):
         return None
 
 
-class Source(ABC):
-    """A source factory (``flow.source(src)``).
+class Source(ABC, Generic[T]):
+    """A source factory (``flow.source(src)``) of records of type ``T``.
 
     Attributes:
         max_source_parallelism: the largest parallelism it supports (None: unbounded).
@@ -90,9 +95,9 @@ class Source(ABC):
 
     max_source_parallelism: int | None = None
     state_redistribution: Literal["split", "union"] = "split"
-    timestamp_fn: Callable[[Any], float] | None = None
+    timestamp_fn: Callable[[T], float] | None = None
 
     @abstractmethod
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader[T]:
         """Create the reader of instance ``subtask`` of ``parallelism``; its initial share
         is decided here and replaced by ``restore_state`` when restoring."""

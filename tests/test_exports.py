@@ -12,7 +12,8 @@ import reactive
 import reactive.spi
 
 USER_API = {
-    "AggregateFunction", "CheckpointConfig", "CheckpointError", "CheckpointStats",
+    "AggregateFunction", "AggregatingState", "AggregatingStateDescriptor", "CheckpointConfig",
+    "CheckpointError", "CheckpointStats",
     "CheckpointStorage", "CompletedCheckpoint", "ConfigurationError", "CorruptCheckpointError",
     "CountWindows", "Dataflow", "EventTimeSessionWindows", "Job", "JobCancelledError",
     "JobEndedError", "JobFailedError", "KeyGroupRange", "KeyedProcessFunction", "KeyedStateBackend",
@@ -21,7 +22,7 @@ USER_API = {
     "PickleSerializer", "ProcessFunction", "ProcessWindowFunction", "PushSource", "ReactiveError",
     "ReducingState", "ReducingStateDescriptor", "RestartStrategy", "RestoreError",
     "RuntimeContext", "Serializer", "Sink", "SinkWriter", "SlidingEventTimeWindows",
-    "SnapshotContext", "Source", "SourceReader", "StateAccessError", "StateBackend",
+    "SnapshotContext", "Source", "SourceReader", "StartOptions", "StateAccessError", "StateBackend",
     "StateQueryError", "StateSerializationError", "StateTtlConfig", "Stream", "TimeDomain", "TimeWindow",
     "TimerService",
     "TumblingEventTimeWindows", "TwoPhaseCommitSink", "UnsupportedKeyError",

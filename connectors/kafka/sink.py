@@ -44,7 +44,7 @@ from reactive.errors import ConfigurationError, RecordRejectedError
 from reactive.sinks import SinkWriter
 from reactive.two_phase_commit import TwoPhaseCommitSink, TwoPhaseCommitWriter
 
-from .serialization import Serializer, serializer
+from .serialization import Serializer, SerializerName, serializer
 
 __all__ = ["KafkaSink", "KafkaSinkError", "KafkaTransaction"]
 
@@ -132,8 +132,8 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
                  key: Callable[[Any], Any] | None = None,
                  value: Callable[[Any], Any] = _identity,
                  headers: Callable[[Any], Headers] | None = None,
-                 key_serializer: str | Serializer = "str",
-                 value_serializer: str | Serializer = "json",
+                 key_serializer: SerializerName | Serializer = "str",
+                 value_serializer: SerializerName | Serializer = "json",
                  marker_topic: str | None = None,
                  max_request_size: int = 1048576,
                  client_options: Mapping[str, Any] | None = None,

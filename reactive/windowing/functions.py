@@ -5,7 +5,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol
+
+from typing_extensions import TypeVar
 
 from .assigners import TimeWindow
 
@@ -54,25 +56,33 @@ def window_result(key: Any, start: float, end: float, value: Any) -> WindowResul
     return r
 
 
-class AggregateFunction(ABC):
-    """An incremental aggregate (Flink's ``AggregateFunction``; the thesis's lift / combine /
-    lower). ``merge`` must be associative: windows share partial aggregates through it.
-    Accumulators are stored in keyed state (picklable values)."""
+# input, accumulator and result types; Any by default (PEP 696)
+IN = TypeVar("IN", default=Any)
+ACC = TypeVar("ACC", default=Any)
+OUT = TypeVar("OUT", default=Any)
+
+
+class AggregateFunction(ABC, Generic[IN, ACC, OUT]):
+    """An incremental aggregate (Flink's ``AggregateFunction<IN, ACC, OUT>``; the thesis's
+    lift / combine / lower): folds records of type ``IN`` into accumulators of type ``ACC``
+    and reads a result of type ``OUT``. ``merge`` must be associative: windows share
+    partial aggregates through it. Accumulators are stored in keyed state (picklable
+    values)."""
 
     @abstractmethod
-    def create_accumulator(self) -> Any:
+    def create_accumulator(self) -> ACC:
         """A new, empty accumulator."""
 
     @abstractmethod
-    def add(self, value: Any, accumulator: Any) -> Any:
+    def add(self, value: IN, accumulator: ACC) -> ACC:
         """Fold one record into ``accumulator``; return the accumulator."""
 
     @abstractmethod
-    def get_result(self, accumulator: Any) -> Any:
+    def get_result(self, accumulator: ACC) -> OUT:
         """The window's value from its accumulator."""
 
     @abstractmethod
-    def merge(self, a: Any, b: Any) -> Any:
+    def merge(self, a: ACC, b: ACC) -> ACC:
         """Combine two accumulators (``a`` covers records before ``b``'s)."""
 
 
