@@ -28,6 +28,9 @@ from .errors import (
 from .functions import KeyedProcessFunction, ProcessFunction, RuntimeContext, TimeDomain
 from .keygroups import KeyGroupRange, assign_to_key_group, key_group_range_for_operator
 from .runtime.job import Job
+from .runtime.loop import new_event_loop, run_coroutine
+from .runtime.operators import AsyncFailure, RetryPolicy
+from .runtime.operators.event_time_joins import LateJoinInput
 from .serialization import MsgpackSerializer, PickleSerializer, Serializer
 from .sinks import Sink, SinkWriter
 from .sources import Source, SourceReader
@@ -49,6 +52,13 @@ from .state import (
     ValueStateDescriptor,
 )
 from .time import ManualClock, TimerService
+from .two_input_functions import (
+    BroadcastProcessFunction,
+    CoProcessFunction,
+    KeyedBroadcastProcessFunction,
+    KeyedCoProcessFunction,
+    ProcessJoinFunction,
+)
 from .two_phase_commit import TwoPhaseCommitSink
 from .windowing import (
     AggregateFunction,
@@ -65,10 +75,13 @@ __all__ = [
     "AggregateFunction",
     "AggregatingState",
     "AggregatingStateDescriptor",
+    "AsyncFailure",
+    "BroadcastProcessFunction",
     "CheckpointConfig",
     "CheckpointError",
     "CheckpointStats",
     "CheckpointStorage",
+    "CoProcessFunction",
     "CompletedCheckpoint",
     "ConfigurationError",
     "CorruptCheckpointError",
@@ -80,10 +93,13 @@ __all__ = [
     "JobEndedError",
     "JobFailedError",
     "KeyGroupRange",
+    "KeyedBroadcastProcessFunction",
+    "KeyedCoProcessFunction",
     "KeyedProcessFunction",
     "KeyedStateBackend",
     "KeyedStateSnapshot",
     "KeyedStream",
+    "LateJoinInput",
     "ListState",
     "ListStateDescriptor",
     "ManualClock",
@@ -93,6 +109,7 @@ __all__ = [
     "MsgpackSerializer",
     "PickleSerializer",
     "ProcessFunction",
+    "ProcessJoinFunction",
     "ProcessWindowFunction",
     "PushSource",
     "ReactiveError",
@@ -100,6 +117,7 @@ __all__ = [
     "ReducingStateDescriptor",
     "RestartStrategy",
     "RestoreError",
+    "RetryPolicy",
     "RuntimeContext",
     "Serializer",
     "Sink",
@@ -127,4 +145,6 @@ __all__ = [
     "WindowResult",
     "assign_to_key_group",
     "key_group_range_for_operator",
+    "new_event_loop",
+    "run_coroutine",
 ]

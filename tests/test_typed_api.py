@@ -1,6 +1,6 @@
-"""The user API type-checks: mypy (strict) on ``examples/`` and on
-``tests/typing_cases/typed_user_code.py`` reports nothing but the mistakes that file marks
-with ``# expect-error: <code>``, each with its code. With ``get_state`` returning ``Any``, or
+"""The user API type-checks: mypy (strict) on ``examples/``, the python blocks of
+``docs/*.md`` and ``tests/typing_cases/typed_user_code.py`` reports nothing but the
+mistakes that last file marks with ``# expect-error: <code>``, each with its code. With ``get_state`` returning ``Any``, or
 streams, descriptors, sources or sinks not generic, or string options not ``Literal``, the
 marked lines pass unnoticed or the ``assert_type`` s fail, and so does this test.
 
@@ -69,6 +69,13 @@ def mypy_output(tmp_path_factory: pytest.TempPathFactory) -> str:
     site = tmp_path_factory.mktemp("site")
     _installed_layout(site)
     examples = sorted(str(p) for p in (ROOT / "examples").glob("*.py"))
+    # the python blocks of the docs, each a complete program
+    blocks = tmp_path_factory.mktemp("docs")
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        for i, code in enumerate(re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)):
+            block = blocks / f"doc_{doc.stem}_{i}.py"
+            block.write_text(code)
+            examples.append(str(block))
     stdout, stderr, status = _run_mypy(site, [*examples, str(USER_CODE)])
     assert status in (0, 1), stderr
     return stdout
@@ -85,7 +92,7 @@ def _errors(output: str) -> set[tuple[str, int, str]]:
     return errors
 
 
-def test_the_examples_type_check(mypy_output: str) -> None:
+def test_the_examples_and_the_docs_type_check(mypy_output: str) -> None:
     errors = {e for e in _errors(mypy_output) if e[0] != USER_CODE.name}
     assert not errors, mypy_output
 
