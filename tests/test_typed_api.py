@@ -1,8 +1,9 @@
 """The user API type-checks: mypy (strict) on ``examples/``, the python blocks of
 ``docs/*.md`` and ``tests/typing_cases/typed_user_code.py`` reports nothing but the
-mistakes that last file marks with ``# expect-error: <code>``, each with its code. With ``get_state`` returning ``Any``, or
-streams, descriptors, sources or sinks not generic, or string options not ``Literal``, the
-marked lines pass unnoticed or the ``assert_type`` s fail, and so does this test.
+mistakes that last file marks with ``# expect-error: <code>``, each with its code. With
+``get_state`` returning ``Any``, or streams, descriptors, sources or sinks not generic, or
+string options not ``Literal``, the marked lines pass unnoticed or the ``assert_type`` s
+fail, and so does this test.
 
 mypy runs on the package as a wheel installs it (``reactive.backends`` and
 ``reactive.connectors`` inside ``reactive``): a tree of symbolic links, since the editable
