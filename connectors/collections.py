@@ -43,7 +43,7 @@ class _CollectionReader(SourceReader[T]):
         self.position = end = min(start + max_records, len(self.items))
         return self.items[start:end]
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.position]
 
     def restore_state(self, entries: list[Any]) -> None:

@@ -33,7 +33,7 @@ from .runtime.operators import AsyncFailure, RetryPolicy
 from .runtime.operators.event_time_joins import LateJoinInput
 from .serialization import MsgpackSerializer, PickleSerializer, Serializer
 from .sinks import Sink, SinkWriter
-from .sources import Source, SourceReader
+from .sources import SimplePollingSource, Source, SourceReader
 from .state import (
     AggregatingState,
     AggregatingStateDescriptor,
@@ -120,6 +120,7 @@ __all__ = [
     "RetryPolicy",
     "RuntimeContext",
     "Serializer",
+    "SimplePollingSource",
     "Sink",
     "SinkWriter",
     "SlidingEventTimeWindows",

@@ -37,7 +37,8 @@ USER_API = {
     "MsgpackSerializer", "PickleSerializer", "ProcessFunction", "ProcessJoinFunction",
     "ProcessWindowFunction", "PushSource", "ReactiveError", "ReducingState",
     "ReducingStateDescriptor", "RestartStrategy", "RestoreError", "RetryPolicy",
-    "RuntimeContext", "Serializer", "Sink", "SinkWriter", "SlidingEventTimeWindows",
+    "RuntimeContext", "Serializer", "SimplePollingSource", "Sink", "SinkWriter",
+    "SlidingEventTimeWindows",
     "SnapshotContext", "Source", "SourceReader", "StartOptions", "StateAccessError",
     "StateBackend", "StateQueryError", "StateSerializationError", "StateTtlConfig", "Stream",
     "TimeDomain", "TimeWindow", "TimerService", "TumblingEventTimeWindows",
@@ -62,7 +63,8 @@ PUBLIC_MODULES: dict[str, set[str]] = {
     "reactive.spi": PLUGIN_API,
     "reactive.testing": {
         "AbortExecution", "BackendHarness", "HarnessOptions", "ManualClock", "OperatorSnapshot",
-        "OperatorTestHarness", "StateBackendContract", "TestingSource",
+        "OperatorTestHarness", "SinkContract", "SourceContract", "StateBackendContract",
+        "TestingSource",
     },
     "reactive.errors": {
         "CheckpointError", "CheckpointProgressError", "ConfigurationError",

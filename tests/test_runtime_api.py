@@ -126,7 +126,7 @@ async def test_cancel_stops_every_task(tmp_path):
                     self.n += max_records
                     return list(range(max_records))
 
-                def snapshot_state(self):
+                def snapshot_state(self, checkpoint_id):
                     return [self.n]
 
                 def restore_state(self, entries):

@@ -134,7 +134,7 @@ class _ClockReader(SourceReader):
         self.i += 1
         return self.src.batches[self.i - 1]
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.i]
 
     def restore_state(self, entries: list[Any]) -> None:

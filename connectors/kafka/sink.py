@@ -333,7 +333,7 @@ class _KafkaTransactionalWriter(TwoPhaseCommitWriter[KafkaTransaction]):
             default=-1)
         await super().restore_state(entries)
 
-    async def close(self) -> None:  # type: ignore[override]
+    async def close(self) -> None:
         super().close()
         producers, self.sink._producers = self.sink._producers, {}
         for producer in producers.values():
@@ -378,7 +378,7 @@ class AtLeastOnceKafkaWriter(SinkWriter):
                     f"Kafka sink to {self.sink.topic!r}: Kafka refused the record "
                     f"key={key!r:.80} value={value!r:.200}: {exc!r}") from exc
 
-    async def snapshot_state(self, checkpoint_id: int) -> list[Any]:  # type: ignore[override]
+    async def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         """Flush: the checkpoint completes only when Kafka acknowledged every record before
         its barrier."""
         if self._producer is not None:

@@ -172,7 +172,7 @@ class KafkaSourceReader(SourceReader):
             source.max_out_of_orderness, source.idleness, source.clock))
 
     # ------------------------------------------------------------------ state
-    def snapshot_state(self, checkpoint_id: int) -> list[Any]:  # type: ignore[override]
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         if self.source.group_id is not None:
             self._pending_commits.append(
                 (checkpoint_id, {k: e[2] for k, e in self.positions.items()}))
