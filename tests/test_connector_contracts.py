@@ -164,3 +164,42 @@ def test_the_file_sink_contract_catches_a_sink_that_publishes_before_the_commit(
     with pytest.raises(AssertionError, match="too many"):
         asyncio.run(Eager().test_a_failed_attempt_is_replayed_from_the_last_completed_checkpoint(
             tmp_path))
+
+
+async def test_a_simple_polling_source_resumes_at_its_checkpointed_position(tmp_path):
+    """A job over a polled cursor fails after a checkpoint taken mid-stream; the restart
+    polls again from the checkpointed position, so the keyed counts equal a batch count
+    (a position too early would count records twice, too late would miss them)."""
+    import asyncio
+    import collections
+
+    from reactive import CheckpointConfig, Dataflow, RestartStrategy
+
+    from .conftest import FailureInjector, failing_count, final_counts
+
+    words = [f"w{i % 7}" for i in range(2000)]
+    allowed = [1000]  # the poll serves records below this position only
+    stalled = asyncio.Event()
+
+    def poll(position: int) -> tuple[list[str], int] | None:
+        if position >= len(words):
+            return None
+        if position == allowed[0]:
+            stalled.set()
+        end = min(position + 40, allowed[0], len(words))
+        return words[position:end], end
+
+    injector = FailureInjector([1500])
+    sink: ListSink = ListSink()
+    flow = Dataflow("polling", batch_size=16)
+    (flow.source(SimplePollingSource(poll, start=0, interval=0.001), uid="poll")
+         .key_by(lambda w: w).process(failing_count(injector)).uid("count").sink(sink))
+    job = await flow.start(checkpoints=CheckpointConfig(interval=None, directory=tmp_path),
+                           restart=RestartStrategy(attempts=1, delay=0.0))
+    await asyncio.wait_for(stalled.wait(), timeout=60)
+    done = await job.checkpoint()  # at position 1000
+    allowed[0] = len(words)
+    await job.wait()
+    assert job.metrics.restarts == 1 and injector.failures == 1
+    assert done.checkpoint_id >= 1
+    assert final_counts(sink.records) == dict(collections.Counter(words))
