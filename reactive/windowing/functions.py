@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, overload
 
 from typing_extensions import TypeVar
 
@@ -13,7 +13,14 @@ from .assigners import TimeWindow
 
 if TYPE_CHECKING:
     from ..functions import RuntimeContext
-    from ..state.descriptors import StateDescriptor
+    from ..state.api import ListState, MapState, ReducingState, State, ValueState
+    from ..state.descriptors import (
+        ListStateDescriptor,
+        MapStateDescriptor,
+        ReducingStateDescriptor,
+        StateDescriptor,
+        ValueStateDescriptor,
+    )
 
 __all__ = ["AggregateFunction", "ProcessWindowContext", "ProcessWindowFunction",
            "ReduceAggregate", "WindowResult"]
@@ -57,6 +64,9 @@ def window_result(key: Any, start: float, end: float, value: Any) -> WindowResul
 
 
 # input, accumulator and result types; Any by default (PEP 696)
+T = TypeVar("T", default=Any)
+K = TypeVar("K", default=Any)
+V = TypeVar("V", default=Any)
 IN = TypeVar("IN", default=Any)
 ACC = TypeVar("ACC", default=Any)
 OUT = TypeVar("OUT", default=Any)
@@ -126,7 +136,19 @@ class ProcessWindowContext(Protocol):
         """Processing time now (seconds)."""
         ...
 
-    def window_state(self, descriptor: StateDescriptor) -> Any:
+    @overload
+    def window_state(self, descriptor: ValueStateDescriptor[T]) -> ValueState[T]: ...
+
+    @overload
+    def window_state(self, descriptor: ListStateDescriptor[T]) -> ListState[T]: ...
+
+    @overload
+    def window_state(self, descriptor: ReducingStateDescriptor[T]) -> ReducingState[T]: ...
+
+    @overload
+    def window_state(self, descriptor: StateDescriptor) -> State: ...
+
+    def window_state(self, descriptor: StateDescriptor) -> State:
         """Keyed state of the current key *and window* (value, list or reducing state):
         kept across the firings of one window; clear it in
         :meth:`ProcessWindowFunction.clear` (Flink's ``windowState()``).
@@ -136,7 +158,22 @@ class ProcessWindowContext(Protocol):
         """
         ...
 
-    def global_state(self, descriptor: StateDescriptor) -> Any:
+    @overload
+    def global_state(self, descriptor: ValueStateDescriptor[T]) -> ValueState[T]: ...
+
+    @overload
+    def global_state(self, descriptor: ListStateDescriptor[T]) -> ListState[T]: ...
+
+    @overload
+    def global_state(self, descriptor: MapStateDescriptor[K, V]) -> MapState[K, V]: ...
+
+    @overload
+    def global_state(self, descriptor: ReducingStateDescriptor[T]) -> ReducingState[T]: ...
+
+    @overload
+    def global_state(self, descriptor: StateDescriptor) -> State: ...
+
+    def global_state(self, descriptor: StateDescriptor) -> State:
         """Keyed state of the current key, shared by all its windows (``globalState()``)."""
         ...
 

@@ -8,7 +8,7 @@ mistakes the types exist to catch.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import assert_type
+from typing import Any, assert_type
 
 from reactive import (
     AggregateFunction,
@@ -35,6 +35,7 @@ from reactive import (
     ValueStateDescriptor,
 )
 from reactive.connectors.files import CommittingFileSink
+from reactive.windowing import ProcessWindowContext, ProcessWindowFunction, TimeWindow
 
 
 class Mean(AggregateFunction[float, tuple[float, int], float]):
@@ -81,6 +82,20 @@ class Count(KeyedProcessFunction[str, str, tuple[str, int]]):
         self.mean.add(float(len(value)))
         assert_type(self.mean.get(), float | None)
         yield value, n
+
+
+class Firings(ProcessWindowFunction):
+    """Counts the firings of each window in per-window state."""
+
+    def process(self, key: Any, window: TimeWindow, elements: list[Any],  # type: ignore[override]
+                ctx: ProcessWindowContext) -> Iterator[tuple[Any, int]]:
+        fired = ctx.window_state(ValueStateDescriptor("fired", default=0))
+        assert_type(fired, ValueState[int])
+        fired.update(fired.value() + 1)
+        seen = ctx.global_state(MapStateDescriptor[str, int]("seen"))
+        assert_type(seen, MapState[str, int])
+        seen.put("windows", 1.5)  # expect-error: arg-type
+        yield key, fired.value()
 
 
 class Numbers(Source[int]):
