@@ -30,7 +30,8 @@ from reactive import (
     ValueStateDescriptor,
 )
 from reactive.runtime.loop import run_coroutine
-from reactive.windowing import CountWindows, CuttyAggregator
+from reactive.windowing import CountWindows
+from reactive.windowing.cutty import CuttyAggregator
 
 __all__ = ["RunResult", "abs_topology", "alignment", "cutty", "sdg", "snapshot_size"]
 

@@ -94,7 +94,7 @@ class _GrowingReader(SourceReader):
         self.i += max_records
         return [f"key-{base + (i + j) % 1000}" for j in range(max_records)]
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.i]
 
     def restore_state(self, entries: list[Any]) -> None:

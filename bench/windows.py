@@ -22,7 +22,8 @@ from typing import Any
 from bench.naive_windows import NaiveAggregator
 from reactive import AggregateFunction, Dataflow
 from reactive.connectors.collections import ListSink
-from reactive.windowing import CountWindows, CuttyAggregator
+from reactive.windowing import CountWindows
+from reactive.windowing.cutty import CuttyAggregator
 
 
 class Sum(AggregateFunction):

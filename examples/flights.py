@@ -80,7 +80,7 @@ from reactive import (
 from reactive.checkpoint.metadata import read_metadata
 from reactive.connectors.files import InvalidLine
 from reactive.connectors.kafka import KafkaDeadLetter
-from reactive.windowing.aggregates import Aggregates, count, max_of, mean, sum_of
+from reactive.windowing import Aggregates, count, max_of, mean, sum_of
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA_JOB = KAFKA_SOURCE_UID = "flights-kafka"  # the Kafka variant's job name and source uid
@@ -593,7 +593,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from reactive.runtime.loop import run_coroutine
+    from reactive import run_coroutine
 
     if args.child:
         figures = run_coroutine(run_job(args))

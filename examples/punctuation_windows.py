@@ -32,10 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flights_data import Flight, parse_flight, prepare_flights
 
-from reactive import AggregateFunction, Dataflow
-from reactive.sinks import Sink
-from reactive.windowing import GlobalWindows, TimeWindow, Trigger, TriggerResult
-from reactive.windowing.triggers import TriggerContext
+from reactive import AggregateFunction, Dataflow, Sink
+from reactive.windowing import GlobalWindows, TimeWindow, Trigger, TriggerContext, TriggerResult
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT / "data" / "flights.csv"

@@ -10,11 +10,28 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, overload
+
+from typing_extensions import TypeVar
 
 from .errors import StateAccessError
-from .state.api import State
-from .state.descriptors import StateDescriptor
+from .state.api import (
+    AccumulatorState,
+    AggregatingState,
+    ListState,
+    MapState,
+    ReducingState,
+    State,
+    ValueState,
+)
+from .state.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
 from .state.operator_state import OperatorListState, RedistributionMode
 from .state.ttl import IncrementalCleanup, backend_descriptor, ttl_config, ttl_state
 from .state.ttl_clock import TtlClock
@@ -27,6 +44,13 @@ if TYPE_CHECKING:
     from .time.timers import TimerService
 
 __all__ = ["KeyedProcessFunction", "ProcessFunction", "RuntimeContext", "TimeDomain"]
+
+# Any by default (PEP 696): a plain ``ProcessFunction`` subclass takes and emits anything
+T = TypeVar("T", default=Any)
+K = TypeVar("K", default=Any)
+V = TypeVar("V", default=Any)
+IN = TypeVar("IN", default=Any)
+OUT = TypeVar("OUT", default=Any)
 
 
 class TimeDomain(Enum):
@@ -126,8 +150,30 @@ class RuntimeContext:
             raise StateAccessError(f"operator {self.operator_name!r} is not keyed: no current key")
         return self._keyed.current_key
 
-    def get_state(self, descriptor: StateDescriptor) -> Any:
-        """Return the keyed state described by ``descriptor``, scoped to the current key.
+    @overload
+    def get_state(self, descriptor: ValueStateDescriptor[T]) -> ValueState[T]: ...
+
+    @overload
+    def get_state(self, descriptor: ListStateDescriptor[T]) -> ListState[T]: ...
+
+    @overload
+    def get_state(self, descriptor: MapStateDescriptor[K, V]) -> MapState[K, V]: ...
+
+    @overload
+    def get_state(self, descriptor: ReducingStateDescriptor[T]) -> ReducingState[T]: ...
+
+    @overload
+    def get_state(self, descriptor: AggregatingStateDescriptor[IN, Any, OUT]
+                  ) -> AggregatingState[IN, OUT]: ...
+
+    @overload
+    def get_state(self, descriptor: StateDescriptor) -> State: ...
+
+    def get_state(self, descriptor: StateDescriptor) -> State:
+        """Return the keyed state described by ``descriptor``, scoped to the current key:
+        a ``ValueState[T]`` for a ``ValueStateDescriptor[T]``, a ``MapState[K, V]`` for a
+        ``MapStateDescriptor[K, V]``, and so on (Flink's ``getState`` / ``getListState``
+        ...).
 
         Raises:
             StateAccessError: when the operator is not after a ``key_by``.
@@ -137,6 +183,10 @@ class RuntimeContext:
                 f"operator {self.operator_name!r} is not keyed: call key_by(...) before it to "
                 "use keyed state, or use get_operator_state"
             )
+        if isinstance(descriptor, AggregatingStateDescriptor):
+            # stored, snapshotted and queried as the value state of its accumulators
+            accumulators = self.get_state(descriptor.accumulator_descriptor())
+            return AccumulatorState(accumulators, descriptor.aggregate_function)
         config = ttl_config(descriptor)
         if config is None:
             state: State = self._keyed.get_state(descriptor)
@@ -202,13 +252,14 @@ class RuntimeContext:
         return self._operator_state.get_list_state(name, mode)
 
 
-class ProcessFunction:
-    """A function over a (non-keyed) stream with lifecycle hooks."""
+class ProcessFunction(Generic[IN, OUT]):
+    """A function over a (non-keyed) stream with lifecycle hooks: takes records of type
+    ``IN``, emits records of type ``OUT``."""
 
     def open(self, ctx: RuntimeContext) -> None:
         """Called once per instance before the first record (and after each restore)."""
 
-    def process_element(self, value: Any, ctx: RuntimeContext) -> Iterable[Any] | None:
+    def process_element(self, value: IN, ctx: RuntimeContext) -> Iterable[OUT] | None:
         """Process one record; return (or yield) the outputs.
 
         Or declare a third parameter, ``process_element(self, value, ctx, out)``: ``out`` is
@@ -225,14 +276,16 @@ class ProcessFunction:
         """Called once when the instance stops."""
 
 
-class KeyedProcessFunction(ProcessFunction):
-    """A function over a keyed stream: ``ctx.get_state`` is scoped to ``ctx.current_key``.
+class KeyedProcessFunction(ProcessFunction[IN, OUT], Generic[K, IN, OUT]):
+    """A function over a keyed stream of keys ``K`` and records ``IN``, emitting ``OUT``
+    (Flink's ``KeyedProcessFunction<K, I, O>``): ``ctx.get_state`` is scoped to
+    ``ctx.current_key``.
 
     ``ctx.timer_service`` registers event-time and processing-time timers for the current
     key; they are keyed state (checkpointed, restored, rescaled) and call :meth:`on_timer`.
     """
 
-    def on_timer(self, timestamp: float, ctx: RuntimeContext) -> Iterable[Any] | None:
+    def on_timer(self, timestamp: float, ctx: RuntimeContext) -> Iterable[OUT] | None:
         """A timer of ``ctx.current_key`` fired at ``timestamp`` (seconds); return (or
         yield) the outputs. Event-time timers fire once the watermark is >= ``timestamp``
         (Flink's ``KeyedProcessFunction.onTimer``); ``ctx.time_domain()`` tells an

@@ -210,9 +210,7 @@ class TwoPhaseCommitWriter(SinkWriter, Generic[TxnT]):
             txn = self.current = await maybe_await(self.sink.begin_transaction())
         await maybe_await(self.sink.write(txn, batch))
 
-    # SinkWriter.snapshot_state is annotated synchronous, but SinkOperator awaits a
-    # coroutine result (reactive/sinks.py: "methods may be coroutines")
-    async def snapshot_state(self, checkpoint_id: int) -> list[Any]:  # type: ignore[override]
+    async def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         """Pre-commit the open transaction for ``checkpoint_id``; return the pending ones.
 
         Returns:
@@ -329,17 +327,18 @@ class TwoPhaseCommitWriter(SinkWriter, Generic[TxnT]):
             self.pending.append((self.last_checkpoint_id + 1, txn))
             await self._commit_up_to(self.last_checkpoint_id + 1)
 
-    def close(self) -> None:
+    def close(self) -> Awaitable[None] | None:
         """Abort the open transaction (after a failure; pending ones stay for recovery)."""
         txn, self.current = self.current, None
         if txn is None:
-            return
+            return None
         try:
             result = self.sink.abort(txn)
         except Exception as exc:  # closing after a failure: the first error is the news
             log.warning("subtask %d: aborting the open transaction failed: %r",
                         self.sink.subtask, exc)
-            return
+            return None
         if inspect.iscoroutine(result):
             # closing is synchronous: the next start's abort_lingering removes the transaction
             result.close()
+        return None

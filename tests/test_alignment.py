@@ -45,7 +45,7 @@ class _SlowReader(SourceReader):
         self.pos += len(out)
         return out
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.pos]
 
     def restore_state(self, entries: list[Any]) -> None:

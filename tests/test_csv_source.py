@@ -175,7 +175,7 @@ def test_a_restore_inside_a_file_resumes_at_the_exact_row(tmp_path):
             batch = await first.read_batch(1024)
             assert batch is not None
             head += batch
-        position = first.snapshot_state()
+        position = first.snapshot_state(1)
         first.close()
         second = source.create_reader(0, 1)
         second.restore_state(pickle.loads(pickle.dumps(position)))

@@ -46,7 +46,7 @@ class _GatedReader(SourceReader):
         self.offset += len(out)
         return out
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         if self.round < len(self.rounds) and self.offset >= len(self.rounds[self.round]):
             self.snapshotted_at_end = True
         return [(self.round, self.offset)]

@@ -108,7 +108,7 @@ class _SplitsReader(SourceReader):
             return batch
         return None
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [list(p) for p in self.positions]
 
     def restore_state(self, entries: list[Any]) -> None:
@@ -140,8 +140,8 @@ class _BudgetedReader(SourceReader):
             self.budget.taken += len(batch)
         return batch
 
-    def snapshot_state(self) -> list[Any]:
-        return self.inner.snapshot_state()
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
+        return self.inner.snapshot_state(checkpoint_id)
 
     def restore_state(self, entries: list[Any]) -> None:
         self.inner.restore_state(entries)

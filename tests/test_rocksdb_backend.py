@@ -139,7 +139,7 @@ class _PushReader(SourceReader):
         src.emitted += n
         return [src.pending.popleft() for _ in range(n)]
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.source.emitted]
 
     def restore_state(self, entries: list[Any]) -> None:
@@ -354,7 +354,7 @@ PIPELINE_SCRIPT = textwrap.dedent('''
             await asyncio.sleep(0)
             return batch
 
-        def snapshot_state(self):
+        def snapshot_state(self, checkpoint_id):
             self.snapshots += 1
             return [self.position]
 

@@ -25,9 +25,9 @@ Heap snapshots are restored through the key-group reader registry (``backends`` 
 built-in readers), so this package never imports another backend.
 """
 
-from reactive.extras import require
+from reactive.extras import require as _require
 
-require("rocksdict", "rocksdb", "the RocksDB state backend")
+_require("rocksdict", "rocksdb", "the RocksDB state backend")
 
 from .backend import RocksDBKeyedStateBackend, RocksDBStateBackend  # noqa: E402
 from .db import FORMAT  # noqa: E402

@@ -12,7 +12,7 @@ import re
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from reactive.checkpoint.durable_files import fsync_dir, make_dirs
 from reactive.errors import CheckpointError, ConfigurationError, ReactiveError
@@ -152,8 +152,9 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
             installed.
     """
 
-    def __init__(self, directory: str | Path, format: str = "jsonl", schema: Any = None,
-                 row_group_size: int = 1 << 16, mode: str = "error") -> None:
+    def __init__(self, directory: str | Path, format: Literal["jsonl", "parquet"] = "jsonl",
+                 schema: Any = None, row_group_size: int = 1 << 16,
+                 mode: Literal["error", "append"] = "error") -> None:
         if format not in _FORMATS:
             raise ConfigurationError(f"CommittingFileSink format must be 'jsonl' or 'parquet', "
                                      f"got {format!r}")

@@ -17,7 +17,7 @@ import csv
 import io
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from reactive.errors import ConfigurationError
 from reactive.extras import require
@@ -91,7 +91,7 @@ class CsvFileSource(Source):
                  header: bool = True, column_names: Sequence[str] | None = None,
                  delimiter: str = ",", quote: str | None = '"',
                  null_values: Sequence[str] | None = None, block_size: int = 1 << 18,
-                 errors: str = "fail") -> None:
+                 errors: Literal["fail", "dead_letter"] = "fail") -> None:
         if errors not in _ERRORS:
             raise ConfigurationError(f"CSV source: errors must be 'fail' or 'dead_letter', "
                                      f"got {errors!r}")

@@ -86,7 +86,7 @@ class _ArrowReader(SourceReader):
         batch = batches[0] if len(batches) == 1 else part.combine_chunks().to_batches()[0]
         return [with_position(batch, f"row {start}")]
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.position]
 
     def restore_state(self, entries: list[Any]) -> None:

@@ -222,10 +222,10 @@ class _TappedWriter(SinkWriter):
         self.results = results
         self.current: list[Any] = []
         self.pending: list[tuple[int, list[Any]]] = []
+        self.state_redistribution = writer.state_redistribution
 
-    def __getattr__(self, name: str) -> Any:
-        # state_redistribution, start_fresh ... of the wrapped writer
-        return getattr(self.writer, name)
+    def start_fresh(self) -> Awaitable[None] | None:
+        return self.writer.start_fresh()
 
     async def write(self, batch: list[Any]) -> None:
         # backpressure: the application reads slower than the sink writes
@@ -238,7 +238,7 @@ class _TappedWriter(SinkWriter):
         else:
             self.results._release(list(batch))
 
-    async def snapshot_state(self, checkpoint_id: int) -> list[Any]:  # type: ignore[override]
+    async def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         entries = await maybe_await(self.writer.snapshot_state(checkpoint_id))
         if self.current:
             self.pending.append((checkpoint_id, self.current))

@@ -321,7 +321,7 @@ class _PushReader(SourceReader):
             source._notify_read()
         return batch
 
-    def snapshot_state(self, checkpoint_id: int) -> list[Any]:  # type: ignore[override]
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         self._snapshots.append((checkpoint_id, self.position))
         return [[self.source.session, self.position]]
 
