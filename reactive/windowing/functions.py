@@ -75,9 +75,9 @@ OUT = TypeVar("OUT", default=Any)
 class AggregateFunction(ABC, Generic[IN, ACC, OUT]):
     """An incremental aggregate (Flink's ``AggregateFunction<IN, ACC, OUT>``; lift / combine /
     lower in Carbone 2018 (PhD thesis), chapter 5): folds records of type ``IN`` into
-    accumulators of type ``ACC`` and reads a result of type ``OUT``. ``merge`` must be associative: windows share
-    partial aggregates through it. Accumulators are stored in keyed state (picklable
-    values)."""
+    accumulators of type ``ACC`` and reads a result of type ``OUT``. ``merge`` must be
+    associative: windows share partial aggregates through it. Accumulators are stored in
+    keyed state (picklable values)."""
 
     @abstractmethod
     def create_accumulator(self) -> ACC:
