@@ -77,7 +77,7 @@ from reactive import (
     TumblingEventTimeWindows,
     WindowResult,
 )
-from reactive.checkpoint.metadata import read_metadata
+from reactive.checkpoint import read_metadata
 from reactive.connectors.files import InvalidLine
 from reactive.connectors.kafka import KafkaDeadLetter
 from reactive.windowing import Aggregates, count, max_of, mean, sum_of

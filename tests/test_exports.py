@@ -88,6 +88,11 @@ PUBLIC_MODULES: dict[str, set[str]] = {
     "reactive.columnar": {"ArrowSource", "ColumnarStream", "KeyedColumnarStream",
                           "SchemaMismatchError"},
     "reactive.metrics_exporter": {"MetricsServer", "serve_metrics"},
+    "reactive.checkpoint": {
+        "CheckpointMetadata", "CheckpointMetrics", "CheckpointStats", "CheckpointStorage",
+        "CompletedCheckpoint", "FileRef", "KeyedStateHandle", "OperatorState",
+        "OperatorSubtaskState", "StateHandle", "read_metadata",
+    },
     "reactive.backends.heap": {
         "FORMAT", "FORMAT_V2", "HeapKeyedStateBackend", "HeapStateBackend",
         "iter_heap_key_groups", "read_heap_snapshot", "write_heap_snapshot",

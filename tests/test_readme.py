@@ -109,12 +109,14 @@ def test_the_readme_starts_with_the_two_commands_ci_runs():
 
 
 LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+CODE_SPAN = re.compile(r"`[^`\n]*`")
 
 
 def test_relative_links_point_at_files_that_exist():
     broken = []
     for page in PAGES:
-        for match in LINK.finditer(page.read_text()):
+        # code spans are not markdown: `Descriptor[int, str]("name")` is no link
+        for match in LINK.finditer(CODE_SPAN.sub("", page.read_text())):
             target = match["target"].partition("#")[0]
             if not target or "://" in target or target.startswith("mailto:"):
                 continue
