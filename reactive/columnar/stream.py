@@ -34,6 +34,8 @@ from .schema import pa, pc
 
 if TYPE_CHECKING:
     from ..sinks import Sink
+    from ..windowing.assigners import WindowAssigner
+    from .window_stream import ColumnarWindowedStream
 
 StreamOf = Callable[[Transformation], Any]
 """Makes the per-record stream (``reactive.dataflow.Stream``) of a transformation: the
@@ -50,14 +52,18 @@ class ColumnarStream:
         transformation: the operator producing the stream.
         schema: the ``pyarrow.Schema`` of every batch.
         stream_of: transformation -> its per-record ``Stream`` (``to_records``, ``sink``).
+        primary: the stateful operator whose name, uid and parallelism this stream's
+            configuration sets, when the stream is the output of an operator after it
+            (a window's results).
     """
 
     def __init__(self, flow: GraphBuilder, transformation: Transformation, schema: Any,
-                 stream_of: StreamOf) -> None:
+                 stream_of: StreamOf, primary: Transformation | None = None) -> None:
         self.flow = flow
         self.transformation = transformation
         self.schema = schema
         self.stream_of = stream_of
+        self.primary = primary
         # each record batch is a channel batch of its own: the channels' bounds then pace
         # the producer and barriers pass between record batches (a channel batch of up to
         # the dataflow's batch_size record batches would hold a source's whole input)
@@ -71,12 +77,16 @@ class ColumnarStream:
     # configuration of the last operator
     def name(self, name: str) -> ColumnarStream:
         """Set the operator's display name."""
-        self.transformation.name = name
+        (self.primary or self.transformation).name = name
         return self
 
     def uid(self, uid: str) -> ColumnarStream:
         """Set the operator's stable id (its snapshots are keyed by it)."""
-        self.transformation.uid = uid
+        if self.primary is not None:
+            self.primary.uid = uid
+            self.transformation.uid = f"{uid}/results"
+        else:
+            self.transformation.uid = uid
         return self
 
     def set_parallelism(self, parallelism: int) -> ColumnarStream:
@@ -86,6 +96,8 @@ class ColumnarStream:
             ConfigurationError: if < 1, or above what the operator supports.
         """
         self.as_stream().set_parallelism(parallelism)
+        if self.primary is not None:
+            self.primary.parallelism = parallelism
         return self
 
     def as_stream(self) -> Any:
@@ -142,6 +154,43 @@ class ColumnarStream:
                           lambda t: MapBatchesOperator(t.name, t.resolved_uid, fn, out_schema),
                           out_schema)
 
+    def assign_timestamps(self, column: str, max_out_of_orderness: float = 0.0,
+                          idleness: float | None = None, name: str | None = None
+                          ) -> ColumnarStream:
+        """Event time from ``column`` and watermarks with bounded out-of-orderness (the
+        per-record ``Stream.assign_timestamps`` over a column): each instance emits ``max
+        timestamp - max_out_of_orderness``, and cuts a batch before a row behind the
+        watermark of the rows before it, so rows are late exactly as with one watermark per
+        row.
+
+        Args:
+            column: the timestamp column: seconds (an integer or floating column) or an
+                Arrow ``timestamp``.
+            max_out_of_orderness: tolerated disorder (seconds, >= 0).
+            idleness: seconds without rows after which the instance is idle (None: never).
+
+        Raises:
+            ConfigurationError: for an unknown or non-time column, a negative delay or a
+                non-positive idleness.
+        """
+        from .watermarks import ColumnarTimestampsOperator
+
+        if self.schema.get_field_index(column) < 0:
+            raise ConfigurationError(f"assign_timestamps: no column {column!r} in "
+                                     f"{self.schema.names}")
+        t = self.schema.field(column).type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_timestamp(t)):
+            raise ConfigurationError(f"assign_timestamps: column {column!r} is {t}: give "
+                                     "seconds (a number) or an Arrow timestamp")
+        flow = self.flow
+        # validate now, not when the job starts
+        ColumnarTimestampsOperator("", "", column, max_out_of_orderness, idleness,
+                                   flow.processing_clock)
+        return self._then("assign_timestamps", name,
+                          lambda t: ColumnarTimestampsOperator(
+                              t.name, t.resolved_uid, column, max_out_of_orderness,
+                              idleness, flow.processing_clock), self.schema)
+
     def key_by(self, *columns: str) -> KeyedColumnarStream:
         """Partition by the values of ``columns``: a row lands in the key group (and the
         instance) its key has through the per-record ``Stream.key_by`` (the key is the
@@ -179,6 +228,19 @@ class KeyedColumnarStream:
 
     def _edge(self) -> Edge:
         return Edge(self.stream.transformation, "hash", ColumnKeySelector(self.columns))
+
+    def window(self, assigner: WindowAssigner, timestamp: str) -> ColumnarWindowedStream:
+        """Cut the keyed stream into event-time windows over the ``timestamp`` column:
+        ``TumblingEventTimeWindows.of(size)``, ``SlidingEventTimeWindows.of(size, slide)``
+        or ``EventTimeSessionWindows.with_gap(gap)`` (seconds); end it with ``.agg(...)``
+        (see :mod:`.window_stream`). Watermarks come from ``assign_timestamps`` upstream.
+
+        Raises:
+            ConfigurationError: for another assigner, or an unknown or non-time column.
+        """
+        from .window_stream import ColumnarWindowedStream
+
+        return ColumnarWindowedStream(self, assigner, timestamp)
 
     def agg(self, emit: Literal["changelog", "final"] = "changelog",
             name: str | None = None, **aggregates: tuple[str, str]) -> ColumnarStream:
