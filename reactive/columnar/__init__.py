@@ -11,7 +11,8 @@ and the methods of :class:`ColumnarStream` (``assign_timestamps(column)``, ``key
 from .schema import SchemaMismatchError
 from .source import ArrowSource
 from .stream import ColumnarStream, KeyedColumnarStream
+from .user_aggregates import VectorizedAggregateFunction
 from .window_stream import ColumnarWindowedStream
 
 __all__ = ["ArrowSource", "ColumnarStream", "ColumnarWindowedStream", "KeyedColumnarStream",
-           "SchemaMismatchError"]
+           "SchemaMismatchError", "VectorizedAggregateFunction"]

@@ -51,7 +51,7 @@ from ..state.key_group_stream import (
     KeyGroupStream,
     register_key_group_reader,
 )
-from .aggregates import AggregateSpec, results
+from .aggregates import AggregateSpec, Spec, results
 from .key_index import KeyIndex
 from .schema import pa
 
@@ -91,7 +91,7 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
         self.current_key = None
         self.index: KeyIndex | None = None
         self.arrays: dict[str, np.ndarray] = {}
-        self.aggregates: list[AggregateSpec] = []
+        self.aggregates: list[Spec] = []
         self.rows: Any = None
         self._frozen: set[str] = set()
         self.restored: list[tuple[list[Any], Any]] = []
@@ -103,7 +103,7 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
         self._written: dict[int, Chain] = {}
 
     def bind(self, index: KeyIndex, arrays: dict[str, np.ndarray],
-             aggregates: list[AggregateSpec], rows: Any = None) -> None:
+             aggregates: list[Spec], rows: Any = None) -> None:
         """Attach the operator's key index, arrays (by name; the dict is shared) and the
         aggregates they hold (recorded in handles, for readers of the snapshots).
 
@@ -247,7 +247,10 @@ def iter_columnar_key_groups(handle: dict[str, Any], job_dir: Path, *,
     Raises:
         RestoreError: for a handle of another format or a file that cannot be read.
     """
-    specs = [AggregateSpec(*a) for a in handle.get("aggregates", [])]
+    specs = [AggregateSpec(*a[:4]) for a in handle.get("aggregates", [])]
+    # a user aggregate's function is not in the snapshot: its accumulators are read as
+    # they are, {array name: value}
+    user = {a[0]: a[4] for a in handle.get("aggregates", []) if len(a) > 4}
     key_columns = handle["key_columns"]
     row_columns = handle.get("row_columns", [])
     groups = _key_group_batches(handle, job_dir, key_group_range)
@@ -264,6 +267,13 @@ def iter_columnar_key_groups(handle: dict[str, Any], job_dir: Path, *,
                                 table.column("_end").to_pylist(), strict=True))
             states = {}
             for spec in specs:
+                if spec.output in user:
+                    parts = {p: table.column(f"{spec.output}.{p}").to_pylist()
+                             for p in user[spec.output]}
+                    values = [dict(zip(parts, v, strict=True))
+                              for v in zip(*parts.values(), strict=True)]
+                    states[spec.output] = dict(zip(keys, values, strict=True))
+                    continue
                 arrays = {part: table.column(f"{spec.output}.{part}").to_numpy()
                           for part in spec.state_columns()}
                 values = results(spec, arrays, table.num_rows).to_pylist()
@@ -285,7 +295,7 @@ def _latest_per_key(table: Any, key_columns: list[str]) -> Any:
 
 class _ColumnarSnapshot(KeyedStateSnapshot):
     def __init__(self, backend: ColumnarKeyedStateBackend, ctx: SnapshotContext, size: int,
-                 key_columns: list[str], aggregates: list[AggregateSpec],
+                 key_columns: list[str], aggregates: list[Spec],
                  key_chunks: list[list[Any]], key_groups: np.ndarray,
                  arrays: dict[str, np.ndarray], incremental: bool, base: Chain,
                  masks: list[np.ndarray] | None, windowed: bool = False) -> None:
@@ -355,6 +365,7 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
             "backend": BACKEND_NAME, "key_encoding": KEY_ENCODING,
             "key_columns": self.key_columns,
             "aggregates": [[a.output, a.column, a.function, a.floating]
+                           + ([a.state_columns()] if a.function == "user" else [])
                            for a in self.aggregates]}
         if self.windowed:
             handle["row_columns"] = ["_start"]

@@ -243,17 +243,20 @@ class KeyedColumnarStream:
         return ColumnarWindowedStream(self, assigner, timestamp)
 
     def agg(self, emit: Literal["changelog", "final"] = "changelog",
-            name: str | None = None, **aggregates: tuple[str, str]) -> ColumnarStream:
+            name: str | None = None, **aggregates: tuple[str, Any]) -> ColumnarStream:
         """Keyed aggregation over the batches: ``agg(count=("word", "count"),
         total=("amount", "sum"))``, with ``count``, ``sum``, ``mean``, ``min``, ``max``,
-        ``first``, ``last`` (nulls skipped, as SQL's aggregates).
+        ``first``, ``last`` (nulls skipped, as SQL's aggregates), or a user-defined
+        :class:`~reactive.columnar.user_aggregates.VectorizedAggregateFunction` in place of
+        the function's name (in changelog mode it is updated once per row).
 
         Args:
             emit: ``"changelog"``: one output row per input row, the key columns and each
                 aggregate's value including that row (a running count); ``"final"``: one
                 row per key at the end of the input.
             name: the operator's display name.
-            aggregates: ``output_column=(input_column, function)``.
+            aggregates: ``output_column=(input_column, function)``, the function a name or
+                a ``VectorizedAggregateFunction``.
 
         Returns:
             The columnar stream of the key columns and the aggregates.

@@ -40,7 +40,7 @@ from ..runtime.operators import StreamOperator
 from ..runtime.operators.process import restore_watermark, snapshot_watermark
 from ..state.backend import KeyedStateBackend, StateBackend
 from ..windowing.assigners import EventTimeSessionWindows, PeriodicWindows, WindowAssigner
-from .aggregates import AggregateSpec, results, update
+from .aggregates import Spec, merge_states, results, update
 from .grouping import Grouping
 from .key_index import KeyIndex
 from .panes import META, PaneTable, pair_hashes
@@ -73,7 +73,7 @@ class ColumnarWindowOperator(StreamOperator):
     keyed = True
 
     def __init__(self, name: str, uid: str, key_columns: list[str], timestamp: str,
-                 assigner: WindowAssigner, specs: list[AggregateSpec],
+                 assigner: WindowAssigner, specs: list[Spec],
                  allowed_lateness: float, schema: Any, late_output: Any) -> None:
         super().__init__(name, uid)
         self.key_columns = key_columns
@@ -110,8 +110,7 @@ class ColumnarWindowOperator(StreamOperator):
             for part in s.state_columns():
                 name = f"{s.output}.{part}"
                 initial[name] = s.initial(part)
-                arrays[name] = np.full(1024, s.initial(part),
-                                       s.value_dtype if part == "acc" else np.int64)
+                arrays[name] = np.full(1024, s.initial(part), s.dtype(part))
         self.arrays = arrays
         self.panes = PaneTable(arrays, initial)
         keyed_backend.bind(self.index, arrays, self.specs, rows=self.panes)
@@ -195,7 +194,7 @@ class ColumnarWindowOperator(StreamOperator):
                 + self._bounds(starts[at], ends[at])
                 + [c.take(taken) for c in columns], schema=self.schema))
 
-    def _state(self, s: AggregateSpec) -> dict[str, np.ndarray]:
+    def _state(self, s: Spec) -> dict[str, np.ndarray]:
         return {part: self.arrays[f"{s.output}.{part}"] for part in s.state_columns()}
 
     def _bounds(self, starts: np.ndarray, ends: np.ndarray) -> list[Any]:
@@ -304,17 +303,7 @@ class ColumnarWindowOperator(StreamOperator):
         new = self.panes._append(g_slot, g_start, g_end)
         old_group = group[:n_old]
         for s in self.specs:
-            state = self._state(s)
-            n = state["n"]
-            np.add.at(n, new[old_group], n[old])
-            if "acc" in state:
-                acc = state["acc"]
-                if s.function in ("sum", "mean"):
-                    np.add.at(acc, new[old_group], acc[old])
-                elif s.function == "min":
-                    np.minimum.at(acc, new[old_group], acc[old])
-                else:
-                    np.maximum.at(acc, new[old_group], acc[old])
+            merge_states(s, self._state(s), new[old_group], old)
         arrays["_slot"][old] = -1  # merged away: dropped at the next compaction
         arrays["_end"][old] = _NEG_INF
         row_group = group[n_old:]

@@ -92,7 +92,7 @@ class ColumnarWindowedStream:
         self.lateness = float(seconds)
         return self
 
-    def agg(self, name: str | None = None, **aggregates: tuple[str, str]) -> Any:
+    def agg(self, name: str | None = None, **aggregates: tuple[str, Any]) -> Any:
         """Aggregate each window: ``agg(count=("ts", "count"), worst=("delay", "max"))``
         with the built-in functions of ``KeyedColumnarStream.agg`` (sessions: all but
         ``first`` and ``last``).

@@ -22,7 +22,7 @@ from ..windowing.assigners import (
     TumblingEventTimeWindows,
     WindowAssigner,
 )
-from .aggregates import AggregateSpec
+from .aggregates import Spec
 from .schema import pa
 from .watermarks import seconds_per_unit
 
@@ -35,7 +35,7 @@ LATE_KEY = b"reactive.late"
 """Schema-metadata key marking a batch of late rows on its way to the late output."""
 
 
-def check_assigner(assigner: WindowAssigner, specs: list[AggregateSpec] | None = None) -> None:
+def check_assigner(assigner: WindowAssigner, specs: list[Spec] | None = None) -> None:
     """Refuse assigners the columnar windows do not run.
 
     Raises:
