@@ -64,6 +64,8 @@ class ColumnarStream:
         self.schema = schema
         self.stream_of = stream_of
         self.primary = primary
+        # a columnar source's own transformation, whose non-batch records are dead letters
+        self.dead_letter_input: Transformation | None = None
         # each record batch is a channel batch of its own: the channels' bounds then pace
         # the producer and barriers pass between record batches (a channel batch of up to
         # the dataflow's batch_size record batches would hold a source's whole input)
@@ -205,6 +207,25 @@ class ColumnarStream:
             if self.schema.get_field_index(c) < 0:
                 raise ConfigurationError(f"key_by: no column {c!r} in {self.schema.names}")
         return KeyedColumnarStream(self, list(columns))
+
+    def dead_letters(self, name: str | None = None) -> Any:
+        """The records a columnar source emitted beside its batches (a per-record
+        ``Stream``): the ``InvalidRow`` s of ``CsvFileSource(..., columnar=True,
+        errors="dead_letter")``, with their byte offsets.
+
+        Raises:
+            ConfigurationError: on a stream that is not a columnar source's.
+        """
+        from .source import SourceOutput
+
+        source = self.dead_letter_input
+        if source is None:
+            raise ConfigurationError("dead_letters() applies to the stream of "
+                                     "Dataflow.columnar_source(...)")
+        t = self.flow._add("columnar_source_dead_letters", name or f"{source.name}-dead-letters",
+                           lambda t: SourceOutput(t.name, t.resolved_uid, batches=False),
+                           [Edge(source, "forward")])
+        return self.stream_of(t)
 
     def to_records(self, name: str | None = None) -> Any:
         """A per-record ``Stream`` of the rows, each a ``dict`` (column -> value)."""
