@@ -142,7 +142,10 @@ def update(spec: Spec, state: dict[str, np.ndarray], batch: Any, grouping: Group
     if spec.function == "count":
         column = batch.column(spec.column)
         running: np.ndarray | None = None
-        if column.null_count:
+        if column.null_count and row_slots is None:
+            totals = grouping.totals(column.is_valid().to_numpy(zero_copy_only=False)
+                                     .astype(np.int64))
+        elif column.null_count:
             valid = column.is_valid().to_numpy(zero_copy_only=False).astype(np.int64)
             running, totals = grouping.running_sum(valid)
         else:
@@ -156,6 +159,17 @@ def update(spec: Spec, state: dict[str, np.ndarray], batch: Any, grouping: Group
         return out
     values, valid = _values(batch, spec)
     acc = state["acc"]
+    if row_slots is None and spec.function not in ("first", "last"):
+        # final values only: per-group totals in O(rows), no sort
+        n[slots] += grouping.counts if valid is None else \
+            grouping.totals(valid.astype(np.int64))
+        if spec.function in ("sum", "mean"):
+            acc[slots] += grouping.totals(values)
+        else:
+            sign = 1 if spec.function == "max" else -1
+            acc[slots] = np.maximum(acc[slots] * sign, grouping.totals(values * sign, "max")) \
+                * sign
+        return None
     if valid is None:
         run_n = grouping.rank() + 1 if row_slots is not None else None
         n_totals = grouping.counts

@@ -41,9 +41,9 @@ from ..runtime.operators.process import restore_watermark, snapshot_watermark
 from ..state.backend import KeyedStateBackend, StateBackend
 from ..windowing.assigners import EventTimeSessionWindows, PeriodicWindows, WindowAssigner
 from .aggregates import Spec, merge_states, results, update
-from .grouping import Grouping
+from .grouping import Grouping, combine_codes
 from .key_index import KeyIndex
-from .panes import META, PaneTable, pair_hashes
+from .panes import META, PaneTable
 from .schema import pa, position_of
 from .state import ColumnarKeyedStateBackend, ColumnarStateBackend
 from .watermarks import event_times
@@ -157,7 +157,6 @@ class ColumnarWindowOperator(StreamOperator):
         wm, lateness = self.watermark, self.lateness
         ts = event_times(b, self.timestamp)
         keys = self.index.lookup(b)
-        row_slot = keys.slots[keys.codes]
         rows, starts = assign_periodic(assigner, ts)
         ends = starts + assigner.size
         alive = ends + lateness > wm
@@ -170,19 +169,20 @@ class ColumnarWindowOperator(StreamOperator):
             return
         identity = len(rows) == len(ts)  # one window per row, in row order
         pb = b if identity else b.take(pa.array(rows))
-        slots = row_slot[rows]
-        hashes = pair_hashes(slots, starts)
-        _, first, codes = np.unique(hashes, return_index=True, return_inverse=True)
-        codes = codes.reshape(-1).astype(np.int64, copy=False)
-        if not ((slots == slots[first][codes]) & (starts == starts[first][codes])).all():
-            # two distinct pairs of the batch share a hash: group by the pairs themselves
-            pairs = np.rec.fromarrays([slots, starts])
-            _, first, codes = np.unique(pairs, return_index=True, return_inverse=True)
-            codes = codes.reshape(-1).astype(np.int64, copy=False)
-        panes = self.panes.lookup(slots[first], starts[first], ends[first])
+        # the batch's (key, window) pairs: the key's batch code and the start's code in the
+        # batch's distinct starts (Arrow's hash kernel), combined into dense group codes
+        distinct = pa.array(starts + 0.0).dictionary_encode()  # -0.0 is 0.0
+        n_starts = len(distinct.dictionary)
+        codes, pairs = combine_codes(
+            keys.codes if identity else keys.codes[rows], keys.num_groups,
+            distinct.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False),
+            n_starts)
+        group_starts = distinct.dictionary.to_numpy(zero_copy_only=False)[pairs % n_starts]
+        panes = self.panes.lookup(keys.slots[pairs // n_starts], group_starts,
+                                  group_starts + assigner.size)
         firing = ends <= wm  # windows that fired already: each row fires them again
         changelog = bool(firing.any())
-        grouping = Grouping(codes, len(first))
+        grouping = Grouping(codes, len(pairs))
         row_panes = panes[codes] if changelog else None
         columns = [update(s, self._state(s), pb, grouping, panes, row_panes)
                    for s in self.specs]
