@@ -183,3 +183,24 @@ async def test_a_restore_mid_file_reads_each_row_exactly_once(tmp_path):
         return sorted(zip(*(c.to_pylist() for c in t.columns), strict=True))
 
     assert tuples(rows) == tuples(expected.cast(rows.schema))
+
+
+async def test_a_factory_table_of_another_schema_fails_naming_column_and_position(tmp_path):
+    from reactive.columnar import SchemaMismatchError
+
+    path, _ = write_csv(tmp_path / "in.csv", 50)
+    declared = pa.schema([("k", pa.string()), ("n", pa.int64())])
+
+    def wrong(table: Any) -> Any:  # n as float64: not the declared int64
+        return pa.table({"k": table.column("k"), "n": pc.cast(table.column("n"), pa.float64())})
+
+    flow = Dataflow("csv-schema", parallelism=1)
+    flow.columnar_source(CsvFileSource(path, columns=["k", "n"], column_types=TYPES,
+                                       batch_factory=wrong, schema=declared,
+                                       columnar=True)).sink(ListSink())
+    with pytest.raises(JobFailedError) as info:
+        await flow.run(restart=RestartStrategy.none())
+    errors = [e for e in _chain(info.value) if isinstance(e, SchemaMismatchError)]
+    assert errors, info.value
+    assert errors[0].column == "n" and "CsvFileSource" in errors[0].operator
+    assert errors[0].position == f"{path} byte 6 (line 2)"
