@@ -196,6 +196,32 @@ class Dataflow:
         return ColumnarStream(self, stream.transformation, source.schema,
                               lambda t: Stream(self, t))
 
+    def columnar_source(self, source: Source, name: str | None = None,
+                        uid: str | None = None) -> ColumnarStream:
+        """A columnar stream from a source that emits ``pyarrow.RecordBatch`` es of its
+        ``schema`` attribute, e.g. ``CsvFileSource(..., columnar=True)``; the records it
+        emits beside them (dead letters) are the stream's ``dead_letters()``.
+
+        Raises:
+            ConfigurationError: for a source without a ``schema``.
+        """
+        from .columnar import ColumnarStream
+        from .columnar.source import SourceOutput
+
+        schema = getattr(source, "schema", None)
+        if schema is None:
+            raise ConfigurationError(
+                f"columnar_source: {type(source).__name__} declares no schema (a columnar "
+                "source has one, e.g. CsvFileSource(..., columnar=True))")
+        stream = self.source(source, name=name, uid=uid)
+        t = self._add("columnar_source_batches", f"{stream.transformation.name}-batches",
+                      lambda t: SourceOutput(t.name, t.resolved_uid, batches=True),
+                      [Edge(stream.transformation, "forward")])
+        out = ColumnarStream(self, t, schema, lambda t: Stream(self, t),
+                             primary=stream.transformation)
+        out.dead_letter_input = stream.transformation
+        return out
+
     # ------------------------------------------------------------------ running
     async def start(
         self,
