@@ -85,8 +85,9 @@ PUBLIC_MODULES: dict[str, set[str]] = {
         "TumblingEventTimeWindows", "TumblingProcessingTimeWindows", "WindowAssigner",
         "WindowResult", "count", "first", "last", "max_of", "mean", "min_of", "sum_of",
     },
-    "reactive.columnar": {"ArrowSource", "ColumnarStream", "KeyedColumnarStream",
-                          "SchemaMismatchError"},
+    "reactive.columnar": {"ArrowSource", "ColumnarStream", "ColumnarWindowedStream",
+                          "KeyedColumnarStream", "SchemaMismatchError",
+                          "VectorizedAggregateFunction"},
     "reactive.metrics_exporter": {"MetricsServer", "serve_metrics"},
     "reactive.checkpoint": {
         "CheckpointMetadata", "CheckpointMetrics", "CheckpointStats", "CheckpointStorage",

@@ -93,8 +93,14 @@ def _errors(output: str) -> set[tuple[str, int, str]]:
     return errors
 
 
+#: what a documentation snippet may leave out: annotations on its own functions (their
+#: bodies are still checked); every other error of a snippet is a mistake in the docs
+_SNIPPET_LICENCE = {"no-untyped-def", "no-untyped-call"}
+
+
 def test_the_examples_and_the_docs_type_check(mypy_output: str) -> None:
-    errors = {e for e in _errors(mypy_output) if e[0] != USER_CODE.name}
+    errors = {e for e in _errors(mypy_output) if e[0] != USER_CODE.name
+              and not (e[0].startswith("doc_") and e[2] in _SNIPPET_LICENCE)}
     assert not errors, mypy_output
 
 
