@@ -21,8 +21,9 @@ import zipfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["CSV_COLUMNS", "CSV_COLUMN_TYPES", "HEADER", "Flight", "MalformedRow", "event_time",
-           "flights_from_table", "parse_flight", "prepare_flights"]
+__all__ = ["CSV_COLUMNS", "CSV_COLUMN_TYPES", "HEADER", "RESULT_COLUMNS", "Flight",
+           "MalformedRow", "count_lines", "event_time", "flights_from_table", "parse_flight",
+           "prepare_flights", "result_schema"]
 
 HEADER = ("year,month,day,dep_time,sched_dep_time,dep_delay,arr_time,sched_arr_time,arr_delay,"
           "carrier,flight,tailnum,origin,dest,air_time,distance,hour,minute,time_hour")
@@ -165,3 +166,23 @@ def prepare_flights(path: Path, limit: int | None = None, malformed_every: int =
     tmp.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
     tmp.replace(path)
     return path
+
+
+RESULT_COLUMNS = ["origin", "carrier", "window_start", "window_end", "flights", "cancelled",
+                  "mean_dep_delay", "max_dep_delay"]
+
+
+def count_lines(path: Path) -> int:
+    """Number of lines of a file."""
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def result_schema() -> Any:
+    """The parquet schema of the committed results."""
+    import pyarrow as pa
+
+    return pa.schema([("origin", pa.string()), ("carrier", pa.string()),
+                      ("window_start", pa.int64()), ("window_end", pa.int64()),
+                      ("flights", pa.int64()), ("cancelled", pa.int64()),
+                      ("mean_dep_delay", pa.float64()), ("max_dep_delay", pa.float64())])
