@@ -8,6 +8,7 @@ Parquet files that other engines read.
 - :mod:`.generator`: the vectorized generator (event numbers to columns to records).
 - :mod:`.source`: :class:`NexmarkSource`, the exactly-once, rescalable source.
 - :mod:`.arrow`: the events as ``pyarrow.RecordBatch`` es (Flink nexmark's table layout).
+- :mod:`.columnar`: :class:`NexmarkArrowSource`, the same events as a columnar stream.
 - :mod:`.files`: writing the events as JSON lines or Parquet.
 """
 

@@ -51,7 +51,9 @@ def event_schema() -> Any:
 
 
 def to_record_batch(columns: EventColumns) -> Any:
-    """The events of ``columns`` as one ``pyarrow.RecordBatch`` of :func:`event_schema`."""
+    """The events of ``columns`` (generated with or without ``arrow=True``; with it, no
+    Python object per value is made) as one ``pyarrow.RecordBatch`` of
+    :func:`event_schema`."""
     pa = _pa()
     schema = event_schema()
     n = len(columns)
@@ -61,19 +63,46 @@ def to_record_batch(columns: EventColumns) -> Any:
                                         (Bid, columns.bids))):
         struct_type = schema.field(kind + 1).type
         where = columns.positions[kind]
-        children = [pa.array(data[f], type=struct_type.field(i).type)
-                    for i, f in enumerate(cls._fields)]  # type: ignore[attr-defined]
-        compact = pa.StructArray.from_arrays(children, fields=list(struct_type))
         date_time[where] = data["date_time"]
         if len(where) == n:
-            arrays.append(compact)
+            children = [_array(pa, data[f], struct_type.field(i).type)
+                        for i, f in enumerate(cls._fields)]  # type: ignore[attr-defined]
+            arrays.append(pa.StructArray.from_arrays(children, fields=list(struct_type)))
             continue
-        # row i takes the struct of its rank among the rows of this kind, or null
-        rank = np.full(n, -1, dtype=np.int64)
-        rank[where] = np.arange(len(where))
-        arrays.append(compact.take(pa.array(rank, mask=rank < 0)))
+        # every row has a slot in each struct, null where the row is of another kind: the
+        # children are spread to all rows without copying string bytes (a row of another
+        # kind gets an empty string, a 0)
+        mine = np.zeros(n, dtype=bool)
+        mine[where] = True
+        before = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(mine, out=before[1:])
+        children = [_spread(pa, data[f], struct_type.field(i).type, where, before)
+                    for i, f in enumerate(cls._fields)]  # type: ignore[attr-defined]
+        arrays.append(pa.StructArray.from_arrays(children, fields=list(struct_type),
+                                                 mask=pa.array(~mine)))
     arrays.append(pa.array(date_time, type=pa.timestamp("ms")))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _array(pa: Any, values: Any, type_: Any) -> Any:
+    if isinstance(values, pa.Array):
+        return values if values.type.equals(type_) else values.cast(type_)
+    return pa.array(values, type=type_)
+
+
+def _spread(pa: Any, values: Any, type_: Any, where: np.ndarray, before: np.ndarray) -> Any:
+    """The kind's values (one per row of the kind) at their rows ``where`` among all
+    ``len(before) - 1`` rows (``before[i]``: how many rows of the kind precede row i)."""
+    n = len(before) - 1
+    if pa.types.is_string(type_):
+        compact = _array(pa, values, type_)
+        offsets = np.frombuffer(compact.buffers()[1], dtype=np.int32,
+                                count=len(compact) + 1, offset=4 * compact.offset)
+        return pa.StringArray.from_buffers(n, pa.py_buffer(offsets[before]),
+                                           compact.buffers()[2])
+    full = np.zeros(n, dtype=np.int64)
+    full[where] = values
+    return pa.array(full, type=type_)
 
 
 def record_batches(config: NexmarkConfig, batch_size: int = 65_536, start: int = 0,
@@ -91,4 +120,4 @@ def record_batches(config: NexmarkConfig, batch_size: int = 65_536, start: int =
         raise ConfigurationError("record_batches needs stop= or a bounded NexmarkConfig")
     for first in range(start, end, batch_size):
         numbers = np.arange(first, min(first + batch_size, end), dtype=np.int64)
-        yield to_record_batch(generate_columns(config, numbers))
+        yield to_record_batch(generate_columns(config, numbers, arrow=True))
