@@ -18,7 +18,7 @@ are those of Flink nexmark's SQL texts (``nexmark/nexmark``, ``queries/q*.sql``)
   average of final prices, emitted at each closing as ``(category, average, count)``.
 - q5 hot items: per sliding window (10 s, every 2 s) the auctions with the most bids,
   ``(auction, num, window start ms, window end ms)``; bids are counted per 2 s pane and
-  each window sums its five panes.
+  auction, each pane's counts go to its five windows, summed per window.
 - q7 highest bid: per tumbling window of 10 s the bids with the window's highest price,
   ``(auction, bidder, price, dateTime, extra)``. A bid belongs to the window ``[start,
   end)`` (the SQL text's ``BETWEEN`` also matches a bid at exactly ``end`` with the previous
@@ -66,6 +66,16 @@ def is_auction(e: Any) -> bool:
 
 def is_person(e: Any) -> bool:
     return type(e) is Person
+
+
+def is_not_bid(e: Any) -> bool:
+    return type(e) is not Bid
+
+
+def _persons_and_auctions(events: Stream, query: str) -> Stream:
+    """The persons and auctions (8% of the events): the queries that join them test each
+    event's kind once here, and their two branches test only these."""
+    return events.filter(is_not_bid, name=f"{query}-persons-auctions")
 
 
 def _bid_row(b: Bid) -> tuple[Any, ...]:
@@ -131,6 +141,7 @@ class LocalItemSuggestion(KeyedCoProcessFunction):
 
 def q3(events: Stream) -> Stream:
     """Local item suggestion: auctions of category 10 by sellers from OR, ID or CA."""
+    events = _persons_and_auctions(events, "q3")
     persons = events.filter(_q3_person, name="q3-persons").key_by(lambda p: p.id)
     auctions = events.filter(_q3_auction, name="q3-auctions").key_by(lambda a: a.seller)
     return persons.connect(auctions).process(LocalItemSuggestion(), name="q3").uid("q3")
@@ -247,72 +258,55 @@ class CountBids(AggregateFunction):
         return a + b
 
 
+def _pane_to_windows(r: WindowResult) -> list[tuple[int, int, int]]:
+    """A 2 s pane's count, once for each of the five sliding windows that contain the pane:
+    ``(window end ms, auction, count)``."""
+    start = round(r.start * 1000)
+    return [(start + HOP_MS * (k + 1), r.key, r.value) for k in range(WINDOW_MS // HOP_MS)]
+
+
 class HotItems(KeyedProcessFunction):
-    """q5's second step, keyed by window end: the auctions with the most bids in the window,
-    emitted when the watermark passes the window's end (every count of the window has come
-    by then: the window operator emits them before forwarding that watermark)."""
+    """q5's second step, keyed by window end: sums each auction's pane counts of the window
+    (a map state, auction -> count) and emits the auctions with the most bids when the
+    watermark passes the window's end (every pane of the window has been counted by then:
+    the pane window emits its counts before forwarding that watermark)."""
 
     def open(self, ctx: Any) -> None:
-        self.best = ctx.get_state(ValueStateDescriptor("hot"))  # (num, start, (auctions...))
+        self.counts = ctx.get_state(MapStateDescriptor("counts"))
 
-    def process_element(self, r: WindowResult, ctx: Any) -> None:
-        best = self.best.value()
-        if best is None:
-            self.best.update((r.value, r.start, (r.key,)))
-            ctx.timer_service.register_event_time_timer(r.end)
-        elif r.value > best[0]:
-            self.best.update((r.value, r.start, (r.key,)))
-        elif r.value == best[0]:
-            self.best.update((best[0], best[1], (*best[2], r.key)))
-
-    def on_timer(self, timestamp: float, ctx: Any) -> list[Any] | None:
-        num, start, auctions = self.best.value()
-        self.best.clear()
-        start_ms, end_ms = round(start * 1000), round(timestamp * 1000)
-        return [(auction, num, start_ms, end_ms) for auction in auctions]
-
-
-class SlidingCounts(KeyedProcessFunction):
-    """q5's sliding counts from 2 s pane counts, keyed by auction: each pane's count is kept
-    until the last window containing it ends; at each window end (an event-time timer) the
-    window's count is the sum of its five panes (slices shared by the overlapping windows,
-    as Flink's hopping window aggregation does, instead of updating five windows per bid)."""
-
-    def open(self, ctx: Any) -> None:
-        self.panes = ctx.get_state(ValueStateDescriptor("panes", default=()))  # (start, n)...
-
-    def process_element(self, r: WindowResult, ctx: Any) -> None:
-        start = round(r.start * 1000)
-        self.panes.update((*self.panes.value(), (start, r.value)))
-        timers = ctx.timer_service
-        for k in range(WINDOW_MS // HOP_MS):
-            timers.register_event_time_timer((start + HOP_MS * (k + 1)) / 1000.0)
-
-    def on_timer(self, timestamp: float, ctx: Any) -> list[Any] | None:
-        end = round(timestamp * 1000)
-        first = end - WINDOW_MS
-        panes = self.panes.value()
-        total = sum(n for start, n in panes if first <= start < end)
-        # the next window starts one slide later: panes before it are done
-        kept = tuple(p for p in panes if p[0] >= first + HOP_MS)
-        if kept:
-            self.panes.update(kept)
+    def process_element(self, r: tuple[int, int, int], ctx: Any) -> None:
+        end, auction, n = r
+        counts = self.counts
+        before = counts.get(auction)
+        if before is None:
+            # the window's timer, registered again for each new auction (the timer service
+            # keeps one per key and time)
+            counts.put(auction, n)
+            ctx.timer_service.register_event_time_timer(end / 1000.0)
         else:
-            self.panes.clear()
-        if not total:
+            counts.put(auction, before + n)
+
+    def on_timer(self, timestamp: float, ctx: Any) -> list[Any] | None:
+        counts = dict(self.counts.items())
+        self.counts.clear()
+        if not counts:
             return None
-        return [WindowResult(ctx.current_key, first / 1000.0, end / 1000.0, total)]
+        top = max(counts.values())
+        end = round(timestamp * 1000)
+        return [(auction, num, end - WINDOW_MS, end) for auction, num in counts.items()
+                if num == top]
 
 
 def q5(events: Stream) -> Stream:
     """Hot items: the most-bid auctions per sliding window of 10 s every 2 s (counted per
-    tumbling 2 s pane, then summed over each window's panes)."""
+    tumbling 2 s pane keyed by auction, each pane's count sent to its five windows, summed
+    per window keyed by window end: the slices shared by the overlapping windows, as
+    Flink's hopping window aggregation, without a timer per auction and window)."""
     panes = (events.filter(is_bid, name="q5-bids").key_by(lambda b: b.auction)
              .window(TumblingEventTimeWindows.of(HOP_MS / 1000))
              .aggregate(CountBids(), name="q5-panes").uid("q5-panes"))
-    counts = (panes.key_by(lambda r: r.key).process(SlidingCounts(), name="q5-counts")
-              .uid("q5-counts"))
-    return counts.key_by(lambda r: r.end).process(HotItems(), name="q5").uid("q5-hot")
+    windows = panes.flat_map(_pane_to_windows, name="q5-pane-to-windows")
+    return windows.key_by(lambda w: w[0]).process(HotItems(), name="q5").uid("q5-hot")
 
 
 # ---------------------------------------------------------------------- q7
@@ -405,6 +399,7 @@ class NewUsers(KeyedCoProcessFunction):
 
 def q8(events: Stream) -> Stream:
     """New users: people who created an auction in the 10 s window they registered in."""
+    events = _persons_and_auctions(events, "q8")
     persons = events.filter(is_person, name="q8-persons").key_by(lambda p: p.id)
     auctions = events.filter(is_auction, name="q8-auctions").key_by(lambda a: a.seller)
     return persons.connect(auctions).process(NewUsers(), name="q8").uid("q8")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -96,6 +97,9 @@ class _Pool:
         self.channels = [f"channel-{n}" for n in range(CHANNELS_NUMBER)]
         self.urls = [f"https://www.nexmark.com/item.htm?query=1&channel_id={n}"
                      for n in range(CHANNELS_NUMBER)]
+        # a channel index below len(HOT_CHANNELS) is a hot channel, above a numbered one
+        self.channel_table = [*HOT_CHANNELS, *self.channels]
+        self.url_table = [*HOT_URLS, *self.urls]
 
     @classmethod
     def of(cls, seed: int) -> _Pool:
@@ -110,20 +114,23 @@ class _Pool:
 
 
 class _ListText:
-    """String columns as Python lists (the records' form)."""
+    """String columns as Python lists (the records' form). The loops run in C (``map``
+    over bound methods), not in Python bytecode."""
+
+    _names = [f"{a} {b}" for a in FIRST_NAMES for b in LAST_NAMES]
 
     def __init__(self, pool: _Pool) -> None:
         self.pool = pool
 
     def slices(self, offsets: np.ndarray, lengths: np.ndarray) -> Any:
-        return self.pool.strings(offsets, lengths)
+        return list(map(self.pool.text.__getitem__,
+                        map(slice, offsets.tolist(), (offsets + lengths).tolist())))
 
     def pick(self, table: Sequence[str], index: np.ndarray) -> Any:
-        return [table[i] for i in index.tolist()]
+        return list(map(table.__getitem__, index.tolist()))
 
     def names(self, first: np.ndarray, last: np.ndarray) -> Any:
-        return [f"{FIRST_NAMES[a]} {LAST_NAMES[b]}"
-                for a, b in zip(first.tolist(), last.tolist(), strict=True)]
+        return self.pick(self._names, first * len(LAST_NAMES) + last)
 
     def emails(self, users: Any, hosts: Any) -> Any:
         return [f"{u}@{h}.com" for u, h in zip(users, hosts, strict=True)]
@@ -134,10 +141,9 @@ class _ListText:
 
     def channels(self, hot: np.ndarray, hot_i: np.ndarray, other_i: np.ndarray
                  ) -> tuple[Any, Any]:
-        channels, urls = self.pool.channels, self.pool.urls
-        h, i, j = hot.tolist(), hot_i.tolist(), other_i.tolist()
-        return ([HOT_CHANNELS[a] if t else channels[b] for t, a, b in zip(h, i, j, strict=True)],
-                [HOT_URLS[a] if t else urls[b] for t, a, b in zip(h, i, j, strict=True)])
+        index = np.where(hot, hot_i, len(HOT_CHANNELS) + other_i)
+        return (self.pick(self.pool.channel_table, index),
+                self.pick(self.pool.url_table, index))
 
 
 class _ArrowText:
@@ -154,8 +160,8 @@ class _ArrowText:
         self.text = np.frombuffer(pool.text.encode("ascii"), dtype=np.uint8)
         self.name_table = pa.array([f"{a} {b}" for a in FIRST_NAMES for b in LAST_NAMES])
         self.digits = pa.array([f"{n:04d}" for n in range(10_000)])
-        self.channel_table = pa.array([*HOT_CHANNELS, *pool.channels])
-        self.url_table = pa.array([*HOT_URLS, *pool.urls])
+        self.channel_table = pa.array(pool.channel_table)
+        self.url_table = pa.array(pool.url_table)
 
     @classmethod
     def of(cls, pool: _Pool) -> _ArrowText:
@@ -413,11 +419,11 @@ _new_tuple = tuple.__new__
 
 
 def _make(cls: type, columns: dict[str, Any]) -> list[Any]:
-    """Records of the named-tuple ``cls`` from its columns (``tuple.__new__`` directly: half
-    the cost of ``cls._make``)."""
+    """Records of the named-tuple ``cls`` from its columns (``tuple.__new__`` mapped in C:
+    a third of the cost of ``cls._make`` in a comprehension)."""
     fields: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
     cols = [c.tolist() if isinstance(c, np.ndarray) else c for c in (columns[f] for f in fields)]
-    return [_new_tuple(cls, row) for row in zip(*cols, strict=True)]
+    return list(map(_new_tuple, repeat(cls), zip(*cols, strict=True)))
 
 
 def to_records(columns: EventColumns) -> list[Event]:
