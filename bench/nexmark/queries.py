@@ -1,4 +1,4 @@
-"""The Nexmark queries q0-q8 (q6 left out) in the per-record API.
+"""The Nexmark queries q0-q8 in the per-record API.
 
 Each query is a function ``query(events) -> Stream`` from the stream of generated events (a
 :class:`~reactive.connectors.nexmark.NexmarkSource`) to its results, built from the runtime's
@@ -19,6 +19,9 @@ are those of Flink nexmark's SQL texts (``nexmark/nexmark``, ``queries/q*.sql``)
 - q5 hot items: per sliding window (10 s, every 2 s) the auctions with the most bids,
   ``(auction, num, window start ms, window end ms)``; bids are counted per 2 s pane and
   auction, each pane's counts go to its five windows, summed per window.
+- q6 average selling price by seller: per seller, the average final price (q4's) of its
+  last 10 closed auctions in closing order ``(expires, auction)``, ``(seller, average)``
+  at each closing.
 - q7 highest bid: per tumbling window of 10 s the bids with the window's highest price,
   ``(auction, bidder, price, dateTime, extra)``. A bid belongs to the window ``[start,
   end)`` (the SQL text's ``BETWEEN`` also matches a bid at exactly ``end`` with the previous
@@ -49,10 +52,11 @@ from reactive.connectors.nexmark import Auction, Bid, Person
 from reactive.two_input_functions import KeyedCoProcessFunction
 
 __all__ = ["QUERIES", "STATEFUL", "q0", "q1", "q2", "q3", "q4", "q4_closed_auctions", "q5",
-           "q7", "q8"]
+           "q6", "q7", "q8"]
 
 WINDOW_MS = 10_000
 HOP_MS = 2_000
+Q6_LAST = 10
 Q3_STATES = frozenset({"OR", "ID", "CA"})
 
 
@@ -149,16 +153,26 @@ def q3(events: Stream) -> Stream:
 
 # ---------------------------------------------------------------------- q4
 class WinningBids(KeyedCoProcessFunction):
-    """q4's first step, keyed by auction id: the highest bid within the auction's lifetime,
-    emitted as ``(auction, category, final price)`` when the watermark passes ``expires``.
+    """q4's (and q6's) first step, keyed by auction id: the highest bid within the auction's
+    lifetime, emitted as ``(auction, category, final price)`` when the watermark passes
+    ``expires`` (q6: ``(auction, seller, final price, expires)``, with ``group="seller"``).
 
     Bids that come before their auction wait in state until it comes, at most until the
     watermark passes them (an auction that has not come by then started after them, so
     they do not count for it).
+
+    Args:
+        group: the auction field emitted second (``"category"`` or ``"seller"``).
+        with_expires: also emit the auction's ``expires`` (ms).
     """
 
+    def __init__(self, group: str = "category", with_expires: bool = False) -> None:
+        self.group = group
+        self.with_expires = with_expires
+
     def open(self, ctx: Any) -> None:
-        self.auction = ctx.get_state(ValueStateDescriptor("auction"))  # (start, expires, cat)
+        # (start, expires, group value)
+        self.auction = ctx.get_state(ValueStateDescriptor("auction"))
         self.best = ctx.get_state(ValueStateDescriptor("best-price"))
         self.early = ctx.get_state(ListStateDescriptor("early-bids"))  # (dateTime, price)
 
@@ -168,7 +182,7 @@ class WinningBids(KeyedCoProcessFunction):
             if a.date_time <= t <= a.expires and (best is None or price > best):
                 best = price
         self.early.clear()
-        self.auction.update((a.date_time, a.expires, a.category))
+        self.auction.update((a.date_time, a.expires, getattr(a, self.group)))
         if best is not None:
             self.best.update(best)
         # bids at exactly expires still count: close once the watermark is past it
@@ -207,7 +221,11 @@ class WinningBids(KeyedCoProcessFunction):
         best = self.best.value()
         self.auction.clear()
         self.best.clear()
-        return None if best is None else [(ctx.current_key, auction[2], best)]
+        if best is None:
+            return None
+        if self.with_expires:
+            return [(ctx.current_key, auction[2], best, auction[1])]
+        return [(ctx.current_key, auction[2], best)]
 
 
 class CategoryAverage(KeyedProcessFunction):
@@ -239,6 +257,58 @@ def q4(events: Stream, closed: Callable[[Stream], None] | None = None) -> Stream
         closed(winning)
     return (winning.key_by(lambda c: c[1]).process(CategoryAverage(), name="q4")
             .uid("q4-average"))
+
+
+# ---------------------------------------------------------------------- q6
+class SellerAverage(KeyedProcessFunction):
+    """q6's second step, keyed by seller: the average final price of the seller's last 10
+    closed auctions, ``(seller, average)`` at each closing.
+
+    Closings are taken in event-time order, ``(expires, auction)``, whatever order they
+    arrive in from the upstream instances: each waits in state until the watermark passes
+    its ``expires`` (by then every closing before it has arrived), as Flink orders an OVER
+    window by its time attribute.
+    """
+
+    def open(self, ctx: Any) -> None:
+        self.waiting = ctx.get_state(ListStateDescriptor("closings"))  # (expires, id, price)
+        self.last = ctx.get_state(ValueStateDescriptor("last-prices", default=()))
+
+    def process_element(self, closed: tuple[int, int, int, int], ctx: Any) -> None:
+        auction, _, price, expires = closed
+        self.waiting.add((expires, auction, price))
+        ctx.timer_service.register_event_time_timer((expires + 1) / 1000.0)
+
+    def on_timer(self, timestamp: float, ctx: Any) -> list[Any] | None:
+        watermark = ctx.timer_service.current_watermark()
+        ready, later = [], []
+        for c in self.waiting.get():
+            (ready if (c[0] + 1) / 1000.0 <= watermark else later).append(c)
+        if later:
+            self.waiting.update(later)
+        else:
+            self.waiting.clear()
+        if not ready:
+            return None
+        last: tuple[int, ...] = self.last.value()
+        out = []
+        for _, _, price in sorted(ready):
+            last = (*last[-(Q6_LAST - 1):], price)
+            out.append((ctx.current_key, sum(last) / len(last)))
+        self.last.update(last)
+        return out
+
+
+def q6(events: Stream) -> Stream:
+    """Average selling price by seller: per seller, the average final price of its last 10
+    closed auctions, after each closing (Beam's Query6; Flink's SQL form, an OVER window
+    on an updating input, is not supported by Flink)."""
+    auctions = events.filter(is_auction, name="q6-auctions").key_by(lambda a: a.id)
+    bids = events.filter(is_bid, name="q6-bids").key_by(lambda b: b.auction)
+    closed = (auctions.connect(bids)
+              .process(WinningBids("seller", with_expires=True), name="q6-winning-bids")
+              .uid("q6-winning"))
+    return closed.key_by(lambda c: c[1]).process(SellerAverage(), name="q6").uid("q6-average")
 
 
 # ---------------------------------------------------------------------- q5
@@ -406,6 +476,6 @@ def q8(events: Stream) -> Stream:
 
 
 QUERIES: dict[str, Callable[[Stream], Stream]] = {
-    "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q7": q7, "q8": q8,
+    "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q6": q6, "q7": q7, "q8": q8,
 }
-STATEFUL = ("q3", "q4", "q5", "q7", "q8")
+STATEFUL = ("q3", "q4", "q5", "q6", "q7", "q8")
