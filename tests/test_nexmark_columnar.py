@@ -20,11 +20,12 @@ from reactive import CheckpointConfig, Dataflow, RestartStrategy
 from reactive.connectors.collections import ListSink
 from reactive.connectors.files import CommittingFileSink
 from reactive.connectors.nexmark import NexmarkConfig
-from reactive.connectors.nexmark.arrow import record_batches, to_record_batch
-from reactive.connectors.nexmark.columnar import (
+from reactive.connectors.nexmark.arrow import (
     NexmarkArrowSource,
     NexmarkBatchReader,
     nexmark_columnar,
+    record_batches,
+    to_record_batch,
 )
 from reactive.connectors.nexmark.generator import generate_columns, to_records
 from reactive.sources import SourceReader

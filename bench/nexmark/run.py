@@ -171,7 +171,7 @@ def child_main(spec: dict[str, Any]) -> None:
     from bench.common import peak_rss_mb
     from reactive import CheckpointConfig, Dataflow
     from reactive.connectors.nexmark import NexmarkConfig, NexmarkSource
-    from reactive.connectors.nexmark.columnar import (
+    from reactive.connectors.nexmark.arrow import (
         NexmarkArrowSource,
         NexmarkBatchReader,
         nexmark_columnar,
