@@ -1,4 +1,4 @@
-"""The Nexmark queries q0-q8 (q6 left out) in the per-record API.
+"""The Nexmark queries q0-q8 in the per-record API.
 
 Each query is a function ``query(events) -> Stream`` from the stream of generated events (a
 :class:`~reactive.connectors.nexmark.NexmarkSource`) to its results, built from the runtime's
@@ -18,7 +18,10 @@ are those of Flink nexmark's SQL texts (``nexmark/nexmark``, ``queries/q*.sql``)
   average of final prices, emitted at each closing as ``(category, average, count)``.
 - q5 hot items: per sliding window (10 s, every 2 s) the auctions with the most bids,
   ``(auction, num, window start ms, window end ms)``; bids are counted per 2 s pane and
-  each window sums its five panes.
+  auction, each pane's counts go to its five windows, summed per window.
+- q6 average selling price by seller: per seller, the average final price (q4's) of its
+  last 10 closed auctions in closing order ``(expires, auction)``, ``(seller, average)``
+  at each closing.
 - q7 highest bid: per tumbling window of 10 s the bids with the window's highest price,
   ``(auction, bidder, price, dateTime, extra)``. A bid belongs to the window ``[start,
   end)`` (the SQL text's ``BETWEEN`` also matches a bid at exactly ``end`` with the previous
@@ -49,10 +52,11 @@ from reactive.connectors.nexmark import Auction, Bid, Person
 from reactive.two_input_functions import KeyedCoProcessFunction
 
 __all__ = ["QUERIES", "STATEFUL", "q0", "q1", "q2", "q3", "q4", "q4_closed_auctions", "q5",
-           "q7", "q8"]
+           "q6", "q7", "q8"]
 
 WINDOW_MS = 10_000
 HOP_MS = 2_000
+Q6_LAST = 10
 Q3_STATES = frozenset({"OR", "ID", "CA"})
 
 
@@ -66,6 +70,16 @@ def is_auction(e: Any) -> bool:
 
 def is_person(e: Any) -> bool:
     return type(e) is Person
+
+
+def is_not_bid(e: Any) -> bool:
+    return type(e) is not Bid
+
+
+def _persons_and_auctions(events: Stream, query: str) -> Stream:
+    """The persons and auctions (8% of the events): the queries that join them test each
+    event's kind once here, and their two branches test only these."""
+    return events.filter(is_not_bid, name=f"{query}-persons-auctions")
 
 
 def _bid_row(b: Bid) -> tuple[Any, ...]:
@@ -131,6 +145,7 @@ class LocalItemSuggestion(KeyedCoProcessFunction):
 
 def q3(events: Stream) -> Stream:
     """Local item suggestion: auctions of category 10 by sellers from OR, ID or CA."""
+    events = _persons_and_auctions(events, "q3")
     persons = events.filter(_q3_person, name="q3-persons").key_by(lambda p: p.id)
     auctions = events.filter(_q3_auction, name="q3-auctions").key_by(lambda a: a.seller)
     return persons.connect(auctions).process(LocalItemSuggestion(), name="q3").uid("q3")
@@ -138,16 +153,26 @@ def q3(events: Stream) -> Stream:
 
 # ---------------------------------------------------------------------- q4
 class WinningBids(KeyedCoProcessFunction):
-    """q4's first step, keyed by auction id: the highest bid within the auction's lifetime,
-    emitted as ``(auction, category, final price)`` when the watermark passes ``expires``.
+    """q4's (and q6's) first step, keyed by auction id: the highest bid within the auction's
+    lifetime, emitted as ``(auction, category, final price)`` when the watermark passes
+    ``expires`` (q6: ``(auction, seller, final price, expires)``, with ``group="seller"``).
 
     Bids that come before their auction wait in state until it comes, at most until the
     watermark passes them (an auction that has not come by then started after them, so
     they do not count for it).
+
+    Args:
+        group: the auction field emitted second (``"category"`` or ``"seller"``).
+        with_expires: also emit the auction's ``expires`` (ms).
     """
 
+    def __init__(self, group: str = "category", with_expires: bool = False) -> None:
+        self.group = group
+        self.with_expires = with_expires
+
     def open(self, ctx: Any) -> None:
-        self.auction = ctx.get_state(ValueStateDescriptor("auction"))  # (start, expires, cat)
+        # (start, expires, group value)
+        self.auction = ctx.get_state(ValueStateDescriptor("auction"))
         self.best = ctx.get_state(ValueStateDescriptor("best-price"))
         self.early = ctx.get_state(ListStateDescriptor("early-bids"))  # (dateTime, price)
 
@@ -157,7 +182,7 @@ class WinningBids(KeyedCoProcessFunction):
             if a.date_time <= t <= a.expires and (best is None or price > best):
                 best = price
         self.early.clear()
-        self.auction.update((a.date_time, a.expires, a.category))
+        self.auction.update((a.date_time, a.expires, getattr(a, self.group)))
         if best is not None:
             self.best.update(best)
         # bids at exactly expires still count: close once the watermark is past it
@@ -196,7 +221,11 @@ class WinningBids(KeyedCoProcessFunction):
         best = self.best.value()
         self.auction.clear()
         self.best.clear()
-        return None if best is None else [(ctx.current_key, auction[2], best)]
+        if best is None:
+            return None
+        if self.with_expires:
+            return [(ctx.current_key, auction[2], best, auction[1])]
+        return [(ctx.current_key, auction[2], best)]
 
 
 class CategoryAverage(KeyedProcessFunction):
@@ -230,6 +259,58 @@ def q4(events: Stream, closed: Callable[[Stream], None] | None = None) -> Stream
             .uid("q4-average"))
 
 
+# ---------------------------------------------------------------------- q6
+class SellerAverage(KeyedProcessFunction):
+    """q6's second step, keyed by seller: the average final price of the seller's last 10
+    closed auctions, ``(seller, average)`` at each closing.
+
+    Closings are taken in event-time order, ``(expires, auction)``, whatever order they
+    arrive in from the upstream instances: each waits in state until the watermark passes
+    its ``expires`` (by then every closing before it has arrived), as Flink orders an OVER
+    window by its time attribute.
+    """
+
+    def open(self, ctx: Any) -> None:
+        self.waiting = ctx.get_state(ListStateDescriptor("closings"))  # (expires, id, price)
+        self.last = ctx.get_state(ValueStateDescriptor("last-prices", default=()))
+
+    def process_element(self, closed: tuple[int, int, int, int], ctx: Any) -> None:
+        auction, _, price, expires = closed
+        self.waiting.add((expires, auction, price))
+        ctx.timer_service.register_event_time_timer((expires + 1) / 1000.0)
+
+    def on_timer(self, timestamp: float, ctx: Any) -> list[Any] | None:
+        watermark = ctx.timer_service.current_watermark()
+        ready, later = [], []
+        for c in self.waiting.get():
+            (ready if (c[0] + 1) / 1000.0 <= watermark else later).append(c)
+        if later:
+            self.waiting.update(later)
+        else:
+            self.waiting.clear()
+        if not ready:
+            return None
+        last: tuple[int, ...] = self.last.value()
+        out = []
+        for _, _, price in sorted(ready):
+            last = (*last[-(Q6_LAST - 1):], price)
+            out.append((ctx.current_key, sum(last) / len(last)))
+        self.last.update(last)
+        return out
+
+
+def q6(events: Stream) -> Stream:
+    """Average selling price by seller: per seller, the average final price of its last 10
+    closed auctions, after each closing (Beam's Query6; Flink's SQL form, an OVER window
+    on an updating input, is not supported by Flink)."""
+    auctions = events.filter(is_auction, name="q6-auctions").key_by(lambda a: a.id)
+    bids = events.filter(is_bid, name="q6-bids").key_by(lambda b: b.auction)
+    closed = (auctions.connect(bids)
+              .process(WinningBids("seller", with_expires=True), name="q6-winning-bids")
+              .uid("q6-winning"))
+    return closed.key_by(lambda c: c[1]).process(SellerAverage(), name="q6").uid("q6-average")
+
+
 # ---------------------------------------------------------------------- q5
 class CountBids(AggregateFunction):
     """``count(*)``."""
@@ -247,72 +328,55 @@ class CountBids(AggregateFunction):
         return a + b
 
 
+def _pane_to_windows(r: WindowResult) -> list[tuple[int, int, int]]:
+    """A 2 s pane's count, once for each of the five sliding windows that contain the pane:
+    ``(window end ms, auction, count)``."""
+    start = round(r.start * 1000)
+    return [(start + HOP_MS * (k + 1), r.key, r.value) for k in range(WINDOW_MS // HOP_MS)]
+
+
 class HotItems(KeyedProcessFunction):
-    """q5's second step, keyed by window end: the auctions with the most bids in the window,
-    emitted when the watermark passes the window's end (every count of the window has come
-    by then: the window operator emits them before forwarding that watermark)."""
+    """q5's second step, keyed by window end: sums each auction's pane counts of the window
+    (a map state, auction -> count) and emits the auctions with the most bids when the
+    watermark passes the window's end (every pane of the window has been counted by then:
+    the pane window emits its counts before forwarding that watermark)."""
 
     def open(self, ctx: Any) -> None:
-        self.best = ctx.get_state(ValueStateDescriptor("hot"))  # (num, start, (auctions...))
+        self.counts = ctx.get_state(MapStateDescriptor("counts"))
 
-    def process_element(self, r: WindowResult, ctx: Any) -> None:
-        best = self.best.value()
-        if best is None:
-            self.best.update((r.value, r.start, (r.key,)))
-            ctx.timer_service.register_event_time_timer(r.end)
-        elif r.value > best[0]:
-            self.best.update((r.value, r.start, (r.key,)))
-        elif r.value == best[0]:
-            self.best.update((best[0], best[1], (*best[2], r.key)))
-
-    def on_timer(self, timestamp: float, ctx: Any) -> list[Any] | None:
-        num, start, auctions = self.best.value()
-        self.best.clear()
-        start_ms, end_ms = round(start * 1000), round(timestamp * 1000)
-        return [(auction, num, start_ms, end_ms) for auction in auctions]
-
-
-class SlidingCounts(KeyedProcessFunction):
-    """q5's sliding counts from 2 s pane counts, keyed by auction: each pane's count is kept
-    until the last window containing it ends; at each window end (an event-time timer) the
-    window's count is the sum of its five panes (slices shared by the overlapping windows,
-    as Flink's hopping window aggregation does, instead of updating five windows per bid)."""
-
-    def open(self, ctx: Any) -> None:
-        self.panes = ctx.get_state(ValueStateDescriptor("panes", default=()))  # (start, n)...
-
-    def process_element(self, r: WindowResult, ctx: Any) -> None:
-        start = round(r.start * 1000)
-        self.panes.update((*self.panes.value(), (start, r.value)))
-        timers = ctx.timer_service
-        for k in range(WINDOW_MS // HOP_MS):
-            timers.register_event_time_timer((start + HOP_MS * (k + 1)) / 1000.0)
-
-    def on_timer(self, timestamp: float, ctx: Any) -> list[Any] | None:
-        end = round(timestamp * 1000)
-        first = end - WINDOW_MS
-        panes = self.panes.value()
-        total = sum(n for start, n in panes if first <= start < end)
-        # the next window starts one slide later: panes before it are done
-        kept = tuple(p for p in panes if p[0] >= first + HOP_MS)
-        if kept:
-            self.panes.update(kept)
+    def process_element(self, r: tuple[int, int, int], ctx: Any) -> None:
+        end, auction, n = r
+        counts = self.counts
+        before = counts.get(auction)
+        if before is None:
+            # the window's timer, registered again for each new auction (the timer service
+            # keeps one per key and time)
+            counts.put(auction, n)
+            ctx.timer_service.register_event_time_timer(end / 1000.0)
         else:
-            self.panes.clear()
-        if not total:
+            counts.put(auction, before + n)
+
+    def on_timer(self, timestamp: float, ctx: Any) -> list[Any] | None:
+        counts = dict(self.counts.items())
+        self.counts.clear()
+        if not counts:
             return None
-        return [WindowResult(ctx.current_key, first / 1000.0, end / 1000.0, total)]
+        top = max(counts.values())
+        end = round(timestamp * 1000)
+        return [(auction, num, end - WINDOW_MS, end) for auction, num in counts.items()
+                if num == top]
 
 
 def q5(events: Stream) -> Stream:
     """Hot items: the most-bid auctions per sliding window of 10 s every 2 s (counted per
-    tumbling 2 s pane, then summed over each window's panes)."""
+    tumbling 2 s pane keyed by auction, each pane's count sent to its five windows, summed
+    per window keyed by window end: the slices shared by the overlapping windows, as
+    Flink's hopping window aggregation, without a timer per auction and window)."""
     panes = (events.filter(is_bid, name="q5-bids").key_by(lambda b: b.auction)
              .window(TumblingEventTimeWindows.of(HOP_MS / 1000))
              .aggregate(CountBids(), name="q5-panes").uid("q5-panes"))
-    counts = (panes.key_by(lambda r: r.key).process(SlidingCounts(), name="q5-counts")
-              .uid("q5-counts"))
-    return counts.key_by(lambda r: r.end).process(HotItems(), name="q5").uid("q5-hot")
+    windows = panes.flat_map(_pane_to_windows, name="q5-pane-to-windows")
+    return windows.key_by(lambda w: w[0]).process(HotItems(), name="q5").uid("q5-hot")
 
 
 # ---------------------------------------------------------------------- q7
@@ -405,12 +469,13 @@ class NewUsers(KeyedCoProcessFunction):
 
 def q8(events: Stream) -> Stream:
     """New users: people who created an auction in the 10 s window they registered in."""
+    events = _persons_and_auctions(events, "q8")
     persons = events.filter(is_person, name="q8-persons").key_by(lambda p: p.id)
     auctions = events.filter(is_auction, name="q8-auctions").key_by(lambda a: a.seller)
     return persons.connect(auctions).process(NewUsers(), name="q8").uid("q8")
 
 
 QUERIES: dict[str, Callable[[Stream], Stream]] = {
-    "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q7": q7, "q8": q8,
+    "q0": q0, "q1": q1, "q2": q2, "q3": q3, "q4": q4, "q5": q5, "q6": q6, "q7": q7, "q8": q8,
 }
-STATEFUL = ("q3", "q4", "q5", "q7", "q8")
+STATEFUL = ("q3", "q4", "q5", "q6", "q7", "q8")

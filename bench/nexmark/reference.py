@@ -12,7 +12,7 @@ import pandas as pd
 
 from reactive.connectors.nexmark import Auction, Bid, Person
 
-from .queries import HOP_MS, Q3_STATES, WINDOW_MS
+from .queries import HOP_MS, Q3_STATES, Q6_LAST, WINDOW_MS
 
 __all__ = ["Tables", "expected", "q4_closed", "q4_totals"]
 
@@ -74,6 +74,19 @@ def q4_totals(t: Tables) -> dict[int, tuple[int, int]]:
     return out
 
 
+def _q6(t: Tables) -> Rows:
+    m = t.auctions.merge(t.bids, left_on="id", right_on="auction", suffixes=("_a", "_b"))
+    m = m[(m.date_time_b >= m.date_time_a) & (m.date_time_b <= m.expires)]
+    closed = m.groupby(["id", "seller", "expires"], as_index=False).price.max()
+    out: Rows = collections.Counter()
+    for seller, g in closed.sort_values(["expires", "id"]).groupby("seller", sort=False):
+        prices = [int(p) for p in g.price]
+        for i in range(len(prices)):
+            last = prices[max(0, i + 1 - Q6_LAST):i + 1]
+            out[(int(seller), sum(last) / len(last))] += 1
+    return out
+
+
 def _q5(t: Tables) -> Rows:
     b = t.bids[["auction", "date_time"]]
     last = b.date_time - b.date_time % HOP_MS
@@ -98,7 +111,7 @@ def _q8(t: Tables) -> Rows:
     return _rows(m, ["id", "name", "start"])
 
 
-_QUERIES = {"q0": _q0, "q1": _q1, "q2": _q2, "q3": _q3, "q5": _q5, "q7": _q7, "q8": _q8}
+_QUERIES = {"q0": _q0, "q1": _q1, "q2": _q2, "q3": _q3, "q5": _q5, "q6": _q6, "q7": _q7, "q8": _q8}
 
 
 def expected(query: str, tables: Tables) -> Rows:

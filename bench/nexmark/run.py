@@ -1,27 +1,40 @@
-"""The Nexmark benchmark of the per-record API.
+"""The Nexmark benchmark of the per-record and the columnar API.
 
-    python -m bench.nexmark [--queries q0,q1,q2,q3,q4,q5,q7,q8] [--events 1000000]
-                            [--rate 10000] [--backends heap,rocksdb] [--repeats 3]
-                            [--interval 1.0] [--cpu 0]
+    python -m bench.nexmark [--queries q0,q1,q2,q3,q4,q5,q6,q7,q8] [--events 1000000]
+                            [--apis record,columnar] [--rate 10000]
+                            [--backends heap,rocksdb] [--repeats 3] [--interval 1.0] [--cpu 0]
 
-Each run is one query over ``--events`` generated events (:class:`NexmarkSource`, one
-split, parallelism 1) in a fresh child process pinned to one core (``--cpu``), with
-exactly-once checkpoints every ``--interval`` seconds on the heap backend or the RocksDB
-backend (incremental), results into a sink that counts them. Runs are interleaved (query x
-backend, then the next repeat) and the table gives, per query and backend:
+Each run is one query in one API over ``--events`` generated events (one split,
+parallelism 1) in a fresh child process pinned to one core (``--cpu``), with exactly-once
+checkpoints every ``--interval`` seconds on the heap backend or the RocksDB backend
+(incremental), results into a sink that counts them. The per-record API reads
+:class:`NexmarkSource` (one record per event, :mod:`bench.nexmark.queries`); the columnar
+API reads :class:`NexmarkArrowSource` (record batches of 16,384 events,
+:mod:`bench.nexmark.columnar_queries`: q0, q1 and q2; the others have no columnar form and
+are skipped). Runs are interleaved (query x API x backend, then the next repeat) and the
+table gives, per query, API and backend:
 
 - events/s: events / the job's wall time (start to the end of its final checkpoint),
   min / median / max over the repeats;
-- p50 / p99 latency (ms, of the median run): event time to emit, for the queries whose rows
-  carry an event time (q0, q1: the bid's; q5, q7, q8: the window's end): the wall time from
-  the source first emitting an event at or after that time to the sink receiving the row
-  (one sample per sink batch, weighted by its rows); q2, q3 and q4 rows carry no time;
+- p50 / p99 latency (ms, of the median run): **event time to emit**. Every result row has
+  an event time T (ms): the bid's ``dateTime`` (q0, q1), the auction's ``dateTime`` (q3,
+  recovered exactly from the auction id, ids being given in event-number order), the
+  window's end (q5, q7, q8). T is mapped to wall time through the source: wall(T) is the
+  wall time at which the source handed out the batch holding the first event with
+  ``dateTime >= T`` (the events are in event-time order: one split, no out-of-orderness).
+  A row's latency is the wall time at which the sink receives it minus wall(T): for a bid
+  the time it spends in the job, for a window the time from the source reaching the
+  window's end (the event whose watermark closes it) to the window's rows at the sink.
+  One sample per sink batch (per record batch in the columnar API), its first row's,
+  weighted by the batch's rows. q2, q4 and q6 rows carry no event time (auction and price;
+  category or seller and an average): no latency is given for them;
 - peak RSS (MiB) of the child, and the number of completed checkpoints;
 - "vs generator": the median over the runs of the job's events/s over the generator's
   alone, measured in the same child on the same core just before the job (generating up
-  to 200,000 of the events into records without the runtime: the ceiling of any query
-  here; its own figures are the first row), and a bar chart of the ratio columns in
-  ``bench/results/nexmark.png`` (``--png``, ``--no-png``).
+  to 200,000 of the events without the runtime, into records or into record batches as the
+  API reads them: the ceiling of any query here; its own figures are the first rows), and
+  a bar chart of the ratio columns in ``bench/results/nexmark.png`` (``--png``,
+  ``--no-png``).
 
 With ``--anchor flink`` the same queries also run on Flink 1.20 (PyFlink SQL, the texts in
 :mod:`bench.nexmark.flink_job`, parallelism 1, hashmap and RocksDB incremental backends,
@@ -58,16 +71,34 @@ from reactive.sinks import Sink, SinkWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 
-_TIME_OF: dict[str, Callable[[Any], int] | None] = {
-    "q0": lambda r: r[3],
-    "q1": lambda r: r[3],
-    "q2": None,
-    "q3": None,
-    "q4": None,
-    "q5": lambda r: r[3],
-    "q7": lambda r: r[3] - r[3] % 10_000 + 10_000,
-    "q8": lambda r: r[2] + 10_000,
-}
+APIS = ("record", "columnar")
+
+
+def time_of(query: str, config: Any) -> Callable[[Any], int] | None:
+    """The event time (ms) of a result row of ``query`` (a tuple), or None when its rows
+    carry none (see the module's docstring)."""
+    from reactive.connectors.nexmark.config import FIRST_AUCTION_ID
+
+    def auction_time(row: Any) -> int:
+        # the k-th auction is event a-th of its run of total_proportion events
+        k = row[3] - FIRST_AUCTION_ID
+        run, nth = divmod(k, config.auction_proportion)
+        return int(config.timestamp_ms(run * config.total_proportion
+                                       + config.person_proportion + nth))
+
+    return {
+        "q0": lambda r: r[3],
+        "q1": lambda r: r[3],
+        "q3": auction_time,
+        "q5": lambda r: r[3],
+        "q7": lambda r: r[3] - r[3] % 10_000 + 10_000,
+        "q8": lambda r: r[2] + 10_000,
+    }.get(query)
+
+
+def first_time_ms(batch: Any) -> int:
+    """The ``dateTime`` (ms) of a record batch's first row (q0, q1 columnar)."""
+    return int(batch.column("dateTime")[0].value)
 
 
 class SourceClock:
@@ -87,9 +118,11 @@ class LatencySink(Sink):
     """Counts rows and samples their event-time-to-emit latency (one sample per batch: its
     first row's, weighted by the batch's rows)."""
 
-    def __init__(self, clock: SourceClock, time_of: Callable[[Any], int] | None) -> None:
+    def __init__(self, clock: SourceClock, time_of: Callable[[Any], int] | None,
+                 columnar: bool = False) -> None:
         self.clock = clock
         self.time_of = time_of
+        self.columnar = columnar
         self.rows = 0
         self.samples: list[tuple[float, int]] = []
 
@@ -103,6 +136,14 @@ class _LatencyWriter(SinkWriter):
 
     def write(self, batch: list[Any]) -> None:
         sink = self.sink
+        if sink.columnar:
+            for b in batch:
+                sink.rows += b.num_rows
+                if sink.time_of is not None and b.num_rows:
+                    wall = sink.clock.wall_of(first_time_ms(b))
+                    if wall is not None:
+                        sink.samples.append((time.perf_counter() - wall, b.num_rows))
+            return
         sink.rows += len(batch)
         if sink.time_of is None or not batch:
             return
@@ -130,15 +171,22 @@ def child_main(spec: dict[str, Any]) -> None:
     from bench.common import peak_rss_mb
     from reactive import CheckpointConfig, Dataflow
     from reactive.connectors.nexmark import NexmarkConfig, NexmarkSource
+    from reactive.connectors.nexmark.arrow import (
+        NexmarkArrowSource,
+        NexmarkBatchReader,
+        nexmark_columnar,
+    )
     from reactive.connectors.nexmark.source import NexmarkReader
     from reactive.sources import SourceReader
 
+    from .columnar_queries import COLUMNAR_QUERIES
     from .queries import QUERIES
 
     if hasattr(os, "sched_setaffinity") and spec.get("cpu") is not None:
         os.sched_setaffinity(0, {spec["cpu"]})
     config = NexmarkConfig(num_events=spec["events"], first_event_rate=spec["rate"])
     clock = SourceClock()
+    columnar = spec["api"] == "columnar"
 
     class TimedReader(NexmarkReader):
         async def read_batch(self, max_records: int) -> list[Any] | None:
@@ -152,13 +200,30 @@ def child_main(spec: dict[str, Any]) -> None:
         def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
             return TimedReader(self, [[0, 1, 0]])
 
+    class TimedBatchReader(NexmarkBatchReader):
+        async def read_batch(self, max_records: int) -> list[Any] | None:
+            batch = await super().read_batch(max_records)
+            if batch:
+                clock.times.append(int(batch[-1].column("dateTime")[-1].value))
+                clock.walls.append(time.perf_counter())
+            return batch
+
+    class TimedArrowSource(NexmarkArrowSource):
+        def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+            return TimedBatchReader(self, [[0, 1, 0]])
+
     # the generator alone, on the same core just before the job: the run's ceiling
-    generated = generator_rate(min(spec["events"], 200_000), spec["rate"])
+    generated = generator_rate(min(spec["events"], 200_000), spec["rate"], columnar)
     query = spec["query"]
-    sink = LatencySink(clock, _TIME_OF[query])
+    sink = LatencySink(clock, time_of(query, config), columnar)
     work = Path(spec["work"])
     flow = Dataflow(f"nexmark-{query}", parallelism=1)
-    QUERIES[query](flow.source(TimedSource(config, splits=1), uid="events")).sink(sink)
+    if columnar:
+        events = nexmark_columnar(flow, TimedArrowSource(config, splits=1,
+                                                         batch_size=spec["batch_size"]))
+        COLUMNAR_QUERIES[query](events).sink(sink)
+    else:
+        QUERIES[query](flow.source(TimedSource(config, splits=1), uid="events")).sink(sink)
     backend = None
     if spec["backend"] == "rocksdb":
         from reactive.backends.rocksdb import RocksDBStateBackend
@@ -178,20 +243,29 @@ def child_main(spec: dict[str, Any]) -> None:
                       "rss_mb": peak_rss_mb(), "checkpoints": done}))
 
 
-def generator_rate(events: int, rate: float) -> float:
-    """Events/s of generating ``events`` records in 4,096-event chunks, without the runtime."""
+def generator_rate(events: int, rate: float, columnar: bool = False) -> float:
+    """Events/s of generating ``events`` events without the runtime: records in 4,096-event
+    chunks, or record batches of 16,384 events (``columnar``)."""
     import numpy as np
 
     from reactive.connectors.nexmark import NexmarkConfig
+    from reactive.connectors.nexmark.arrow import to_record_batch
     from reactive.connectors.nexmark.generator import generate_columns, to_records
     from reactive.runtime.gc_tuning import throughput_gc
 
     config = NexmarkConfig(num_events=events, first_event_rate=rate)
-    to_records(generate_columns(config, np.arange(4096)))  # the string pool, made once
+    chunk = 16_384 if columnar else 4096
+
+    def make(numbers: Any) -> Any:
+        if columnar:
+            return to_record_batch(generate_columns(config, numbers, arrow=True))
+        return to_records(generate_columns(config, numbers))
+
+    make(np.arange(chunk))  # the string pool and tables, made once
     with throughput_gc():
         start = time.perf_counter()
-        for first in range(0, events, 4096):
-            to_records(generate_columns(config, np.arange(first, min(first + 4096, events))))
+        for first in range(0, events, chunk):
+            make(np.arange(first, min(first + chunk, events)))
         return events / (time.perf_counter() - start)
 
 
@@ -227,6 +301,10 @@ def run_flink(venv: Path, work: Path, events: int, rate: float, queries: list[st
     from reactive.connectors.nexmark import NexmarkConfig
     from reactive.connectors.nexmark.files import write_events
 
+    from .flink_job import QUERIES as FLINK_SQL
+
+    # q6 has no Flink SQL form that Flink runs (an OVER window on an updating input)
+    queries = [q for q in queries if q in FLINK_SQL]
     python = flink_python(venv)
     path = write_events(NexmarkConfig(num_events=events, first_event_rate=rate),
                         work / "events.jsonl")
@@ -265,16 +343,21 @@ def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and print its table (Markdown)."""
     from bench.common import print_table
 
+    from .columnar_queries import COLUMNAR_QUERIES
     from .queries import QUERIES
 
     ap = argparse.ArgumentParser(prog="python -m bench.nexmark", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--queries", default=",".join(QUERIES))
+    ap.add_argument("--apis", default=",".join(APIS),
+                    help="record (per-record API), columnar (q0-q2 only), or both")
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--rate", type=float, default=10_000.0)
     ap.add_argument("--backends", default="heap,rocksdb")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--batch-size", type=int, default=16_384,
+                    help="events per record batch of the columnar source")
     ap.add_argument("--cpu", type=int, default=0)
     ap.add_argument("--anchor", choices=["none", "flink"], default="none",
                     help="also run the queries on Flink (PyFlink SQL) in a separate venv")
@@ -286,51 +369,72 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     queries = args.queries.split(",")
     backends = args.backends.split(",")
+    apis = args.apis.split(",")
     for q in queries:
         if q not in QUERIES:
             raise SystemExit(f"unknown query {q!r}; choose from {', '.join(QUERIES)}")
-    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for a in apis:
+        if a not in APIS:
+            raise SystemExit(f"unknown API {a!r}; choose from {', '.join(APIS)}")
+
+    def runs_of(q: str) -> list[str]:
+        return [a for a in apis if a == "record" or q in COLUMNAR_QUERIES]
+
+    results: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     work = Path(tempfile.mkdtemp(prefix="nexmark-bench-"))
     try:
-        for _ in range(args.repeats):
-            for q in queries:
-                for b in backends:
-                    run_dir = work / f"{q}-{b}"
-                    shutil.rmtree(run_dir, ignore_errors=True)
-                    run_dir.mkdir()
-                    spec = {"query": q, "backend": b, "events": args.events, "rate": args.rate,
-                            "interval": args.interval, "cpu": args.cpu, "work": str(run_dir)}
-                    r = run_child(spec)
-                    results.setdefault((q, b), []).append(r)
-                    print(f"  {q} {b}: {r['rate']:,.0f} events/s, {r['rows']:,} rows, "
-                          f"{r['checkpoints']} checkpoints", file=sys.stderr)
+        # Flink first: its figures (the anchor) are there even if our runs are cut short
         flink = (run_flink(args.flink_venv, work, args.events, args.rate, queries, backends,
                            args.repeats) if args.anchor == "flink" else {})
+        for name, rates in sorted(flink.items()):
+            print(f"  {name[0]} Flink {FLINK_BACKEND[name[1]]}: "
+                  f"{', '.join(f'{r:,.0f}' for r in rates)} events/s", file=sys.stderr)
+        for _ in range(args.repeats):
+            for q in queries:
+                for a in runs_of(q):
+                    for b in backends:
+                        run_dir = work / f"{q}-{a}-{b}"
+                        shutil.rmtree(run_dir, ignore_errors=True)
+                        run_dir.mkdir()
+                        spec = {"query": q, "api": a, "backend": b, "events": args.events,
+                                "rate": args.rate, "interval": args.interval, "cpu": args.cpu,
+                                "batch_size": args.batch_size, "work": str(run_dir)}
+                        r = run_child(spec)
+                        results.setdefault((q, a, b), []).append(r)
+                        print(f"  {q} {a} {b}: {r['rate']:,.0f} events/s, {r['rows']:,} rows, "
+                              f"{r['checkpoints']} checkpoints", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     def fmt(v: float | None) -> str:
         return "-" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
 
-    generator = [r["generator"] for runs in results.values() for r in runs]
-    gen = statistics.median(generator)
-    rows: list[list[Any]] = [["generator", "/".join(
-        fmt(v) for v in (min(generator), gen, max(generator))), "1.00", "-", "-", "-", "-",
-        "-", "-"]]
+    rows: list[list[Any]] = []
+    gens: dict[str, float] = {}
+    for a in apis:
+        generator = [r["generator"] for (_, api, _), runs in results.items() if api == a
+                     for r in runs]
+        if generator:
+            gens[a] = statistics.median(generator)
+            rows.append([f"generator, {a}s" if a == "record" else "generator, record batches",
+                         "/".join(fmt(v) for v in (min(generator), gens[a], max(generator))),
+                         "1.00", "-", "-", "-", "-", "-", "-"])
     for q in queries:
         for b in backends:
-            runs = sorted(results[(q, b)], key=lambda r: r["rate"])
-            rates = [r["rate"] for r in runs]
-            med = runs[len(runs) // 2]
             anchor = flink.get((q, b))
-            ratio = (f"{statistics.median(rates) / statistics.median(anchor):.2f}"
-                     if anchor else "-")
-            rows.append([f"{q} {b}", "/".join(fmt(v) for v in (
-                rates[0], statistics.median(rates), rates[-1])),
-                f"{statistics.median(r['rate'] / r['generator'] for r in runs):.2f}", ratio,
-                fmt(med["p50_ms"]),
-                fmt(med["p99_ms"]), fmt(med["rss_mb"]), med["checkpoints"], f"{med['rows']:,}"])
+            for a in runs_of(q):
+                runs = sorted(results[(q, a, b)], key=lambda r: r["rate"])
+                rates = [r["rate"] for r in runs]
+                med = runs[len(runs) // 2]
+                ratio = (f"{statistics.median(rates) / statistics.median(anchor):.2f}"
+                         if anchor else "-")
+                rows.append([f"{q} {a} {b}", "/".join(fmt(v) for v in (
+                    rates[0], statistics.median(rates), rates[-1])),
+                    f"{statistics.median(r['rate'] / r['generator'] for r in runs):.2f}",
+                    ratio, fmt(med["p50_ms"]), fmt(med["p99_ms"]), fmt(med["rss_mb"]),
+                    med["checkpoints"], f"{med['rows']:,}"])
             if anchor:
+                gen = gens.get("record", next(iter(gens.values())))
                 rows.append([f"{q} Flink {FLINK_BACKEND[b]}", "/".join(
                     fmt(v) for v in (min(anchor), statistics.median(anchor), max(anchor))),
                     f"{statistics.median(anchor) / gen:.2f}", "1.00", "-", "-", "-", "-", "-"])
@@ -338,7 +442,7 @@ def main(argv: list[str] | None = None) -> None:
              f"1 on core {args.cpu}, exactly-once checkpoints every {args.interval} s, "
              f"{args.repeats} repeats")
     print(f"\n{title}\n")
-    text = print_table(["query, backend", "events/s min/median/max", "vs generator",
+    text = print_table(["query, API, backend", "events/s min/median/max", "vs generator",
                         "vs Flink", "p50 ms", "p99 ms", "peak RSS MiB", "checkpoints", "rows"],
                        rows)
     if not args.no_png:

@@ -7,7 +7,8 @@ Parquet files that other engines read.
 - :mod:`.model`: the records :class:`Person`, :class:`Auction`, :class:`Bid`.
 - :mod:`.generator`: the vectorized generator (event numbers to columns to records).
 - :mod:`.source`: :class:`NexmarkSource`, the exactly-once, rescalable source.
-- :mod:`.arrow`: the events as ``pyarrow.RecordBatch`` es (Flink nexmark's table layout).
+- :mod:`.arrow`: the events as ``pyarrow.RecordBatch`` es (Flink nexmark's table layout),
+  and :class:`~.arrow.NexmarkArrowSource`, the same events as a columnar stream.
 - :mod:`.files`: writing the events as JSON lines or Parquet.
 """
 

@@ -17,13 +17,16 @@ Data Streams", 2008; ``GeneratorConfig``, ``PersonGenerator``, ``AuctionGenerato
 Random draws come from a counter-based generator (splitmix64 of seed, event id and draw
 index) instead of one seeded ``java.util.Random`` per event, so a whole batch of events is
 drawn with a few numpy operations, and an event does not depend on any other. Strings are
-slices of one pseudo-random text drawn from the seed.
+slices of one pseudo-random text drawn from the seed, made either as Python lists (for
+records) or directly as Arrow string arrays from gathered bytes (for record batches, with
+no Python object per value); both forms hold the same strings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -66,7 +69,8 @@ class EventColumns:
     Attributes:
         event_type: per event, in event-number order: 0 person, 1 auction, 2 bid (int8).
         persons, auctions, bids: the columns of the events of each kind, in event-number
-            order (numpy int64 arrays and lists of str, keyed by the record's field names).
+            order, keyed by the record's field names: numpy int64 arrays, and lists of str
+            (``pyarrow.StringArray`` s when generated with ``arrow=True``).
         positions: per kind, the indices of its events among all (int64 arrays).
     """
 
@@ -93,6 +97,9 @@ class _Pool:
         self.channels = [f"channel-{n}" for n in range(CHANNELS_NUMBER)]
         self.urls = [f"https://www.nexmark.com/item.htm?query=1&channel_id={n}"
                      for n in range(CHANNELS_NUMBER)]
+        # a channel index below len(HOT_CHANNELS) is a hot channel, above a numbered one
+        self.channel_table = [*HOT_CHANNELS, *self.channels]
+        self.url_table = [*HOT_URLS, *self.urls]
 
     @classmethod
     def of(cls, seed: int) -> _Pool:
@@ -104,6 +111,100 @@ class _Pool:
     def strings(self, offsets: np.ndarray, lengths: np.ndarray) -> list[str]:
         text = self.text
         return [text[o:o + n] for o, n in zip(offsets.tolist(), lengths.tolist(), strict=True)]
+
+
+class _ListText:
+    """String columns as Python lists (the records' form). The loops run in C (``map``
+    over bound methods), not in Python bytecode."""
+
+    _names = [f"{a} {b}" for a in FIRST_NAMES for b in LAST_NAMES]
+
+    def __init__(self, pool: _Pool) -> None:
+        self.pool = pool
+
+    def slices(self, offsets: np.ndarray, lengths: np.ndarray) -> Any:
+        return list(map(self.pool.text.__getitem__,
+                        map(slice, offsets.tolist(), (offsets + lengths).tolist())))
+
+    def pick(self, table: Sequence[str], index: np.ndarray) -> Any:
+        return list(map(table.__getitem__, index.tolist()))
+
+    def names(self, first: np.ndarray, last: np.ndarray) -> Any:
+        return self.pick(self._names, first * len(LAST_NAMES) + last)
+
+    def emails(self, users: Any, hosts: Any) -> Any:
+        return [f"{u}@{h}.com" for u, h in zip(users, hosts, strict=True)]
+
+    def cards(self, digits: list[np.ndarray]) -> Any:
+        return [f"{a:04d} {b:04d} {c:04d} {e:04d}"
+                for a, b, c, e in zip(*(d.tolist() for d in digits), strict=True)]
+
+    def channels(self, hot: np.ndarray, hot_i: np.ndarray, other_i: np.ndarray
+                 ) -> tuple[Any, Any]:
+        index = np.where(hot, hot_i, len(HOT_CHANNELS) + other_i)
+        return (self.pick(self.pool.channel_table, index),
+                self.pick(self.pool.url_table, index))
+
+
+class _ArrowText:
+    """String columns as ``pyarrow.StringArray`` s, built from gathered bytes and table
+    lookups (``take``) without a Python object per value; the same strings as
+    :class:`_ListText`."""
+
+    _cache: dict[int, _ArrowText] = {}
+
+    def __init__(self, pool: _Pool) -> None:
+        import pyarrow as pa
+
+        self.pa = pa
+        self.text = np.frombuffer(pool.text.encode("ascii"), dtype=np.uint8)
+        self.name_table = pa.array([f"{a} {b}" for a in FIRST_NAMES for b in LAST_NAMES])
+        self.digits = pa.array([f"{n:04d}" for n in range(10_000)])
+        self.channel_table = pa.array(pool.channel_table)
+        self.url_table = pa.array(pool.url_table)
+
+    @classmethod
+    def of(cls, pool: _Pool) -> _ArrowText:
+        # pools live as long as the process (cached per seed), so their ids are unique
+        text = cls._cache.get(id(pool))
+        if text is None:
+            text = cls._cache[id(pool)] = _ArrowText(pool)
+        return text
+
+    def slices(self, offsets: np.ndarray, lengths: np.ndarray) -> Any:
+        n = len(lengths)
+        width = int(lengths.max()) if n else 0
+        # value i is text[offsets[i]:offsets[i] + lengths[i]]: the rows of a strided
+        # (n, width) view of the text cut to their lengths, in one copy of the bytes
+        windows = np.lib.stride_tricks.as_strided(
+            self.text, shape=(len(self.text) - width + 1, width), strides=(1, 1), writeable=False)
+        data = windows[offsets][np.arange(width) < lengths[:, None]]
+        value_offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(lengths, out=value_offsets[1:])
+        return self.pa.StringArray.from_buffers(n, self.pa.py_buffer(value_offsets),
+                                                self.pa.py_buffer(data))
+
+    def pick(self, table: Sequence[str], index: np.ndarray) -> Any:
+        return self.pa.array(table).take(index)
+
+    def names(self, first: np.ndarray, last: np.ndarray) -> Any:
+        return self.name_table.take(first * len(LAST_NAMES) + last)
+
+    def emails(self, users: Any, hosts: Any) -> Any:
+        import pyarrow.compute as pc
+
+        return pc.binary_join_element_wise(users, pc.binary_join_element_wise(hosts, "com", "."),
+                                           "@")
+
+    def cards(self, digits: list[np.ndarray]) -> Any:
+        import pyarrow.compute as pc
+
+        return pc.binary_join_element_wise(*(self.digits.take(d) for d in digits), " ")
+
+    def channels(self, hot: np.ndarray, hot_i: np.ndarray, other_i: np.ndarray
+                 ) -> tuple[Any, Any]:
+        index = np.where(hot, hot_i, len(HOT_CHANNELS) + other_i)
+        return self.channel_table.take(index), self.url_table.take(index)
 
 
 class _Draws:
@@ -185,41 +286,42 @@ def _extra_lengths(draws: _Draws, current: np.ndarray | int, average: int, n: in
     return np.where(delta > 0, desired - delta + spread, desired).clip(0, _MAX_SLICE)
 
 
-def _strings(pool: _Pool, draws: _Draws, lengths: np.ndarray) -> list[str]:
-    return pool.strings(draws.below(_POOL_SIZE), lengths)
+Text = _ListText | _ArrowText
 
 
-def _persons(config: NexmarkConfig, pool: _Pool, ids: np.ndarray, ts: np.ndarray
+def _strings(text: Text, draws: _Draws, lengths: np.ndarray) -> Any:
+    return text.slices(draws.below(_POOL_SIZE), lengths)
+
+
+def _persons(config: NexmarkConfig, text: Text, ids: np.ndarray, ts: np.ndarray
              ) -> dict[str, Any]:
     n = len(ids)
     d = _Draws(config.seed, ids)
     first, last = d.below(len(FIRST_NAMES)), d.below(len(LAST_NAMES))
-    names = [f"{FIRST_NAMES[a]} {LAST_NAMES[b]}"
-             for a, b in zip(first.tolist(), last.tolist(), strict=True)]
+    names = text.names(first, last)
     user_len, host_len = _lengths(d, 7), _lengths(d, 5)
-    users, hosts = _strings(pool, d, user_len), _strings(pool, d, host_len)
-    emails = [f"{u}@{h}.com" for u, h in zip(users, hosts, strict=True)]
-    digits = [d.below(10_000).tolist() for _ in range(4)]
-    cards = [f"{a:04d} {b:04d} {c:04d} {e:04d}" for a, b, c, e in zip(*digits, strict=True)]
+    users, hosts = _strings(text, d, user_len), _strings(text, d, host_len)
+    emails = text.emails(users, hosts)
+    cards = text.cards([d.below(10_000) for _ in range(4)])
     city_i, state_i = d.below(len(US_CITIES)), d.below(len(US_STATES))
     city_len = np.array([len(c) for c in US_CITIES])[city_i]
     name_len = (np.array([len(x) for x in FIRST_NAMES])[first]
                 + np.array([len(x) for x in LAST_NAMES])[last] + 1)
     current = 8 + name_len + user_len + host_len + 5 + 19 + city_len + 2
-    extra = _strings(pool, d, _extra_lengths(d, current, config.avg_person_byte_size, n))
+    extra = _strings(text, d, _extra_lengths(d, current, config.avg_person_byte_size, n))
     return {
         "id": _last_person(config, ids) + FIRST_PERSON_ID,
         "name": names,
         "email_address": emails,
         "credit_card": cards,
-        "city": [US_CITIES[i] for i in city_i.tolist()],
-        "state": [US_STATES[i] for i in state_i.tolist()],
+        "city": text.pick(US_CITIES, city_i),
+        "state": text.pick(US_STATES, state_i),
         "date_time": ts,
         "extra": extra,
     }
 
 
-def _auctions(config: NexmarkConfig, pool: _Pool, ids: np.ndarray, ts: np.ndarray
+def _auctions(config: NexmarkConfig, text: Text, ids: np.ndarray, ts: np.ndarray
               ) -> dict[str, Any]:
     n = len(ids)
     d = _Draws(config.seed, ids)
@@ -233,10 +335,10 @@ def _auctions(config: NexmarkConfig, pool: _Pool, ids: np.ndarray, ts: np.ndarra
     horizon = _timestamps(config, ids + ahead) - ts
     expires = ts + 1 + d.below(np.maximum(horizon * 2, 1))
     name_len, desc_len = _lengths(d, 20), _lengths(d, 100)
-    item_names, descriptions = _strings(pool, d, name_len), _strings(pool, d, desc_len)
+    item_names, descriptions = _strings(text, d, name_len), _strings(text, d, desc_len)
     reserve = initial + _prices(d)
     current = 8 + name_len + desc_len + 40
-    extra = _strings(pool, d, _extra_lengths(d, current, config.avg_auction_byte_size, n))
+    extra = _strings(text, d, _extra_lengths(d, current, config.avg_auction_byte_size, n))
     return {
         "id": _last_auction(config, ids) + FIRST_AUCTION_ID,
         "item_name": item_names,
@@ -251,7 +353,7 @@ def _auctions(config: NexmarkConfig, pool: _Pool, ids: np.ndarray, ts: np.ndarra
     }
 
 
-def _bids(config: NexmarkConfig, pool: _Pool, ids: np.ndarray, ts: np.ndarray
+def _bids(config: NexmarkConfig, text: Text, ids: np.ndarray, ts: np.ndarray
           ) -> dict[str, Any]:
     n = len(ids)
     d = _Draws(config.seed, ids)
@@ -264,13 +366,10 @@ def _bids(config: NexmarkConfig, pool: _Pool, ids: np.ndarray, ts: np.ndarray
     hot_bidder = (_last_person(config, ids) // HOT_BIDDER_RATIO) * HOT_BIDDER_RATIO + 1
     bidder = np.where(hot, hot_bidder, _random_person(config, ids, d))
     price = _prices(d)
-    hot = (d.below(HOT_CHANNELS_RATIO) > 0).tolist()
-    hot_i, other_i = d.below(len(HOT_CHANNELS)).tolist(), d.below(CHANNELS_NUMBER).tolist()
-    channels, urls = pool.channels, pool.urls
-    channel = [HOT_CHANNELS[i] if h else channels[j]
-               for h, i, j in zip(hot, hot_i, other_i, strict=True)]
-    url = [HOT_URLS[i] if h else urls[j] for h, i, j in zip(hot, hot_i, other_i, strict=True)]
-    extra = _strings(pool, d, _extra_lengths(d, 32, config.avg_bid_byte_size, n))
+    hot = d.below(HOT_CHANNELS_RATIO) > 0
+    hot_i, other_i = d.below(len(HOT_CHANNELS)), d.below(CHANNELS_NUMBER)
+    channel, url = text.channels(hot, hot_i, other_i)
+    extra = _strings(text, d, _extra_lengths(d, 32, config.avg_bid_byte_size, n))
     return {
         "auction": auction + FIRST_AUCTION_ID,
         "bidder": bidder + FIRST_PERSON_ID,
@@ -282,13 +381,15 @@ def _bids(config: NexmarkConfig, pool: _Pool, ids: np.ndarray, ts: np.ndarray
     }
 
 
-def generate_columns(config: NexmarkConfig, numbers: np.ndarray | Sequence[int]
-                     ) -> EventColumns:
+def generate_columns(config: NexmarkConfig, numbers: np.ndarray | Sequence[int],
+                     arrow: bool = False) -> EventColumns:
     """The events at ``numbers`` (event numbers, any order, each < ``num_events``).
 
     Args:
         config: the stream's parameters.
         numbers: event numbers (int64).
+        arrow: string columns as ``pyarrow.StringArray`` s instead of lists (needs
+            pyarrow; the same strings).
 
     Returns:
         their events as columns, in the order of ``numbers``.
@@ -302,13 +403,14 @@ def generate_columns(config: NexmarkConfig, numbers: np.ndarray | Sequence[int]
     kind[rem < config.person_proportion + config.auction_proportion] = EventType.AUCTION
     kind[rem < config.person_proportion] = EventType.PERSON
     pool = _Pool.of(config.seed)
+    text: Text = _ArrowText.of(pool) if arrow else _ListText(pool)
     positions = tuple(np.flatnonzero(kind == k) for k in (0, 1, 2))
     p, a, b = positions
     return EventColumns(
         kind,
-        _persons(config, pool, ids[p], ts[p]),
-        _auctions(config, pool, ids[a], ts[a]),
-        _bids(config, pool, ids[b], ts[b]),
+        _persons(config, text, ids[p], ts[p]),
+        _auctions(config, text, ids[a], ts[a]),
+        _bids(config, text, ids[b], ts[b]),
         (p, a, b),
     )
 
@@ -317,11 +419,11 @@ _new_tuple = tuple.__new__
 
 
 def _make(cls: type, columns: dict[str, Any]) -> list[Any]:
-    """Records of the named-tuple ``cls`` from its columns (``tuple.__new__`` directly: half
-    the cost of ``cls._make``)."""
+    """Records of the named-tuple ``cls`` from its columns (``tuple.__new__`` mapped in C:
+    a third of the cost of ``cls._make`` in a comprehension)."""
     fields: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
     cols = [c.tolist() if isinstance(c, np.ndarray) else c for c in (columns[f] for f in fields)]
-    return [_new_tuple(cls, row) for row in zip(*cols, strict=True)]
+    return list(map(_new_tuple, repeat(cls), zip(*cols, strict=True)))
 
 
 def to_records(columns: EventColumns) -> list[Event]:

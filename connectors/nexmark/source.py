@@ -103,8 +103,6 @@ class NexmarkReader(SourceReader):
         """Generate the next chunk of the splits' events; False at the end of all of them."""
         import numpy as np
 
-        from .generator import generate_columns, to_records
-
         end = self._end()
         live = [(k, n) for k, n in self.next.items() if end is None or n < end]
         if not live:
@@ -125,9 +123,15 @@ class NexmarkReader(SourceReader):
             if end is None or nxt < end:
                 beyond.append(nxt)
         self._beyond = min(beyond) if beyond else None
-        self._records = to_records(generate_columns(self.config, numbers))
+        self._records = self._materialize(numbers)
         self._taken = 0
         return True
+
+    def _materialize(self, numbers: Any) -> list[Any]:
+        """The elements the events at ``numbers`` are handed out as (one record each)."""
+        from .generator import generate_columns, to_records
+
+        return to_records(generate_columns(self.config, numbers))
 
     def _advance(self, upto: int) -> None:
         """Move the split positions past the first ``upto`` buffered events."""
