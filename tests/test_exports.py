@@ -114,8 +114,8 @@ PUBLIC_MODULES: dict[str, set[str]] = {
         "KafkaSource", "KafkaTransaction", "partition_owner", "read_committed",
     },
     "reactive.connectors.nexmark": {
-        "Auction", "Bid", "Event", "EventType", "NexmarkConfig", "NexmarkSource", "Person",
-        "event_time",
+        "Auction", "Bid", "Event", "EventType", "NexmarkArrowSource", "NexmarkConfig",
+        "NexmarkSource", "Person", "event_time", "nexmark_columnar",
     },
     "reactive.connectors.spark": {
         "CheckpointReader", "JavaNotFoundError", "OperatorSummary", "PartFile", "ResultLog",

@@ -12,9 +12,10 @@ Parquet files that other engines read.
 - :mod:`.files`: writing the events as JSON lines or Parquet.
 """
 
+from .arrow import NexmarkArrowSource, nexmark_columnar
 from .config import NexmarkConfig
 from .model import Auction, Bid, Event, EventType, Person, event_time
 from .source import NexmarkSource
 
-__all__ = ["Auction", "Bid", "Event", "EventType", "NexmarkConfig", "NexmarkSource", "Person",
-           "event_time"]
+__all__ = ["Auction", "Bid", "Event", "EventType", "NexmarkArrowSource", "NexmarkConfig",
+           "NexmarkSource", "Person", "event_time", "nexmark_columnar"]
