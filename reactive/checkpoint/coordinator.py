@@ -270,7 +270,7 @@ class CheckpointCoordinator:
         barrier = CheckpointBarrier(cid, stats.trigger_time, "savepoint" if kind == "savepoint"
                                     else "checkpoint", unaligned)
         for task in self.sources:
-            task.gate.post(functools.partial(task.trigger_checkpoint, barrier))
+            task.post(functools.partial(task.trigger_checkpoint, barrier))
         if self.synchronous:
             # halted right behind the barrier until the checkpoint completes or is aborted
             halt_sources(self.sources, pending.done)
@@ -423,7 +423,7 @@ class CheckpointCoordinator:
             self._committing[p.checkpoint_id] = p
             waiting = {t.task_id for t in self.tasks}
             for task in self.tasks:
-                task.gate.post(functools.partial(self._notify_complete, task, p, waiting))
+                task.post(functools.partial(self._notify_complete, task, p, waiting))
         elif not p.committed.done():
             p.committed.set_result(None)
         # resolved after the notifications are queued, so whoever waits for this checkpoint
@@ -513,7 +513,7 @@ class CheckpointCoordinator:
         self._discard_in_background(p.checkpoint_id)
         self._free_slot()
         for task in self.tasks:
-            task.gate.post(functools.partial(task.notify_checkpoint_aborted, p.checkpoint_id))
+            task.post(functools.partial(task.notify_checkpoint_aborted, p.checkpoint_id))
         log.warning("checkpoint %d aborted: %s", p.checkpoint_id, reason)
         if why.counts_as_failure:
             self.consecutive_failures += 1

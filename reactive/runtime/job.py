@@ -64,10 +64,10 @@ from ..two_phase_commit import TwoPhaseCommitSink
 from .directory_lock import DirectoryLock
 from .execution_graph import ExecutionGraph, validate
 from .metrics import JobMetrics
-from .operators import maybe_await
 from .source_lifecycle import describe_end, read_accepted_input, tell_end, tell_start
 from .switch_interval import short_switch_interval
 from .task import StreamTask, TaskEnvironment
+from .task_mailbox import Suspension
 
 if TYPE_CHECKING:
     from ..graph import LogicalGraph
@@ -132,42 +132,9 @@ def _root_cause(exc: BaseException) -> BaseException:
     return real[0] if real else leaves[0]
 
 
-class _SourceHold:
-    """Parks source tasks after a stop-with-savepoint barrier (Flink's synchronous savepoint).
-
-    ``park`` posts one mailbox action per source task, right behind the barrier-injection
-    action; it runs the task's later mailbox actions (checkpoint notifications) but reads no
-    more input until ``release``. So nothing after the savepoint reaches an operator, and an
-    at-least-once sink does not see records that a restore of the savepoint replays.
-    """
-
-    def __init__(self, sources: list[StreamTask]) -> None:
-        self.sources = sources
-        self.released = False
-
-    def park(self) -> None:
-        for task in self.sources:
-            task.gate.post(functools.partial(self._hold, task))
-
-    async def _hold(self, task: StreamTask) -> None:
-        while not self.released:
-            _, action = await task.gate.get()
-            await maybe_await(action())
-
-    def release(self) -> None:
-        """Let the sources read again (the savepoint failed)."""
-        self.released = True
-        for task in self.sources:
-            task.gate.post(_no_op)  # wakes the parked loop so it sees ``released``
-
-
 def _occupied(target: Path) -> bool:
     """Blocking: ``target`` exists and is not an empty directory."""
     return target.exists() and (not target.is_dir() or any(target.iterdir()))
-
-
-def _no_op() -> None:
-    return None
 
 
 class Job:
@@ -558,10 +525,18 @@ class Job:
                                   "empty directory")
         await read_accepted_input(self.flow.transformations)
         coordinator = await self._wait_running()
-        hold = _SourceHold(coordinator.sources) if stop else None
+        # stop: the sources are parked right behind the savepoint's barrier (Flink's
+        # synchronous savepoint): they run their mail (checkpoint notifications) but read
+        # no more input, so nothing after the savepoint reaches an operator, and an
+        # at-least-once sink does not see records that a restore of the savepoint replays
+        parked: list[Suspension] = []
+
+        def park() -> None:
+            parked.extend(task.mailbox.suspend_default_action() for task in coordinator.sources)
+
         try:
             completed = await coordinator.checkpoint(
-                "savepoint", commit=stop, on_trigger=hold.park if hold else None,
+                "savepoint", commit=stop, on_trigger=park if stop else None,
                 await_commit=stop)
             if path is not None:
                 completed = await in_thread(move_savepoint, completed, Path(path))
@@ -573,8 +548,8 @@ class Job:
             # any failure of the stop (the checkpoint, the move, the caller's cancellation)
             # leaves the job running: parked sources would keep it "running" with no record
             # moving while checkpoints still complete
-            if hold is not None:
-                hold.release()
+            for suspension in parked:
+                suspension.resume()
             raise
         log.info("savepoint %d written to %s", completed.checkpoint_id, completed.path)
         return completed
@@ -891,4 +866,4 @@ class Job:
                         raise CheckpointError(f"the final checkpoint failed: {exc}") from exc
             coordinator.stop()
         for task in sources:
-            task.gate.post(task.end)
+            task.post(task.end)

@@ -38,6 +38,7 @@ from .operators import SinkOperator, SourceOperator, StreamOperator, maybe_await
 from .partitioner import KeySelectorError
 from .record_writer import RecordWriter
 from .subtask_checkpoint_coordinator import CheckpointAcknowledger, SubtaskCheckpointCoordinator
+from .task_mailbox import MailboxAction
 from .unaligned import UnalignedCheckpointBarrierHandler
 from .watermark_valve import StatusWatermarkValve
 
@@ -108,8 +109,12 @@ class StreamTask:
         subtask: instance index; ``parallelism``: number of instances.
         operators: the chain, head first; a source chain starts with a SourceOperator, a sink
             chain ends with a SinkOperator.
-        gate: input channels and mailbox (a source task's gate has no channels).
+        gate: input channels (a source task's gate has none), read with the task's
+            mailbox (``gate.mailbox``).
         writers: one per outgoing edge.
+
+    Attributes:
+        mailbox: actions run in the task between two batches (:class:`~.task_mailbox.TaskMailbox`).
     """
 
     #: whether the task is an iteration's head (the job waits for its loop to end as for a
@@ -133,6 +138,7 @@ class StreamTask:
         self.task_id = f"{name} ({subtask + 1}/{parallelism})"
         self.operators = operators
         self.gate = gate
+        self.mailbox = gate.mailbox
         self.writers = writers
         self.source = operators[0] if isinstance(operators[0], SourceOperator) else None
         self.sink = operators[-1] if isinstance(operators[-1], SinkOperator) else None
@@ -188,14 +194,14 @@ class StreamTask:
 
     async def _run_source(self, source: SourceOperator) -> None:
         reader = source.reader
-        gate = self.gate
         batch_size = self.env.batch_size
         timeout = self.env.buffer_timeout
         last_flush = time.monotonic()
         generates_watermarks = source.source.timestamp_fn is not None
+        mail = self.mailbox
         while True:
-            while gate._mail:
-                await maybe_await(gate._mail.popleft()())
+            if mail.queue:
+                await mail.run_pending()
             try:
                 batch = await reader.read_batch(batch_size)
             except ReactiveError:
@@ -220,9 +226,10 @@ class StreamTask:
         self.env.on_source_finished(self)
         # A finished source keeps injecting barriers, so the job can end with a final
         # checkpoint that commits every two-phase-commit sink (Flink FLIP-147).
-        while not self._ended:
-            _, action = await gate.get()
-            await maybe_await(action())
+        await mail.run_until(self._has_ended)
+
+    def _has_ended(self) -> bool:
+        return self._ended
 
     async def _source_watermark(self, reader: SourceReader) -> None:
         """Forward the watermark and idle status of a reader that generates them (per-split
@@ -520,9 +527,9 @@ class StreamTask:
         for w in self.writers:
             await w.broadcast_event(status)
 
-    def post(self, action: Callable[[], Awaitable[None] | None]) -> None:
+    def post(self, action: MailboxAction) -> None:
         """Run ``action`` in this task between two batches (its mailbox)."""
-        self.gate.post(action)
+        self.mailbox.post(action)
 
     def push_from(self, start: int, batch: list[Any]) -> Awaitable[None]:
         """Send ``batch`` through the chain from operator ``start`` (mailbox actions)."""
