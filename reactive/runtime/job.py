@@ -48,6 +48,7 @@ from .directory_lock import DirectoryLock
 from .execution_graph import validate
 from .job_runner import JobOptions, JobRunner, JobStatus
 from .metrics import JobMetrics
+from .operators import SinkOperator
 from .source_lifecycle import describe_end, read_accepted_input, tell_end, tell_start
 from .switch_interval import short_switch_interval
 from .task import StreamTask
@@ -60,6 +61,13 @@ if TYPE_CHECKING:
 __all__ = ["Job", "JobOptions", "JobStatus"]
 
 log = logging.getLogger(__name__)
+
+def _tap(sink: SinkOperator, iterator: CommittedResults) -> None:
+    """Copy what ``sink``'s writer writes to ``iterator`` (in the sink's task, or before
+    it runs)."""
+    if not iterator.closed:
+        sink.writer = iterator.wrap(sink.writer)
+
 
 def _occupied(target: Path) -> bool:
     """Blocking: ``target`` exists and is not an empty directory."""
@@ -255,9 +263,11 @@ class Job:
         registered.append(iterator)
         # closed by the application: the next attempts no longer tap the sink for it
         iterator._on_close = functools.partial(registered.remove, iterator)
-        for task in self._runner.tasks:  # an attempt already running: tap it now
+        # an attempt already running: each instance taps its writer itself, between two
+        # batches (a mailbox action), never while a call into the writer is in flight
+        for task in self._runner.tasks:
             if task.sink is not None and task.sink.uid == uid:
-                task.sink.writer = iterator.wrap(task.sink.writer)
+                task.post(functools.partial(_tap, task.sink, iterator))
         return iterator
 
     def _sink_uid(self, sink: str | Sink) -> str:
@@ -272,10 +282,11 @@ class Job:
         raise ConfigurationError(f"job {self.name!r} has no sink {sink!r}; its sinks: {sinks}")
 
     def _tap_sinks(self, tasks: list[StreamTask]) -> None:
+        """Tap the sinks of an attempt's tasks before they run."""
         for task in tasks:
             if task.sink is not None:
                 for iterator in self._results.get(task.sink.uid, ()):
-                    task.sink.writer = iterator.wrap(task.sink.writer)
+                    _tap(task.sink, iterator)
 
     async def query_state(self, uid: str, state: str, key: Any, committed: bool = True) -> Any:
         """The value of keyed state ``state`` of operator ``uid`` for ``key`` (thesis 4.3.1,
