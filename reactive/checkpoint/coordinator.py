@@ -178,9 +178,14 @@ class CheckpointCoordinator:
         self._slot_free.set()
         self.synchronous = config.mode == "synchronous"
 
-    def attach(self, tasks: list[StreamTask]) -> None:
-        """Register the job's tasks (sources are those with a source operator); in the
-        synchronous mode, tell each task to write its snapshots before it goes on."""
+    def attach(self, tasks: list[StreamTask],
+               operators: Sequence[OperatorInfo] | None = None) -> None:
+        """Register the job's tasks (sources are those with a source operator) and, when
+        given, its operators (known once the execution graph made their instances; None
+        keeps those given to the constructor); in the synchronous mode, tell each task to
+        write its snapshots before it goes on."""
+        if operators is not None:
+            self.operators = {op.uid: op for op in operators}
         self.tasks = tasks
         self.sources = [t for t in tasks if t.source is not None]
         if self.config.unaligned and any(t.is_iteration_head for t in tasks):

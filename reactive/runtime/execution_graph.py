@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from typing import cast
 
+from ..checkpoint.coordinator import OperatorInfo
 from ..checkpoint.off_loop import in_thread
 from ..checkpoint.state_assignment_operation import StateAssignmentOperation
 from ..errors import ConfigurationError, RestoreError
@@ -311,6 +312,14 @@ class ExecutionGraph:
         self._instances.append(
             _InstanceRestore(op, keyed_backend, subtask, parallelism, kgr))
         return op
+
+    def operator_infos(self) -> list[OperatorInfo]:
+        """What the checkpoint metadata records of each operator besides its state: uid,
+        name, parallelism, and whether its instances are keyed."""
+        keyed = {inst.operator.uid for inst in self._instances if inst.operator.keyed}
+        return [OperatorInfo(t.resolved_uid, t.name, self.parallelism[t.id],
+                             t.resolved_uid in keyed)
+                for t in self.operator_transformations]
 
     async def restore(self, assignment: StateAssignmentOperation) -> None:
         """Install a checkpoint's state into every operator instance, before the tasks run.

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..checkpoint.completed_checkpoint_store import CompletedCheckpointStore
-from ..checkpoint.coordinator import CheckpointCoordinator, OperatorInfo
+from ..checkpoint.coordinator import CheckpointCoordinator
 from ..checkpoint.lineage import (
     ReplayPolicy,
     lineage_candidates,
@@ -398,15 +398,7 @@ class JobRunner:
                                 if t.source is not None or t.is_iteration_head)
             self.metrics.attach(tasks)
             if coordinator is not None:
-                coordinator.operators = {
-                    t.resolved_uid: OperatorInfo(
-                        t.resolved_uid, t.name, graph.parallelism[t.id],
-                        any(op.keyed and op.uid == t.resolved_uid
-                            for task in tasks for op in task.operators),
-                    )
-                    for t in flow.transformations
-                }
-                coordinator.attach(tasks)
+                coordinator.attach(tasks, graph.operator_infos())
                 tg.create_task(coordinator.run())
             self.coordinator = coordinator
             for task in tasks:
