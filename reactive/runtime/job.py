@@ -62,6 +62,7 @@ __all__ = ["Job", "JobOptions", "JobStatus"]
 
 log = logging.getLogger(__name__)
 
+
 def _tap(sink: SinkOperator, iterator: CommittedResults) -> None:
     """Copy what ``sink``'s writer writes to ``iterator`` (in the sink's task, or before
     it runs)."""

@@ -168,7 +168,7 @@ class JobRunner:
         self._tap_sinks = tap_sinks
         self._recover_results = recover_results
 
-    # ------------------------------------------------------------------ attempts
+    # ------------------------------------------------------------------ restore selection
     def _replay_policy(self) -> ReplayPolicy:
         """What the job's sinks allow when a restore falls back past committed output."""
         exactly_once, dedup = [], []
@@ -219,7 +219,16 @@ class JobRunner:
             except OSError as exc:
                 log.warning("could not remove the record of run %s: %s", self.run_id, exc)
 
+    # ------------------------------------------------------------------ attempts
     async def run_all_attempts(self) -> None:
+        """Choose the checkpoint the run starts from, then run attempts until one finishes
+        or the restart strategy gives up.
+
+        Raises:
+            JobFailedError: the run failed for good (``__cause__`` is the failure).
+            asyncio.CancelledError: the run was cancelled (also for a failure while it wound
+                down after ``cancel_requested``).
+        """
         # the file work of choosing a restore (reading metadata, hashing every file it
         # references), of the run record (write, fsync) and of listing the directory runs in
         # worker threads: the loop may be the application's, and it keeps running meanwhile
