@@ -164,8 +164,8 @@ def run_once(records: list[str], loaded_at: int, interval: float, backend: State
 
     storage = CheckpointStorage(directory, "heap-bench")
     last = storage.completed()[-1]
-    handles = [sub["keyed_state"] for sub in last.metadata["operators"]["count"]
-               ["subtasks"].values()]
+    handles = [sub.keyed_state.to_json() for sub in
+               last.metadata.operators["count"].subtasks.values() if sub.keyed_state]
     restores = []
     for _ in range(restore_repeats):
         gc.collect()

@@ -126,10 +126,10 @@ async def pipeline(records: list[Any], parallelism: int, interval: float
         rows = []
         for chk in CheckpointStorage(d, "iterate-bench").completed():
             log: list[Any] = []
-            for sub in chk.metadata["operators"]["propagate"]["subtasks"].values():
-                handle = sub["operator_state"]
-                if handle:
-                    states = pickle.loads((chk.job_dir / handle["files"][0]["path"]).read_bytes())
+            for sub in chk.metadata.operators["propagate"].subtasks.values():
+                handle = sub.operator_state
+                if handle is not None:
+                    states = pickle.loads((chk.job_dir / handle.files[0].path).read_bytes())
                     log += states.get("back-edge-log", ("split", []))[1]
             s = stats.get(chk.checkpoint_id)
             rows.append({"id": chk.checkpoint_id, "log_records": len(log),

@@ -120,7 +120,7 @@ class _StampedReader(SourceReader):
         self.scheduled += len(out)
         return out
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [(self.subtask, self.emitted, self.scheduled)]
 
     def restore_state(self, entries: list[Any]) -> None:

@@ -1,8 +1,8 @@
 """The baseline of the sharing experiments: one accumulator per open window per query.
 
 Every record is added to each of the r/s windows of every query that contain it (no
-sharing), as a per-window aggregator does (thesis 5.7's "naive"): a baseline for benchmarks
-and tests, not part of the runtime. Same interface as
+sharing), as a per-window aggregator does (the "naive" strategy of Carbone 2018 (PhD thesis),
+section 5.7): a baseline for benchmarks and tests, not part of the runtime. Same interface as
 :class:`reactive.windowing.cutty.CuttyAggregator`, so tests and ``bench/windows.py`` can
 compare results and combine counts on the same input.
 """

@@ -30,7 +30,8 @@ from reactive import (
     ValueStateDescriptor,
 )
 from reactive.runtime.loop import run_coroutine
-from reactive.windowing import CountWindows, CuttyAggregator
+from reactive.windowing import CountWindows
+from reactive.windowing.cutty import CuttyAggregator
 
 __all__ = ["RunResult", "abs_topology", "alignment", "cutty", "sdg", "snapshot_size"]
 
@@ -118,7 +119,7 @@ def abs_topology(records: int, keys: int, parallelism: int, mode: str | None,
     return _run(flow, sink, records, _config(mode, interval, directory))
 
 
-# ----------------------------------------------------------------- thesis Fig. 4.9
+# ------------------------------------------------------ Carbone 2018 (PhD thesis), Fig. 4.9
 class SlowOnOne(KeyedProcessFunction):
     """Identity, but instance 0 spins ``cost`` seconds per record: a slow channel."""
 
@@ -150,8 +151,8 @@ class Count(KeyedProcessFunction):
 def alignment(records: int, parallelism: int, slow_cost: float, interval: float,
               directory: Path) -> RunResult:
     """Alignment per checkpoint at a keyed count behind a full shuffle of ``parallelism``
-    channels per task (thesis Fig. 4.9): source(p) -> key_by -> pass(p, instance 0 slow when
-    ``slow_cost`` > 0) -> key_by -> count(p) -> sink."""
+    channels per task (Carbone 2018 (PhD thesis), Fig. 4.9): source(p) -> key_by -> pass(p,
+    instance 0 slow when ``slow_cost`` > 0) -> key_by -> count(p) -> sink."""
     sink = LatencySink()
     flow = Dataflow("alignment", parallelism=parallelism, max_parallelism=128, batch_size=256)
     (flow.source(StampedSource(records, uniform_key(10_000)), uid="source")
@@ -161,7 +162,7 @@ def alignment(records: int, parallelism: int, slow_cost: float, interval: float,
     return _run(flow, sink, records, _config("exactly_once", interval, directory))
 
 
-# ----------------------------------------------------------------- thesis Fig. 4.8a
+# ----------------------------------------------------- Carbone 2018 (PhD thesis), Fig. 4.8a
 class Store(KeyedProcessFunction):
     """Keeps the record's payload as the key's value state; a record without a payload (an
     update, in the SDG experiment) rewrites the key's value. Emits ``(key, "load" or
@@ -202,8 +203,8 @@ def _backend(name: str, directory: Path) -> StateBackend:
 
 def snapshot_size(megabytes: int, backend: str, mode: str, directory: Path) -> RunResult:
     """Load ``megabytes`` MB of keyed state (1,000-byte values), then take one checkpoint of
-    all of it (the job's final one); its synchronous and asynchronous parts are what thesis
-    Fig. 4.8a plots."""
+    all of it (the job's final one); its synchronous and asynchronous parts are what
+    Carbone 2018 (PhD thesis), Fig. 4.8a plots."""
     keys = megabytes * 1000
     sink = LatencySink()
     flow = Dataflow("snapshot-size", parallelism=1, max_parallelism=128, batch_size=256)
@@ -255,7 +256,7 @@ def sdg(megabytes: int, updates: int, mode: str | None, interval: float,
     return result
 
 
-# ----------------------------------------------------------------- thesis 5.7 (Cutty)
+# ------------------------------------- Carbone 2018 (PhD thesis), section 5.7 (Cutty)
 @dataclass
 class SharingResult:
     """One aggregator on one stream: records/s and combine calls per record."""

@@ -9,15 +9,15 @@ per experiment under ``bench/papers_plots/`` (matplotlib, the ``plot`` extra):
 
 - ABS paper, section 7 (Fig. 5-6): runtime of a fixed input on the evaluation topology
   without fault tolerance, with ABS and with synchronous snapshots, per snapshot interval;
-- thesis Fig. 4.9: alignment time per checkpoint against the parallelism of a shuffle, with
-  and without a slow channel;
-- thesis Fig. 4.8a: the synchronous and asynchronous parts of a snapshot against the state
-  size, heap and RocksDB;
+- Carbone 2018 (PhD thesis), Fig. 4.9: alignment time per checkpoint against the
+  parallelism of a shuffle, with and without a slow channel;
+- Carbone 2018 (PhD thesis), Fig. 4.8a: the synchronous and asynchronous parts of a
+  snapshot against the state size, heap and RocksDB;
 - SDG paper Fig. 12: throughput and p99 latency of updates to large state with synchronous
   against asynchronous checkpoints;
-- thesis 5.7 (Cutty): combine calls and records/s against the number of concurrent window
-  queries, naive, panes, pairs and Cutty (lazy and eager stores), on the flights and on a
-  synthetic stream.
+- Carbone 2018 (PhD thesis), section 5.7 (Cutty): combine calls and records/s against the
+  number of concurrent window queries, naive, panes, pairs and Cutty (lazy and eager
+  stores), on the flights and on a synthetic stream.
 
 ``--quick`` (under 5 minutes on 2 cores) uses smaller inputs and fewer points; the full run
 takes well under an hour.
@@ -339,9 +339,10 @@ phase (records/s over the whole job, the final checkpoint included).
 
 {text}
 {_image("snapshot parts per state size", path)}
-**Reading.** The heap backend matches the thesis: its synchronous part only marks key groups
-for copy-on-write (well under a millisecond at any size) and the asynchronous part grows
-linearly with the bytes written. RocksDB's synchronous part is larger than the thesis shows:
+**Reading.** The heap backend matches the thesis: its synchronous part only plans the snapshot
+per key group and starts the copy-on-write watch (well under a millisecond at any size:
+O(key groups), not O(state)), and the asynchronous part grows linearly with the bytes
+written. RocksDB's synchronous part is larger than the thesis shows:
 ours flushes the write-back cache and the memtable before the RocksDB checkpoint (so the
 hard-linked files hold everything), and that flush grows with what was written since the
 last flush; its asynchronous part copies the SST files. Note that in one Python process the

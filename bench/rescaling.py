@@ -1,6 +1,6 @@
 """Rescaling benchmark: restore time of a keyed state taken at parallelism 4, restored at
-p=2 and p=8 (rescaling, thesis 4.2), against a restore at the same parallelism p=4 measured in
-the same run, for the heap and RocksDB backends.
+p=2 and p=8 (rescaling, Carbone 2018 (PhD thesis), section 4.2), against a restore at the same
+parallelism p=4 measured in the same run, for the heap and RocksDB backends.
 
 The state (``--keys`` keys, one ``ValueState`` int each, ``max_parallelism`` 128) is written
 by 4 keyed backend instances and snapshotted as a savepoint (full, self-contained files);

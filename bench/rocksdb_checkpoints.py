@@ -133,8 +133,8 @@ def state_size(chk: CheckpointStats) -> int:
     """Bytes of every file the checkpoint's keyed state references (a full copy's size)."""
     assert chk.path is not None
     meta = read_metadata(Path(chk.path))
-    return sum(ref["size"] for sub in meta["operators"]["count"]["subtasks"].values()
-               if sub["keyed_state"] for ref in sub["keyed_state"]["files"])
+    return sum(ref.size for sub in meta.operators["count"].subtasks.values()
+               if sub.keyed_state is not None for ref in sub.keyed_state.files)
 
 
 def pauses(args: argparse.Namespace, mods: dict[str, Any], tmp: Path) -> str:

@@ -1,5 +1,5 @@
-"""Which rocksdict calls release the GIL while RocksDB works (issue 21: "measure whether
-rocksdict releases the GIL").
+"""Which rocksdict calls release the GIL while RocksDB works: a call that holds it stalls the
+event loop (and the application sharing it) for as long as RocksDB works.
 
     python -m bench.rocksdict_gil [--entries 300000] [--value-bytes 100] [--repeats 3]
 

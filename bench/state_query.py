@@ -76,7 +76,7 @@ async def main(keys: int, lookups: int, repeats: int) -> None:
         await job.checkpoint()
     checkpoint = job._latest_committed()
     assert checkpoint is not None
-    operator = checkpoint.metadata["operators"]["count"]
+    operator = checkpoint.metadata.operators["count"]
     # keys of distinct key groups: each lookup reads a key group not read before
     chosen: dict[int, int] = {}
     for k in range(keys):
@@ -88,10 +88,10 @@ async def main(keys: int, lookups: int, repeats: int) -> None:
     async def inline() -> float:
         t = time.perf_counter()
         for kg in chosen:
-            owner = operator_index_for_key_group(kg, int(operator["parallelism"]),
-                                                 MAX_PARALLELISM)
-            handle = operator["subtasks"][str(owner)]["keyed_state"]
-            _read_key_group(handle, checkpoint.job_dir, kg)
+            owner = operator_index_for_key_group(kg, operator.parallelism, MAX_PARALLELISM)
+            handle = operator.subtasks[owner].keyed_state
+            assert handle is not None
+            _read_key_group(handle.to_json(), checkpoint.job_dir, kg)
             await asyncio.sleep(0)
         return (time.perf_counter() - t) / len(chosen)
 

@@ -94,7 +94,7 @@ class _GrowingReader(SourceReader):
         self.i += max_records
         return [f"key-{base + (i + j) % 1000}" for j in range(max_records)]
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.i]
 
     def restore_state(self, entries: list[Any]) -> None:
@@ -143,11 +143,10 @@ def _checkpoint_bytes(directory: Path, job: str) -> int:
     if not done:
         return 0
     total = 0
-    for op in done[-1].metadata["operators"].values():
-        for sub in op["subtasks"].values():
-            for part in (sub.get("keyed_state"), sub.get("operator_state")):
-                if part:
-                    total += sum(int(f["size"]) for f in part.get("files", []))
+    for _, _, sub in done[-1].metadata.subtask_states():
+        for part in (sub.keyed_state, sub.operator_state):
+            if part is not None:
+                total += sum(f.size for f in part.files)
     return total
 
 

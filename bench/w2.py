@@ -15,8 +15,10 @@ parse -> key by (origin, carrier) -> hourly event-time windows (flights, cancell
 max departure delay) -> the exactly-once committing parquet sink, dead letters to JSON
 lines, checkpoints every ``--interval`` seconds on the heap or RocksDB (incremental)
 backend. ``--readers`` names the file readers compared: ``csv`` (the CSV source: pyarrow
-blocks, ``flights_from_table``) and ``lines`` (the line-file source, ``parse_flight`` per
-line).
+blocks, ``flights_from_table``), ``lines`` (the line-file source, ``parse_flight`` per
+line) and ``columnar`` (the columnar job, ``build_flow(api="columnar")``: record batches from
+the CSV source through columnar windows; its state is columnar arrays in memory whichever
+backend the job names, so its RocksDB leg is reported as not supported, not run).
 
 The baseline, run in the same invocation: a plain Python loop reading the file with the
 ``csv`` module and computing the same aggregation in a dict (the same validation rules, the
@@ -192,7 +194,11 @@ async def run_job(flights: ModuleType, data: Path, work: Path, reader: str, back
 
     shutil.rmtree(work, ignore_errors=True)
     chk = work / "chk"
-    flow = flights.build_flow(data, work / "out", parallelism, reader=reader)
+    if reader == "columnar":
+        flow = flights.build_flow(data, work / "out", parallelism, reader="csv",
+                                  api="columnar")
+    else:
+        flow = flights.build_flow(data, work / "out", parallelism, reader=reader)
     rows = flights.count_lines(data) - 1
     started, cpu = time.perf_counter(), time.process_time()
     job = await flow.run(checkpoints=CheckpointConfig(interval=interval, directory=chk),
@@ -208,6 +214,12 @@ def child_main(spec: dict[str, Any]) -> None:
     if spec["block_size"] is not None:
         setattr(flights, "csv_source",  # noqa: B010 - a module of the tree, typed loosely
                 functools.partial(flights.csv_source, block_size=spec["block_size"]))
+        if spec["reader"] == "columnar":
+            import flights_columnar
+
+            setattr(flights_columnar, "csv_source",  # noqa: B010
+                    functools.partial(flights_columnar.csv_source,
+                                      block_size=spec["block_size"]))
     import reactive
     from reactive.runtime.loop import run_coroutine
 
@@ -415,7 +427,11 @@ def main(argv: list[str] | None = None) -> str:
         args.limit)
     backends, readers = args.backends.split(","), args.readers.split(",")
     trees = ["working tree"] + ([f"at {args.baseline}"] if args.baseline else [])
-    configs = [(t, b, r) for b in backends for r in readers for t in trees]
+    configs = [(t, b, r) for b in backends for r in readers for t in trees
+               if not (r == "columnar" and b == "rocksdb")]
+    if "columnar" in readers and "rocksdb" in backends:
+        print("W2: the columnar job on RocksDB: not supported yet (columnar keyed state is "
+              "kept in memory whatever the backend); not run")
     # (wall, cpu) -> config (None: the plain loop) -> records/s of each repeat
     rates: dict[str, dict[Config | None, list[float]]] = {
         m: {c: [] for c in [None, *configs]} for m in ("wall", "cpu")}

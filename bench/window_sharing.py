@@ -1,4 +1,5 @@
-"""Window-sharing strategies of the Cutty evaluation (thesis 5.7, Table 5.1), for benchmarks.
+"""Window-sharing strategies of the Cutty evaluation (Carbone 2018 (PhD thesis), section 5.7,
+table 5.1), for benchmarks.
 
 Every strategy folds an in-order stream of ``(timestamp, value)`` records into the periodic
 windows ``[k * slide, k * slide + size)`` of several queries and emits each window that has
@@ -12,8 +13,8 @@ in how a window's result is assembled from the slices (the aggregate store):
   ranges and slides.
 - ``pairs`` (Krishnamurthy et al., "On-the-fly sharing for streamed aggregation", 2006):
   cuts where any window begins or ends.
-- ``cutty`` (Carbone et al., CIKM 2016; thesis Algorithm 8): cuts only where a window
-  begins; a window that ends inside the open slice takes the slice's running partial.
+- ``cutty`` (Carbone et al., CIKM 2016; Carbone 2018 (PhD thesis), Algorithm 8): cuts only
+  where a window begins; a window that ends inside the open slice takes the slice's running partial.
 
 Stores: ``lazy`` keeps the slices in a list and folds a window's slices when it ends
 (``j - i - 1`` merges); ``eager`` keeps them in a FlatFAT (the runtime's

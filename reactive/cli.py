@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from .checkpoint.history_plot import CheckpointHistoryError, plot_checkpoint_history
-from .checkpoint.metadata import METADATA, iter_file_refs, read_metadata
+from .checkpoint.metadata import METADATA, read_metadata
 from .checkpoint.savepoints import export_savepoint
 from .checkpoint.storage import CheckpointStorage
 from .config import CheckpointConfig
@@ -188,11 +188,10 @@ def cmd_checkpoints_list(args: argparse.Namespace) -> int:
     if (directory / METADATA).exists():
         # one checkpoint or savepoint, not a directory of them: say what it is
         meta = read_metadata(directory)
-        kind = "savepoint" if meta.get("kind") == "savepoint" else "checkpoint"
-        where = " (self-contained, movable)" if meta.get("self_contained") else ""
-        size = sum(int(r["size"]) for r in iter_file_refs(meta))
-        print(f"{directory} is {kind} {meta['checkpoint_id']} of job {meta['job']!r}{where}: "
-              f"{size:,} bytes, max parallelism {meta['max_parallelism']}; restore it with "
+        kind = "savepoint" if meta.is_savepoint else "checkpoint"
+        where = " (self-contained, movable)" if meta.self_contained else ""
+        print(f"{directory} is {kind} {meta.checkpoint_id} of job {meta.job!r}{where}: "
+              f"{meta.state_size:,} bytes, max parallelism {meta.max_parallelism}; restore it with "
               f"restore_from={str(directory)!r}")
         return 0
     job_dirs = _job_dirs(directory)
@@ -212,14 +211,11 @@ def cmd_checkpoints_list(args: argparse.Namespace) -> int:
                 rows.append((job_dir.name, n, "-", size, "-", "no"))
                 continue
             meta = chk.metadata
-            shared = any(
-                sub.get("keyed_state") and sub["keyed_state"].get("shared")
-                for op in meta["operators"].values() for sub in op["subtasks"].values()
-            )
-            when = datetime.datetime.fromtimestamp(meta["timestamp"]).isoformat(" ", "seconds")
-            size = int(meta.get("stats", {}).get("size", 0))
-            kind = "savepoint" if meta.get("kind") == "savepoint" else (
-                "incremental" if shared else "full")
+            when = datetime.datetime.fromtimestamp(meta.timestamp or 0.0).isoformat(
+                " ", "seconds")
+            size = int(meta.metrics.size or 0) if meta.metrics is not None else 0
+            kind = "savepoint" if meta.is_savepoint else (
+                "incremental" if meta.shared_paths() else "full")
             rows.append((job_dir.name, n, when, size, kind, "yes"))
     print(f"{'job':<16} {'id':>6}  {'time':<19}  {'bytes':>12}  {'kind':<11}  completed")
     for job, n, when, size, kind, done in rows:
@@ -235,27 +231,25 @@ def cmd_checkpoints_inspect(args: argparse.Namespace) -> int:
         raise CliError(f"{path} has no {METADATA}: it is an incomplete checkpoint")
     meta = read_metadata(path)
     if args.json:
-        print(json.dumps(meta, indent=1))
+        print(json.dumps(meta.to_json(), indent=1))
         return 0
-    print(f"checkpoint {meta['checkpoint_id']} of job {meta['job']!r} ({meta.get('kind')}), "
-          f"max parallelism {meta['max_parallelism']}, mode {meta.get('mode')}")
-    for uid, op in meta["operators"].items():
-        print(f"operator {uid!r} ({op['name']}), parallelism {op['parallelism']}")
-        for i, sub in sorted(op["subtasks"].items(), key=lambda kv: int(kv[0])):
+    print(f"checkpoint {meta.checkpoint_id} of job {meta.job!r} ({meta.kind}), "
+          f"max parallelism {meta.max_parallelism}, mode {meta.mode}")
+    for uid, op in meta.operators.items():
+        print(f"operator {uid!r} ({op.name}), parallelism {op.parallelism}")
+        for i, sub in op.by_index():
             parts = []
-            if sub.get("key_group_range"):
-                s, e = sub["key_group_range"]
-                parts.append(f"key groups {s}-{e}")
-            for kind in ("keyed_state", "operator_state"):
-                h = sub.get(kind)
-                if h:
-                    size = sum(int(r["size"]) for r in h.get("files", []))
-                    label = kind.replace("_", " ")
-                    backend = f" [{h.get('backend')}]" if kind == "keyed_state" else ""
-                    parts.append(f"{label}{backend} {size:,} B in {len(h.get('files', []))} file(s)")
+            if sub.key_group_range is not None:
+                parts.append(f"key groups {sub.key_group_range.start}-{sub.key_group_range.end}")
+            if sub.keyed_state is not None:
+                h = sub.keyed_state
+                parts.append(f"keyed state [{h.backend}] {sum(r.size for r in h.files):,} B in "
+                             f"{len(h.files)} file(s)")
+            if sub.operator_state is not None:
+                o = sub.operator_state
+                parts.append(f"operator state {o.size:,} B in {len(o.files)} file(s)")
             print(f"  subtask {i}: " + ("; ".join(parts) or "no state"))
-    total = sum(int(r["size"]) for r in iter_file_refs(meta))
-    print(f"referenced files: {total:,} bytes")
+    print(f"referenced files: {meta.state_size:,} bytes")
     return 0
 
 
@@ -291,9 +285,8 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
                            "D/<job>/chk-N)")
         chk = found
     sp = export_savepoint(chk, Path(args.output))
-    size = sum(int(r["size"]) for r in iter_file_refs(sp.metadata))
-    print(f"savepoint of checkpoint {chk.checkpoint_id} of job {sp.metadata['job']!r} "
-          f"written to {sp.path} ({size:,} bytes)")
+    print(f"savepoint of checkpoint {chk.checkpoint_id} of job {sp.metadata.job!r} "
+          f"written to {sp.path} ({sp.metadata.state_size:,} bytes)")
     return 0
 
 

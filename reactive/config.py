@@ -1,14 +1,19 @@
-"""Run options: checkpointing and restart strategies."""
+"""Run options: checkpointing and restart strategies, and the typed keyword arguments of
+starting a job (:class:`StartOptions`)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from .errors import ConfigurationError
 
-__all__ = ["CheckpointConfig", "CheckpointingMode", "RestartStrategy"]
+if TYPE_CHECKING:
+    from .state.backend import StateBackend
+
+__all__ = ["CheckpointConfig", "CheckpointingMode", "RestartStrategy", "StartOptions"]
 
 CheckpointingMode = Literal["exactly_once", "at_least_once", "synchronous"]
 
@@ -24,9 +29,9 @@ class CheckpointConfig:
         mode: ``"exactly_once"`` aligns barriers (Algorithm 1 of the ABS paper);
             ``"at_least_once"`` does not block channels, so state may count replayed records;
             ``"synchronous"`` is the baseline the ABS paper compares against (a Naiad-style
-            global synchronous snapshot, thesis section 3.4.2): the sources are halted
-            from the trigger until the checkpoint completes, in-flight records drain, and
-            every task writes its whole snapshot before it processes anything else. It is
+            global synchronous snapshot, Carbone 2018 (PhD thesis), section 3.4.2): the sources
+            are halted from the trigger until the checkpoint completes, in-flight records drain,
+            and every task writes its whole snapshot before it processes anything else. It is
             exactly once like ``"exactly_once"`` and meant for comparisons, not for use:
             the job stops for the drain and the writes of every checkpoint
             (``reactive.checkpoint.synchronous_snapshots``).
@@ -121,3 +126,27 @@ class RestartStrategy:
     def default(checkpointing: bool) -> RestartStrategy:
         """Three restarts one second apart with checkpointing on, none without."""
         return RestartStrategy(3, 1.0) if checkpointing else RestartStrategy(0, 0.0)
+
+
+class StartOptions(TypedDict, total=False):
+    """The keyword arguments of ``Dataflow.start``, which ``Dataflow.run`` and
+    ``Dataflow.execute`` take as ``**options``: each one described there, every one optional.
+
+    Attributes:
+        checkpoints: checkpointing configuration; None disables checkpoints.
+        restart: restart strategy.
+        state_backend: keyed state backend (default: heap).
+        resume: restore the newest completed checkpoint of the job's directory.
+        restore_from: restore exactly this checkpoint or savepoint directory.
+        allow_non_restored_state: accept state of operators the program no longer has.
+        allow_replayed_output: accept restoring past a damaged checkpoint that had
+            committed output.
+    """
+
+    checkpoints: CheckpointConfig | None
+    restart: RestartStrategy | None
+    state_backend: StateBackend | None
+    resume: bool
+    restore_from: str | os.PathLike[str] | None
+    allow_non_restored_state: bool
+    allow_replayed_output: bool

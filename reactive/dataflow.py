@@ -15,9 +15,11 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, Self, cast, overload
 
-from .config import CheckpointConfig, RestartStrategy
+from typing_extensions import TypeVar, Unpack
+
+from .config import CheckpointConfig, RestartStrategy, StartOptions
 from .embedding.trio_host import running_under_trio
 from .errors import ConfigurationError
 from .functions import KeyedProcessFunction, ProcessFunction
@@ -33,12 +35,20 @@ if TYPE_CHECKING:
     from .connected_streams import BroadcastConnectedStream, BroadcastStream, ConnectedStreams
     from .joined_streams import IntervalJoin, JoinedStreams
     from .runtime.job import Job
+    from .runtime.operators.async_wait import AsyncFailure
     from .state.backend import StateBackend
     from .state.descriptors import MapStateDescriptor
     from .windowing.assigners import WindowAssigner
     from .windowing.stream import WindowedStream
 
 __all__ = ["Dataflow", "KeyedStream", "Stream"]
+
+# The record type of a stream and the key type of a keyed stream; Any by default (PEP 696),
+# so a plain ``Stream`` annotation means a stream of anything.
+T = TypeVar("T", default=Any)
+K = TypeVar("K", default=Any)
+U = TypeVar("U")
+KU = TypeVar("KU")
 
 
 class Dataflow:
@@ -105,8 +115,9 @@ class Dataflow:
         self.transformations.append(t)
         return t
 
-    def source(self, source: Source, name: str | None = None, uid: str | None = None) -> Stream:
-        """Add a source; returns its stream."""
+    def source(self, source: Source[U], name: str | None = None, uid: str | None = None
+               ) -> Stream[U]:
+        """Add a source; returns its stream (of the source's record type)."""
         t = self._add(
             "source", name or type(source).__name__,
             lambda t: ops.SourceOperator(t.name, t.resolved_uid, source), [],
@@ -120,16 +131,32 @@ class Dataflow:
             t.parallelism = min(self.parallelism, source.max_source_parallelism)
         return Stream(self, t)
 
-    def from_collection(self, items: Iterable[Any], name: str | None = None,
-                        uid: str | None = None) -> Stream:
+    def from_collection(self, items: Iterable[U], name: str | None = None,
+                        uid: str | None = None) -> Stream[U]:
         """A non-parallel source over an in-memory collection (position = index)."""
         from .defaults import collection_source
 
-        return self.source(collection_source(items), name=name or "collection", uid=uid)
+        source: Source[U] = collection_source(items)
+        return self.source(source, name=name or "collection", uid=uid)
+
+    @overload
+    def read_text_file(self, path: str | os.PathLike[str], name: str | None = None,
+                       uid: str | None = None, with_offsets: Literal[False] = False,
+                       errors: Literal["fail"] = "fail") -> Stream[str]: ...
+
+    @overload
+    def read_text_file(self, path: str | os.PathLike[str], name: str | None = None,
+                       uid: str | None = None, *, with_offsets: Literal[True],
+                       errors: Literal["fail"] = "fail") -> Stream[tuple[int, str]]: ...
+
+    @overload
+    def read_text_file(self, path: str | os.PathLike[str], name: str | None = None,
+                       uid: str | None = None, with_offsets: bool = False,
+                       errors: Literal["fail", "dead_letter"] = "fail") -> Stream[Any]: ...
 
     def read_text_file(self, path: str | os.PathLike[str], name: str | None = None,
                        uid: str | None = None, with_offsets: bool = False,
-                       errors: str = "fail") -> Stream:
+                       errors: Literal["fail", "dead_letter"] = "fail") -> Stream[Any]:
         """A source of the lines (UTF-8) of a file (or of the files of a directory), without
         the line ending; the position is a byte offset.
 
@@ -149,8 +176,8 @@ class Dataflow:
         """
         from .defaults import line_file_source
 
-        return self.source(line_file_source(Path(path), with_offsets, errors),
-                           name=name or "file", uid=uid)
+        source: Source[Any] = line_file_source(Path(path), with_offsets, errors)
+        return self.source(source, name=name or "file", uid=uid)
 
     def from_arrow(self, data: Any, batch_size: int = 65536, name: str | None = None,
                    uid: str | None = None) -> ColumnarStream:
@@ -168,6 +195,32 @@ class Dataflow:
         stream = self.source(source, name=name or "arrow", uid=uid)
         return ColumnarStream(self, stream.transformation, source.schema,
                               lambda t: Stream(self, t))
+
+    def columnar_source(self, source: Source, name: str | None = None,
+                        uid: str | None = None) -> ColumnarStream:
+        """A columnar stream from a source that emits ``pyarrow.RecordBatch`` es of its
+        ``schema`` attribute, e.g. ``CsvFileSource(..., columnar=True)``; the records it
+        emits beside them (dead letters) are the stream's ``dead_letters()``.
+
+        Raises:
+            ConfigurationError: for a source without a ``schema``.
+        """
+        from .columnar import ColumnarStream
+        from .columnar.source import SourceOutput
+
+        schema = getattr(source, "schema", None)
+        if schema is None:
+            raise ConfigurationError(
+                f"columnar_source: {type(source).__name__} declares no schema (a columnar "
+                "source has one, e.g. CsvFileSource(..., columnar=True))")
+        stream = self.source(source, name=name, uid=uid)
+        t = self._add("columnar_source_batches", f"{stream.transformation.name}-batches",
+                      lambda t: SourceOutput(t.name, t.resolved_uid, batches=True),
+                      [Edge(stream.transformation, "forward")])
+        out = ColumnarStream(self, t, schema, lambda t: Stream(self, t),
+                             primary=stream.transformation)
+        out.dead_letter_input = stream.transformation
+        return out
 
     # ------------------------------------------------------------------ running
     async def start(
@@ -253,8 +306,12 @@ class Dataflow:
         job.start()
         return job
 
-    async def run(self, **options: Any) -> Job:
+    async def run(self, **options: Unpack[StartOptions]) -> Job:
         """``start`` then ``wait``: run to the end of input; returns the finished handle.
+
+        Args:
+            **options: the keyword arguments of :meth:`start`
+                (:class:`~reactive.config.StartOptions`).
 
         Raises:
             JobFailedError: when the job failed and its restart strategy gave up.
@@ -267,8 +324,12 @@ class Dataflow:
         await job.wait()
         return job
 
-    def execute(self, **options: Any) -> Job:
+    def execute(self, **options: Unpack[StartOptions]) -> Job:
         """Run the job to completion on a new event loop (uvloop when installed).
+
+        Args:
+            **options: the keyword arguments of :meth:`start`
+                (:class:`~reactive.config.StartOptions`).
 
         SIGINT or SIGTERM stops it with a savepoint in its checkpoint storage (so a run with
         ``resume=True`` continues from there; without checkpointing it is cancelled), and it
@@ -280,8 +341,10 @@ class Dataflow:
         return run_coroutine(run_until_stopped(self, **options)).job
 
 
-class Stream:
-    """A stream of records produced by one transformation; methods add operators.
+class Stream(Generic[T]):
+    """A stream of records of type ``T`` produced by one transformation; methods add
+    operators, and type checkers follow the record type through them
+    (``Stream[str].map(len)`` is a ``Stream[int]``).
 
     Args:
         flow: the dataflow being built.
@@ -305,21 +368,21 @@ class Stream:
         return Edge(self.transformation, self._partitioning)
 
     def _derive(self, transformation: Transformation,
-                primary: Transformation | None = None) -> Stream:
+                primary: Transformation | None = None) -> Stream[Any]:
         """The stream of another transformation of the same dataflow."""
         return Stream(self.flow, transformation, primary=primary)
 
     def _then(self, kind: str, name: str | None,
-              factory: Callable[[Transformation], ops.StreamOperator]) -> Stream:
+              factory: Callable[[Transformation], ops.StreamOperator]) -> Stream[Any]:
         return Stream(self.flow, self.flow._add(kind, name, factory, [self._edge()]))
 
     # configuration of the last operator
-    def name(self, name: str) -> Stream:
+    def name(self, name: str) -> Self:
         """Set the operator's display name."""
         (self._primary or self.transformation).name = name
         return self
 
-    def uid(self, uid: str) -> Stream:
+    def uid(self, uid: str) -> Self:
         """Set the operator's stable id (snapshots are keyed by it); set it on every stateful
         operator of a program that will evolve."""
         if self._primary is not None:
@@ -329,7 +392,7 @@ class Stream:
             self.transformation.uid = uid
         return self
 
-    def set_parallelism(self, parallelism: int) -> Stream:
+    def set_parallelism(self, parallelism: int) -> Self:
         """Set the operator's parallelism.
 
         Raises:
@@ -348,17 +411,17 @@ class Stream:
         return self
 
     # transformations
-    def map(self, fn: Callable[[Any], Any], name: str | None = None) -> Stream:
+    def map(self, fn: Callable[[T], U], name: str | None = None) -> Stream[U]:
         """One output per record: ``fn(record)``."""
         return self._then("map", name, lambda t: ops.MapOperator(t.name, t.resolved_uid, fn))
 
-    def filter(self, fn: Callable[[Any], Any], name: str | None = None) -> Stream:
+    def filter(self, fn: Callable[[T], object], name: str | None = None) -> Stream[T]:
         """Keep the records for which ``fn(record)`` is true."""
         return self._then("filter", name,
                           lambda t: ops.FilterOperator(t.name, t.resolved_uid, fn))
 
-    def flat_map(self, fn: Callable[[Any], Iterable[Any] | None], name: str | None = None
-                 ) -> Stream:
+    def flat_map(self, fn: Callable[[T], Iterable[U] | None], name: str | None = None
+                 ) -> Stream[U]:
         """Zero or more outputs per record: the items of ``fn(record)`` (None: none).
 
         A returned ``str`` or ``bytes`` fails the job with a ``UserFunctionError`` naming
@@ -367,16 +430,43 @@ class Stream:
         return self._then("flat_map", name,
                           lambda t: ops.FlatMapOperator(t.name, t.resolved_uid, fn))
 
+    @overload
     def map_async(
         self,
-        fn: Callable[[Any], Awaitable[Any]],
+        fn: Callable[[T], Awaitable[U]],
         capacity: int = 100,
         timeout: float | None = 5.0,
         ordered: bool = True,
         retry: ops.RetryPolicy | int | None = None,
-        on_failure: Literal["fail", "dead_letter"] | Sink | Callable[[Any], Any] = "fail",
+        *,
+        on_failure: Literal["dead_letter"],
         name: str | None = None,
-    ) -> Stream:
+    ) -> Stream[U | AsyncFailure]: ...
+
+    @overload
+    def map_async(
+        self,
+        fn: Callable[[T], Awaitable[U]],
+        capacity: int = 100,
+        timeout: float | None = 5.0,
+        ordered: bool = True,
+        retry: ops.RetryPolicy | int | None = None,
+        on_failure: Literal["fail"] | Sink[AsyncFailure] | Callable[[AsyncFailure], object]
+        = "fail",
+        name: str | None = None,
+    ) -> Stream[U]: ...
+
+    def map_async(
+        self,
+        fn: Callable[[T], Awaitable[U]],
+        capacity: int = 100,
+        timeout: float | None = 5.0,
+        ordered: bool = True,
+        retry: ops.RetryPolicy | int | None = None,
+        on_failure: Literal["fail", "dead_letter"] | Sink[AsyncFailure]
+        | Callable[[AsyncFailure], object] = "fail",
+        name: str | None = None,
+    ) -> Stream[Any]:
         """One output per record: ``await fn(record)``, with at most ``capacity`` calls in
         flight per instance (Flink's async I/O); a full operator makes its task wait.
 
@@ -429,16 +519,16 @@ class Stream:
         self._derive(failed).sink(on_failure, name=f"{t.name}-failures-sink")
         return self._derive(main, primary=t)
 
-    def process(self, fn: ProcessFunction, name: str | None = None) -> Stream:
+    def process(self, fn: ProcessFunction[T, U], name: str | None = None) -> Stream[U]:
         """Run a :class:`ProcessFunction` (operator state via ``ctx.get_operator_state``)."""
         if isinstance(fn, KeyedProcessFunction):
             raise ConfigurationError("a KeyedProcessFunction needs key_by(...) before process()")
         return self._then("process", name or type(fn).__name__,
                           lambda t: ops.ProcessOperator(t.name, t.resolved_uid, fn))
 
-    def assign_timestamps(self, timestamp_fn: Callable[[Any], float],
+    def assign_timestamps(self, timestamp_fn: Callable[[T], float],
                           max_out_of_orderness: float = 0.0, idleness: float | None = None,
-                          name: str | None = None) -> Stream:
+                          name: str | None = None) -> Stream[T]:
         """Give records event time and generate watermarks (bounded out-of-orderness).
 
         Records pass unchanged; event-time operators downstream re-derive each record's
@@ -472,8 +562,8 @@ class Stream:
         stream.transformation.timestamp_fn = timestamp_fn
         return stream
 
-    def key_by(self, key_selector: Callable[[Any], Any],
-               key_serializer: Serializer | None = None) -> KeyedStream:
+    def key_by(self, key_selector: Callable[[T], KU],
+               key_serializer: Serializer | None = None) -> KeyedStream[KU, T]:
         """Partition by key: records with equal keys go to the same instance, and keyed
         state is scoped to the key.
 
@@ -520,18 +610,18 @@ class Stream:
         flow = self.flow
         return ColumnarStream(flow, t.transformation, schema, lambda t: Stream(flow, t))
 
-    def rebalance(self) -> Stream:
+    def rebalance(self) -> Stream[T]:
         """Distribute batches round robin over the next operator's instances."""
         return Stream(self.flow, self.transformation, "rebalance")
 
     @overload
-    def broadcast(self) -> Stream: ...
+    def broadcast(self) -> Stream[T]: ...
 
     @overload
     def broadcast(self, descriptor: MapStateDescriptor, /, *descriptors: MapStateDescriptor
                   ) -> BroadcastStream: ...
 
-    def broadcast(self, *descriptors: MapStateDescriptor) -> Stream | BroadcastStream:
+    def broadcast(self, *descriptors: MapStateDescriptor) -> Stream[T] | BroadcastStream:
         """Send every record to every instance of the next operator.
 
         With state descriptors, return a ``BroadcastStream`` to ``connect`` to another
@@ -580,7 +670,7 @@ class Stream:
             raise ConfigurationError("join() of streams of different dataflows")
         return JoinedStreams(self, other)
 
-    def union(self, *others: Stream) -> Stream:
+    def union(self, *others: Stream[T]) -> Stream[T]:
         """Merge streams (of the same record type) into one."""
         edges = [self._edge(), *(o._edge() for o in others)]
         for o in others:
@@ -590,11 +680,12 @@ class Stream:
                            lambda t: ops.StreamOperator(t.name, t.resolved_uid), edges)
         return Stream(self.flow, t)
 
-    def iterate(self, step: Callable[[Stream], tuple[Stream, Stream]],
-                name: str | None = None, uid: str | None = None) -> Stream:
+    def iterate(self, step: Callable[[Stream[T]], tuple[Stream[T], Stream[U]]],
+                name: str | None = None, uid: str | None = None) -> Stream[U]:
         """A loop: ``step(loop_input)`` returns ``(feedback, output)``; the feedback stream
         flows back into ``loop_input`` beside this stream's records, the output leaves the
-        loop (thesis 6.3.3's structured loops; the only way to build a cycle).
+        loop (structured loops: Carbone 2018 (PhD thesis), section 6.3.3; the only way to build
+        a cycle).
 
         ```python
         def step(loop_input):            # (vertex, label) proposals
@@ -631,7 +722,7 @@ class Stream:
         head = flow._add("iteration_head", name or "iteration",
                          lambda t: IterationHeadOperator(t.name, t.resolved_uid), [self._edge()])
         head.uid = uid
-        result = step(Stream(flow, head))
+        result = step(Stream[T](flow, head))
         if (not isinstance(result, tuple) or len(result) != 2
                 or not all(isinstance(s, Stream) and s.flow is flow for s in result)):
             raise ConfigurationError(
@@ -654,12 +745,13 @@ class Stream:
         tail.loop_head = head
         return output
 
-    def sink(self, sink: Sink | Callable[[Any], Any], name: str | None = None) -> Stream:
+    def sink(self, sink: Sink[T] | Callable[[T], object], name: str | None = None
+             ) -> Stream[T]:
         """Send records to a :class:`Sink`, or call ``sink(record)`` for each (a callback
         sink: at-least-once, it sees replayed records again after a recovery)."""
         from .defaults import callback_sink
 
-        s: Sink = sink if isinstance(sink, Sink) else callback_sink(sink)
+        s: Sink[T] = sink if isinstance(sink, Sink) else callback_sink(sink)
         stream = self._then("sink", name or type(s).__name__,
                             lambda t: ops.SinkOperator(t.name, t.resolved_uid, s))
         stream.transformation.sink = s
@@ -691,11 +783,12 @@ def _loop_body(head: Transformation, last: Transformation) -> list[Transformatio
     return body
 
 
-class KeyedStream(Stream):
-    """A stream partitioned by key (after ``key_by``)."""
+class KeyedStream(Stream[T], Generic[K, T]):
+    """A stream of records of type ``T`` partitioned by keys of type ``K`` (after
+    ``key_by``)."""
 
     def __init__(self, flow: Dataflow, transformation: Transformation,
-                 key_selector: Callable[[Any], Any],
+                 key_selector: Callable[[T], K],
                  key_serializer: Serializer | None = None) -> None:
         super().__init__(flow, transformation, "hash")
         self.key_selector = key_selector
@@ -704,8 +797,9 @@ class KeyedStream(Stream):
     def _edge(self) -> Edge:
         return Edge(self.transformation, "hash", self.key_selector, self.key_serializer)
 
-    def process(self, fn: ProcessFunction, name: str | None = None) -> Stream:
-        """Run a :class:`KeyedProcessFunction`; state is scoped to each record's key, and
+    def process(self, fn: ProcessFunction[T, U], name: str | None = None) -> Stream[U]:
+        """Run a :class:`KeyedProcessFunction` (a ``KeyedProcessFunction[K, T, U]`` emits a
+        ``Stream[U]``); state is scoped to each record's key, and
         ``ctx.timer_service`` sets timers that call ``fn.on_timer``."""
         k = self.key_selector
         flow = self.flow
@@ -732,8 +826,8 @@ class KeyedStream(Stream):
     def windows(self, assigners: list[WindowAssigner],
                 timestamp: Callable[[Any], float] | None = None) -> WindowedStream[Stream]:
         """Several periodic window definitions over the same records, aggregated with
-        shared partial aggregates (Cutty, thesis chapter 5); results carry the definition's
-        index as ``WindowResult.query``.
+        shared partial aggregates (Cutty, Carbone 2018 (PhD thesis), chapter 5); results carry
+        the definition's index as ``WindowResult.query``.
 
         Raises:
             ConfigurationError: for non-periodic or mixed count/time assigners.
@@ -754,7 +848,7 @@ class KeyedStream(Stream):
 
         return WindowedStream(self, [CountWindows.of(size, slide)])
 
-    def interval_join(self, other: KeyedStream) -> IntervalJoin[Stream]:
+    def interval_join(self, other: KeyedStream[K, Any]) -> IntervalJoin[Stream]:
         """Join with another keyed stream on event time: ``a.key_by(f).interval_join(
         b.key_by(g)).between(-60, 0).process(fn)`` pairs each record of this stream at
         ``t`` with the records of ``other`` with an equal key at ``t - 60 <= t' <= t``
@@ -767,7 +861,7 @@ class KeyedStream(Stream):
 
         return IntervalJoin(self, other)
 
-    def reduce(self, fn: Callable[[Any, Any], Any], name: str | None = None) -> Stream:
+    def reduce(self, fn: Callable[[T, T], T], name: str | None = None) -> Stream[T]:
         """Emit the running ``fn(accumulated, record)`` per key (the first record as is)."""
         k = self.key_selector
         return self._then("reduce", name,

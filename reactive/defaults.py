@@ -2,8 +2,8 @@
 
 The built-in backends and connectors are loaded by name when first used (as Flink's
 ``StateBackendLoader`` loads a backend named in the configuration), so ``import reactive``
-never imports the packages that depend on it (ARCHITECTURE.md, dependency direction): the
-runtime names them, it does not import them.
+never imports the packages that depend on it (ARCHITECTURE.md, "Layers and the rules between
+them"): the runtime names them, it does not import them.
 """
 
 from __future__ import annotations

@@ -10,13 +10,31 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, overload
+
+from typing_extensions import TypeVar
 
 from .errors import StateAccessError
-from .state.api import State
-from .state.descriptors import StateDescriptor
+from .state.api import (
+    AccumulatorState,
+    AggregatingState,
+    ListState,
+    MapState,
+    ReducingState,
+    State,
+    ValueState,
+)
+from .state.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
 from .state.operator_state import OperatorListState, RedistributionMode
 from .state.ttl import IncrementalCleanup, backend_descriptor, ttl_config, ttl_state
+from .state.ttl_clock import TtlClock
 from .state.ttl_config import StateTtlConfig
 from .time.clock import SystemClock
 
@@ -26,6 +44,13 @@ if TYPE_CHECKING:
     from .time.timers import TimerService
 
 __all__ = ["KeyedProcessFunction", "ProcessFunction", "RuntimeContext", "TimeDomain"]
+
+# Any by default (PEP 696): a plain ``ProcessFunction`` subclass takes and emits anything
+T = TypeVar("T", default=Any)
+K = TypeVar("K", default=Any)
+V = TypeVar("V", default=Any)
+IN = TypeVar("IN", default=Any)
+OUT = TypeVar("OUT", default=Any)
 
 
 class TimeDomain(Enum):
@@ -73,6 +98,9 @@ class RuntimeContext:
         self.keyed_states: dict[str, State] = {}
         # sweeps the expired entries of its TTL states' keys (created with the first one)
         self._ttl_cleanup: IncrementalCleanup | None = None
+        #: the wall clock of its TTL states (at most one), frozen by the operator around each
+        #: batch of records
+        self.ttl_clocks: list[TtlClock] = []
 
     @property
     def timer_service(self) -> TimerService:
@@ -122,8 +150,30 @@ class RuntimeContext:
             raise StateAccessError(f"operator {self.operator_name!r} is not keyed: no current key")
         return self._keyed.current_key
 
-    def get_state(self, descriptor: StateDescriptor) -> Any:
-        """Return the keyed state described by ``descriptor``, scoped to the current key.
+    @overload
+    def get_state(self, descriptor: ValueStateDescriptor[T]) -> ValueState[T]: ...
+
+    @overload
+    def get_state(self, descriptor: ListStateDescriptor[T]) -> ListState[T]: ...
+
+    @overload
+    def get_state(self, descriptor: MapStateDescriptor[K, V]) -> MapState[K, V]: ...
+
+    @overload
+    def get_state(self, descriptor: ReducingStateDescriptor[T]) -> ReducingState[T]: ...
+
+    @overload
+    def get_state(self, descriptor: AggregatingStateDescriptor[IN, Any, OUT]
+                  ) -> AggregatingState[IN, OUT]: ...
+
+    @overload
+    def get_state(self, descriptor: StateDescriptor) -> State: ...
+
+    def get_state(self, descriptor: StateDescriptor) -> State:
+        """Return the keyed state described by ``descriptor``, scoped to the current key:
+        a ``ValueState[T]`` for a ``ValueStateDescriptor[T]``, a ``MapState[K, V]`` for a
+        ``MapStateDescriptor[K, V]``, and so on (Flink's ``getState`` / ``getListState``
+        ...).
 
         Raises:
             StateAccessError: when the operator is not after a ``key_by``.
@@ -133,17 +183,46 @@ class RuntimeContext:
                 f"operator {self.operator_name!r} is not keyed: call key_by(...) before it to "
                 "use keyed state, or use get_operator_state"
             )
+        if isinstance(descriptor, AggregatingStateDescriptor):
+            # stored, snapshotted and queried as the value state of its accumulators
+            accumulators = self.get_state(descriptor.accumulator_descriptor())
+            return AccumulatorState(accumulators, descriptor.aggregate_function)
         config = ttl_config(descriptor)
         if config is None:
             state: State = self._keyed.get_state(descriptor)
         else:
-            inner = self._keyed.get_state(backend_descriptor(descriptor, config))
             if self._ttl_cleanup is None:
                 self._ttl_cleanup = IncrementalCleanup(self._keyed)
-            state = ttl_state(descriptor, config, inner, self._ttl_time(config),
-                              self._ttl_cleanup)
+            clock = self._ttl_clock(config)
+            native = self._keyed.get_ttl_state(descriptor, config, clock)
+            if native is not None:
+                self._ttl_cleanup.register(descriptor.name, native)
+                state = native
+            else:
+                inner = self._keyed.get_state(backend_descriptor(descriptor, config))
+                state = ttl_state(descriptor, config, inner, clock.now, self._ttl_cleanup)
         self.keyed_states[descriptor.name] = state
         return state
+
+    def _ttl_clock(self, config: StateTtlConfig) -> TtlClock:
+        """The clock of a TTL state of ``config``: the wall clock's is shared by the
+        operator's TTL states and frozen by the operator for each batch of records
+        (:attr:`ttl_clocks`, :mod:`reactive.state.ttl_clock`); other time sources are read
+        at every access.
+
+        Raises:
+            StateAccessError: for event-time TTL outside a keyed process function.
+        """
+        read = self._ttl_time(config)
+        if read is not time.time:
+            # a watermark (constant within a batch) or a given clock (a test's manual
+            # clock may move with each record): read at every access, as given
+            return TtlClock(read)
+        if self.ttl_clocks:
+            return self.ttl_clocks[0]
+        clock = TtlClock(read)
+        self.ttl_clocks.append(clock)
+        return clock
 
     def _ttl_time(self, config: StateTtlConfig) -> Callable[[], float]:
         """What a TTL state reads the time from (see :mod:`reactive.state.ttl`).
@@ -162,7 +241,7 @@ class RuntimeContext:
         if config.clock is not None:
             return config.clock.now
         # the operator's processing-time clock (a test's manual one) where it has one; the
-        # system clock's time.time bound directly: read twice per record, it is hot
+        # system clock's time.time bound directly (read once per batch, see TtlClock)
         clock = self._timer_service.clock if self._timer_service is not None else None
         if clock is None or type(clock) is SystemClock:
             return time.time
@@ -173,13 +252,14 @@ class RuntimeContext:
         return self._operator_state.get_list_state(name, mode)
 
 
-class ProcessFunction:
-    """A function over a (non-keyed) stream with lifecycle hooks."""
+class ProcessFunction(Generic[IN, OUT]):
+    """A function over a (non-keyed) stream with lifecycle hooks: takes records of type
+    ``IN``, emits records of type ``OUT``."""
 
     def open(self, ctx: RuntimeContext) -> None:
         """Called once per instance before the first record (and after each restore)."""
 
-    def process_element(self, value: Any, ctx: RuntimeContext) -> Iterable[Any] | None:
+    def process_element(self, value: IN, ctx: RuntimeContext) -> Iterable[OUT] | None:
         """Process one record; return (or yield) the outputs.
 
         Or declare a third parameter, ``process_element(self, value, ctx, out)``: ``out`` is
@@ -196,14 +276,16 @@ class ProcessFunction:
         """Called once when the instance stops."""
 
 
-class KeyedProcessFunction(ProcessFunction):
-    """A function over a keyed stream: ``ctx.get_state`` is scoped to ``ctx.current_key``.
+class KeyedProcessFunction(ProcessFunction[IN, OUT], Generic[K, IN, OUT]):
+    """A function over a keyed stream of keys ``K`` and records ``IN``, emitting ``OUT``
+    (Flink's ``KeyedProcessFunction<K, I, O>``): ``ctx.get_state`` is scoped to
+    ``ctx.current_key``.
 
     ``ctx.timer_service`` registers event-time and processing-time timers for the current
     key; they are keyed state (checkpointed, restored, rescaled) and call :meth:`on_timer`.
     """
 
-    def on_timer(self, timestamp: float, ctx: RuntimeContext) -> Iterable[Any] | None:
+    def on_timer(self, timestamp: float, ctx: RuntimeContext) -> Iterable[OUT] | None:
         """A timer of ``ctx.current_key`` fired at ``timestamp`` (seconds); return (or
         yield) the outputs. Event-time timers fire once the watermark is >= ``timestamp``
         (Flink's ``KeyedProcessFunction.onTimer``); ``ctx.time_domain()`` tells an

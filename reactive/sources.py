@@ -14,17 +14,24 @@ idle ones): the task asks :meth:`SourceReader.current_watermark` and
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any, Generic, Literal
 
-__all__ = ["Source", "SourceReader"]
+from typing_extensions import TypeVar
+
+__all__ = ["PollResult", "SimplePollingSource", "Source", "SourceReader"]
+
+# the record type; Any by default (PEP 696), so a plain ``Source`` subclass emits anything
+T = TypeVar("T", default=Any)
 
 
-class SourceReader(ABC):
-    """Reads one instance's share of a source."""
+class SourceReader(ABC, Generic[T]):
+    """Reads one instance's share of a source: records of type ``T``."""
 
-    def open(self, checkpointing: bool) -> None:  # noqa: B027 - optional hook
+    def open(self, checkpointing: bool) -> None:
         """Called once per attempt before the first read (after ``restore_state``).
 
         Args:
@@ -33,17 +40,16 @@ class SourceReader(ABC):
         """
 
     @abstractmethod
-    async def read_batch(self, max_records: int) -> list[Any] | None:
+    async def read_batch(self, max_records: int) -> list[T] | None:
         """Return up to ``max_records`` records, ``[]`` when none is ready yet, ``None`` at the
         end of input (then never called again)."""
 
     @abstractmethod
-    def snapshot_state(self) -> list[Any]:
-        """Return the position as a list of picklable entries (one per split).
-
-        A reader that needs the checkpoint's id (e.g. to commit the position to an external
-        system when that checkpoint completes) declares it: ``snapshot_state(self,
-        checkpoint_id: int)`` is called with it (Flink's ``snapshotState(checkpointId)``)."""
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
+        """Return the position as a list of picklable entries (one per split), in the
+        synchronous part of checkpoint ``checkpoint_id`` (Flink's
+        ``SourceReader.snapshotState(checkpointId)``: the id lets a reader commit this
+        position to an external system when that checkpoint completes)."""
 
     @abstractmethod
     def restore_state(self, entries: list[Any]) -> None:
@@ -74,8 +80,8 @@ class SourceReader(ABC):
         return None
 
 
-class Source(ABC):
-    """A source factory (``flow.source(src)``).
+class Source(ABC, Generic[T]):
+    """A source factory (``flow.source(src)``) of records of type ``T``.
 
     Attributes:
         max_source_parallelism: the largest parallelism it supports (None: unbounded).
@@ -90,9 +96,114 @@ class Source(ABC):
 
     max_source_parallelism: int | None = None
     state_redistribution: Literal["split", "union"] = "split"
-    timestamp_fn: Callable[[Any], float] | None = None
+    timestamp_fn: Callable[[T], float] | None = None
 
     @abstractmethod
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader[T]:
         """Create the reader of instance ``subtask`` of ``parallelism``; its initial share
         is decided here and replaced by ``restore_state`` when restoring."""
+
+
+P = TypeVar("P", default=Any)
+
+PollResult = tuple[list[T], P] | None
+"""What a :class:`SimplePollingSource`'s ``poll`` returns: ``(records, next_position)``, or
+None at the end of input."""
+
+
+class SimplePollingSource(Source[T], Generic[T, P]):
+    """A non-parallel source over a function polled for the records after a position; the
+    position is checkpointed and restored for you (the idea of bytewax's
+    ``SimplePollingSource``, with Flink's exactly-once positions).
+
+    ``poll(position)`` returns ``(records, next_position)``: the records after
+    ``position`` (``[]`` when none is ready yet: the source waits ``interval`` seconds before
+    polling again) and the position after them; or None at the end of input. It may be a
+    coroutine function. For exactly-once results a poll must be deterministic in its
+    position (a file offset, a cursor, a page token, a sequence number): after a failure
+    the source polls again from the checkpointed position and skips the records of that
+    poll it had already emitted.
+
+    Args:
+        poll: ``position -> (records, next_position) | None``, or a coroutine function.
+        start: the position of the first poll (picklable).
+        interval: seconds to wait after a poll without records (>= 0; keep it well below
+            the checkpoint interval: barriers wait for the poll).
+
+    Raises:
+        ConfigurationError: for a negative interval.
+
+    Example::
+
+        source = SimplePollingSource(lambda n: (list(range(n, min(n + 100, 1000))),
+                                                n + 100) if n < 1000 else None, start=0)
+    """
+
+    max_source_parallelism = 1
+
+    def __init__(self, poll: Callable[[P], PollResult[T, P] | Awaitable[PollResult[T, P]]],
+                 start: P, interval: float = 0.1) -> None:
+        from .errors import ConfigurationError
+
+        if interval < 0:
+            raise ConfigurationError(f"SimplePollingSource interval must be >= 0, got {interval}")
+        self.poll = poll
+        self.start = start
+        self.interval = interval
+
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader[T]:
+        return _PollingReader(self)
+
+
+class _PollingReader(SourceReader[T], Generic[T, P]):
+    """Reads a :class:`SimplePollingSource`.
+
+    Invariant: ``pending`` is what the poll at ``position`` returned beyond the
+    ``emitted`` records already handed out; the checkpointed position is ``(position,
+    emitted)``, so a restore polls ``position`` again and drops its first ``emitted``.
+    """
+
+    def __init__(self, source: SimplePollingSource[T, P]) -> None:
+        self.source = source
+        self.position: P = source.start  # where the current poll started
+        self.next_position: P = source.start  # the position after the current poll
+        self.emitted = 0  # records of the current poll handed out
+        self.skip = 0  # records of the next poll handed out before a restore
+        self.pending: list[T] = []
+        self.ended = False
+
+    async def read_batch(self, max_records: int) -> list[T] | None:
+        if not self.pending:
+            if self.ended:
+                return None
+            # the current poll is emitted in full: the next one starts after it
+            self.position, self.emitted = self.next_position, 0
+            result = self.source.poll(self.position)
+            if inspect.isawaitable(result):
+                result = await result
+            if result is None:
+                self.ended = True
+                return None
+            records, self.next_position = result
+            self.emitted, self.skip = self.skip, 0
+            self.pending = list(records)[self.emitted:]
+            if not self.pending:
+                if not records:
+                    await asyncio.sleep(self.source.interval)
+                return []
+        batch, self.pending = self.pending[:max_records], self.pending[max_records:]
+        self.emitted += len(batch)
+        return batch
+
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
+        if not self.pending:  # (after a restore, before its poll: the skip still due)
+            return [(self.next_position, self.skip)]
+        return [(self.position, self.emitted)]
+
+    def restore_state(self, entries: list[Any]) -> None:
+        position, skip = entries[0]
+        self.position = self.next_position = position
+        self.emitted, self.skip, self.pending, self.ended = 0, int(skip), [], False
+
+    def describe_position(self) -> Any:
+        return f"position {self.position!r}, record {self.emitted} of its poll"

@@ -4,19 +4,20 @@ uses, in one module (the user API is :mod:`reactive`; everything else is interna
 - State backends implement :class:`StateBackend` (a factory) and :class:`KeyedStateBackend`
   (one operator instance's keyed state by key group, with the state objects of
   :class:`ValueState` ...), whose ``snapshot`` is the synchronous part and returns a
-  :class:`KeyedStateSnapshot` whose ``write`` is the asynchronous part (thesis 4.5.1). Keys
-  reach the backend as they are; :func:`encode_key` gives their canonical bytes (the same as
-  the key-group hash), :func:`assign_to_key_group` their key group. Register a reader of your
-  snapshot format with :func:`register_key_group_reader`, so other backends (and the PySpark
-  bridge) can restore and read your snapshots as a :class:`KeyGroupStream`; read another
-  backend's with :func:`read_key_groups`. Write snapshot files with :func:`write_atomic`
-  and list them in the handle with their size and sha256. ``restore`` runs in a worker
-  thread, every other hook on the event loop's thread (:mod:`reactive.state.backend`,
-  "Threads"). ``reactive.testing.backend_contract`` in the repository is the contract suite
-  the built-in backends pass; it calls the hooks on the same threads.
+  :class:`KeyedStateSnapshot` whose ``write`` is the asynchronous part (Carbone 2018 (PhD
+  thesis), section 4.5.1). Keys reach the backend as they are; :func:`encode_key` gives their
+  canonical bytes (the same as the key-group hash), :func:`assign_to_key_group` their key group.
+  Register a reader of your snapshot format with :func:`register_key_group_reader`, so other
+  backends (and the PySpark bridge) can restore and read your snapshots as a
+  :class:`KeyGroupStream`; read another backend's with :func:`read_key_groups`. Write snapshot
+  files with :func:`write_atomic` and list them in the handle with their size and sha256.
+  ``restore`` runs in a worker thread, every other hook on the event loop's thread
+  (:mod:`reactive.state.backend`, "Threads"). ``reactive.testing.backend_contract`` in the
+  repository is the contract suite the built-in backends pass; it calls the hooks on the same
+  threads.
 - Sources implement :class:`Source` / :class:`SourceReader` (batches, and the position as
   operator state); sinks :class:`Sink` / :class:`SinkWriter`, or :class:`TwoPhaseCommitSink`
-  for exactly-once output (thesis table 4.1).
+  for exactly-once output (Carbone 2018 (PhD thesis), table 4.1).
 """
 
 from .checkpoint.durable_files import write_atomic

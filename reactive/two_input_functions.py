@@ -1,8 +1,8 @@
 """User function interfaces of two-input operators: co-process functions over connected
 streams, broadcast process functions, and the process function of an interval join (Flink's
 ``CoProcessFunction``, ``KeyedCoProcessFunction``, ``BroadcastProcessFunction``,
-``KeyedBroadcastProcessFunction`` and ``ProcessJoinFunction``; the thesis's n-ary operators,
-section 3.3.1.1).
+``KeyedBroadcastProcessFunction`` and ``ProcessJoinFunction``; n-ary operators in Carbone
+2018 (PhD thesis), section 3.3.1.1).
 
 Like ``process_element`` of a :class:`~reactive.functions.ProcessFunction`, every method here
 yields its outputs, or returns None or a list of them.

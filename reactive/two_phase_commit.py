@@ -1,7 +1,7 @@
 """Two-phase-commit sinks: output that leaves the pipeline exactly once.
 
-The epoch-commit protocol of the thesis (Carbone, "Scalable and Reliable Data Stream
-Processing", KTH 2018, sections 4.1.3-4.1.4 and table 4.1) and of Flink's
+The epoch-commit protocol of Carbone 2018 (PhD thesis: "Scalable and Reliable Data Stream
+Processing", KTH), sections 4.1.3-4.1.4 and table 4.1, and of Flink's
 ``TwoPhaseCommitSinkFunction``: the records of one checkpoint interval (an *epoch*) go into
 one transaction, which is
 
@@ -14,14 +14,14 @@ one transaction, which is
    (``notify_checkpoint_complete`` -> ``commit``): made visible, atomically.
 
 A crash between 3 and 4 is repaired on recovery: the restored snapshot lists the pending
-transactions, and they are committed before the instance processes anything (thesis
-4.1.3.1). So ``commit`` must be idempotent: it is retried for a transaction that may already
-be committed. A transaction whose checkpoint is aborted stays pending; the next completed
-checkpoint commits it with its own (completion of n covers every pending id <= n), so nothing
-is lost and nothing is written twice. Transactions that no restored checkpoint references
-(begun, or pre-committed for a checkpoint that never completed, before a crash) are
-*lingering*; ``abort_lingering`` removes them once, before the instance's first transaction
-(Flink's ``KafkaSink`` aborts lingering transactions the same way).
+transactions, and they are committed before the instance processes anything (Carbone
+2018 (PhD thesis), section 4.1.3.1). So ``commit`` must be idempotent: it is retried for a
+transaction that may already be committed. A transaction whose checkpoint is aborted stays
+pending; the next completed checkpoint commits it with its own (completion of n covers every
+pending id <= n), so nothing is lost and nothing is written twice. Transactions that no restored
+checkpoint references (begun, or pre-committed for a checkpoint that never completed, before a
+crash) are *lingering*; ``abort_lingering`` removes them once, before the instance's first
+transaction (Flink's ``KafkaSink`` aborts lingering transactions the same way).
 
 After a change of parallelism every instance restores every pending transaction of the
 checkpoint (union redistribution) and commits those that instance ``k % parallelism`` owns,
@@ -60,7 +60,8 @@ _EPOCH = "epoch"  # {"kind", "checkpoint_id", "subtask"}: one per snapshot, name
 
 
 class TwoPhaseCommitSink(Sink, Generic[TxnT]):
-    """Base class of exactly-once sinks (thesis table 4.1; Flink ``TwoPhaseCommitSinkFunction``).
+    """Base class of exactly-once sinks (Carbone 2018 (PhD thesis), table 4.1; Flink's
+    ``TwoPhaseCommitSinkFunction``).
 
     Subclasses implement the five transaction hooks; each may be synchronous or a coroutine.
     Every parallel instance works on its own shallow copy of the sink (``copy.copy``), with
@@ -209,9 +210,7 @@ class TwoPhaseCommitWriter(SinkWriter, Generic[TxnT]):
             txn = self.current = await maybe_await(self.sink.begin_transaction())
         await maybe_await(self.sink.write(txn, batch))
 
-    # SinkWriter.snapshot_state is annotated synchronous, but SinkOperator awaits a
-    # coroutine result (reactive/sinks.py: "methods may be coroutines")
-    async def snapshot_state(self, checkpoint_id: int) -> list[Any]:  # type: ignore[override]
+    async def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         """Pre-commit the open transaction for ``checkpoint_id``; return the pending ones.
 
         Returns:
@@ -260,14 +259,15 @@ class TwoPhaseCommitWriter(SinkWriter, Generic[TxnT]):
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """Nothing to do: pre-committed transactions stay pending until a later checkpoint
-        completes, and the completion of that checkpoint commits them (thesis 4.1.3)."""
+        completes, and the completion of that checkpoint commits them (Carbone 2018 (PhD thesis),
+        section 4.1.3)."""
         log.debug("checkpoint %d aborted; subtask %d keeps %d transaction(s) pending",
                   checkpoint_id, self.sink.subtask, len(self.pending))
 
     async def restore_state(self, entries: list[Any]) -> None:
         """Commit the pending transactions of the restored checkpoint that this instance
-        owns, then abort lingering ones; runs before the instance processes anything (thesis
-        4.1.3.1).
+        owns, then abort lingering ones; runs before the instance processes anything (Carbone
+        2018 (PhD thesis), section 4.1.3.1).
 
         ``entries`` are those of every old instance (union redistribution, see
         :attr:`state_redistribution`): the restored checkpoint's id is the largest id among
@@ -327,17 +327,18 @@ class TwoPhaseCommitWriter(SinkWriter, Generic[TxnT]):
             self.pending.append((self.last_checkpoint_id + 1, txn))
             await self._commit_up_to(self.last_checkpoint_id + 1)
 
-    def close(self) -> None:
+    def close(self) -> Awaitable[None] | None:
         """Abort the open transaction (after a failure; pending ones stay for recovery)."""
         txn, self.current = self.current, None
         if txn is None:
-            return
+            return None
         try:
             result = self.sink.abort(txn)
         except Exception as exc:  # closing after a failure: the first error is the news
             log.warning("subtask %d: aborting the open transaction failed: %r",
                         self.sink.subtask, exc)
-            return
+            return None
         if inspect.iscoroutine(result):
             # closing is synchronous: the next start's abort_lingering removes the transaction
             result.close()
+        return None

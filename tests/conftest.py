@@ -94,9 +94,10 @@ def checkpoint_state(directory: Any, job: str, uid: str, state: str) -> dict[Any
 
     chk = CheckpointStorage(directory, job).completed()[-1]
     out: dict[Any, Any] = {}
-    for sub in chk.metadata["operators"][uid]["subtasks"].values():
-        if sub["keyed_state"]:
-            out.update(read_heap_snapshot(sub["keyed_state"], chk.job_dir).get(state, {}))
+    for sub in chk.metadata.operators[uid].subtasks.values():
+        if sub.keyed_state is not None:
+            out.update(read_heap_snapshot(sub.keyed_state.to_json(), chk.job_dir)
+                       .get(state, {}))
     return out
 
 
@@ -105,11 +106,11 @@ def operator_state_entry(chk: Any, uid: str, name: str, default: Any) -> Any:
     ``chk`` (``default`` when the checkpoint holds no state for the operator)."""
     import pickle
 
-    operator = chk.metadata["operators"].get(uid)
+    operator = chk.metadata.operators.get(uid)
     if operator is None:
         return default
-    handle = operator["subtasks"]["0"]["operator_state"]
-    states = pickle.loads((chk.job_dir / handle["files"][0]["path"]).read_bytes())
+    handle = operator.subtasks[0].operator_state
+    states = pickle.loads((chk.job_dir / handle.files[0].path).read_bytes())
     return states[name][1] if name in states else default
 
 

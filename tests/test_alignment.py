@@ -45,7 +45,7 @@ class _SlowReader(SourceReader):
         self.pos += len(out)
         return out
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.pos]
 
     def restore_state(self, entries: list[Any]) -> None:
@@ -53,8 +53,8 @@ class _SlowReader(SourceReader):
 
 
 def _position(job_dir, chk_meta, uid):
-    handle = chk_meta["operators"][uid]["subtasks"]["0"]["operator_state"]
-    states = pickle.loads((job_dir / handle["files"][0]["path"]).read_bytes())
+    handle = chk_meta.operators[uid].subtasks[0].operator_state
+    states = pickle.loads((job_dir / handle.files[0].path).read_bytes())
     return states["source-position"][1][0]
 
 
@@ -76,9 +76,10 @@ async def test_checkpointed_state_matches_records_before_barriers(tmp_path, mode
         pos_slow = _position(chk.job_dir, meta, "slow")
         expected = collections.Counter(fast[:pos_fast]) + collections.Counter(slow[:pos_slow])
         state: dict[str, int] = {}
-        for sub in meta["operators"]["count"]["subtasks"].values():
-            if sub["keyed_state"]:
-                state.update(read_heap_snapshot(sub["keyed_state"], chk.job_dir).get("count", {}))
+        for sub in meta.operators["count"].subtasks.values():
+            if sub.keyed_state is not None:
+                state.update(read_heap_snapshot(sub.keyed_state.to_json(), chk.job_dir)
+                             .get("count", {}))
         assert state == dict(expected), f"checkpoint {chk.checkpoint_id}"
         if 0 < pos_slow < len(slow):
             checked += 1

@@ -162,33 +162,32 @@ def test_the_time_layer_does_not_reach_into_the_task():
 # only units of lower layers; the few imports against the layers are listed in UPWARD with
 # the reason each one is there.
 LAYERS: list[set[str]] = [
-    # what everything uses: errors, value serializers, the plug-in protocols of sources
-    # and sinks; then run options, optional imports, the canonical key bytes
-    {"reactive.errors", "reactive.serialization", "reactive.sources", "reactive.sinks"},
-    {"reactive.config", "reactive.extras", "reactive.key_encoding"},
+    # errors, value serializers, the sink protocol
+    {"reactive.errors", "reactive.serialization", "reactive.sinks"},
+    # the source protocol, optional imports, the canonical key bytes, two-phase-commit sinks
+    {"reactive.sources", "reactive.extras", "reactive.key_encoding",
+     "reactive.two_phase_commit"},
     {"reactive.keygroups"},
     # keyed and operator state
     {"reactive.state"},
-    # event time: clocks, watermarks, timers (kept as keyed state)
-    {"reactive.time"},
-    # user function interfaces, two-phase-commit sinks, the defaults named by string
-    {"reactive.functions", "reactive.two_phase_commit", "reactive.defaults"},
-    {"reactive.two_input_functions"},
-    # the coordinator's side of checkpoints, storage, metadata, lineage
-    {"reactive.checkpoint"},
+    # event time (clocks, watermarks, timers kept as keyed state), run options, the
+    # defaults named by string
+    {"reactive.time", "reactive.config", "reactive.defaults"},
+    # checkpoints (storage, metadata, lineage, the coordinator), user function interfaces,
     # the logical graph the runtime expands
-    {"reactive.graph"},
+    {"reactive.checkpoint", "reactive.functions", "reactive.graph"},
+    {"reactive.two_input_functions", "reactive.spi"},
     # tasks, channels, operators, the execution graph, the job
     {"reactive.runtime"},
-    # what is built on the runtime: embedding, windows, columnar execution, metrics, the
-    # fluent API of two-input streams
-    {"reactive.embedding", "reactive.windowing", "reactive.columnar",
-     "reactive.metrics_exporter", "reactive.connected_streams"},
-    {"reactive.joined_streams", "reactive.spi", "reactive.backends"},
-    # the fluent API, the test toolkit, the connectors
-    {"reactive.dataflow", "reactive.testing", "reactive.connectors"},
-    # the entry points
-    {"reactive", "reactive.cli"},
+    # what is built on the runtime: embedding, windows, metrics, two-input streams
+    {"reactive.embedding", "reactive.windowing", "reactive.metrics_exporter",
+     "reactive.connected_streams"},
+    # columnar execution (its windows use windowing's assigners), joins, the test toolkit
+    {"reactive.columnar", "reactive.joined_streams", "reactive.testing"},
+    # the backends (they register the columnar state's reader), the fluent API
+    {"reactive.backends", "reactive.dataflow"},
+    # the entry points and the connectors
+    {"reactive", "reactive.cli", "reactive.connectors"},
     {"reactive.__main__"},
 ]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}

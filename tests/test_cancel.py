@@ -82,7 +82,7 @@ class _FailingCleanupReader(SourceReader):
             raise RuntimeError("closing the upstream connection failed") from None
         return []
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return []
 
     def restore_state(self, entries: list[Any]) -> None:

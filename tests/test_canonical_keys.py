@@ -56,9 +56,9 @@ def final_state(directory: Path, job: str, backend: str) -> dict[Any, Any]:
 
     chk = CheckpointStorage(directory, job).completed()[-1]
     out: dict[Any, Any] = {}
-    for i, sub in chk.metadata["operators"]["count"]["subtasks"].items():
-        if sub["keyed_state"]:
-            data = read_rocksdb_snapshot(sub["keyed_state"], chk.job_dir,
+    for i, sub in chk.metadata.operators["count"].subtasks.items():
+        if sub.keyed_state is not None:
+            data = read_rocksdb_snapshot(sub.keyed_state.to_json(), chk.job_dir,
                                          directory / f"read-{job}-{i}")
             for k, v in data.get("count", {}).items():
                 assert k not in out, f"key {k!r} stored twice"

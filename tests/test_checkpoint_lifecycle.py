@@ -48,7 +48,7 @@ class _GatedReader(SourceReader):
         await self.source.gate.wait()
         raise RuntimeError("the source's input broke")
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.sent]
 
     def restore_state(self, entries: list[Any]) -> None:
@@ -112,7 +112,7 @@ class _UntilCheckpointsReader(SourceReader):
         self.position += max_records
         return list(range(start, self.position))
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.position]
 
     def restore_state(self, entries: list[Any]) -> None:
@@ -138,8 +138,8 @@ async def test_operator_state_is_captured_at_the_barrier(tmp_path):
     for chk in completed:
         states = {}
         for uid in ("src", "counter"):
-            handle = chk.metadata["operators"][uid]["subtasks"]["0"]["operator_state"]
-            states[uid] = pickle.loads((chk.job_dir / handle["files"][0]["path"]).read_bytes())
+            handle = chk.metadata.operators[uid].subtasks[0].operator_state
+            states[uid] = pickle.loads((chk.job_dir / handle.files[0].path).read_bytes())
         position = states["src"]["source-position"][1][0]
         counted = states["counter"]["progress"][1][0]["counted"]
         assert counted == position, f"checkpoint {chk.checkpoint_id}"
@@ -185,7 +185,7 @@ class _EndlessReader(SourceReader):
         await asyncio.sleep(0.001)  # a live stream's pace
         return batch
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.next]
 
     def restore_state(self, entries: list[Any]) -> None:
@@ -238,7 +238,7 @@ class _SlowTeardownReader(SourceReader):
             raise
         return None
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return []
 
     def restore_state(self, entries: list[Any]) -> None:

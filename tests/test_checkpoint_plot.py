@@ -84,9 +84,11 @@ def test_plot_draws_every_listed_checkpoint(checkpoint_root, tmp_path, capsys):
     assert all(len(values) == len(listed) for values in plot.series.values())
     for n, point, size, sync in zip(listed, plot.history.points, plot.series["size"],
                                     plot.series["sync"], strict=True):
-        stats = read_metadata(job_dir / f"chk-{n}")["stats"]
-        assert size == stats["size"] > 0
-        assert sync == stats["sync"]
+        stats = read_metadata(job_dir / f"chk-{n}").metrics
+        assert stats is not None
+        assert size == stats.size
+        assert size > 0
+        assert sync == stats.sync
         assert point.kind == "full"  # the heap backend writes full snapshots
         assert point.state_size >= point.size
         assert point.duration >= max(point.sync, point.async_) >= 0

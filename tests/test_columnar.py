@@ -611,8 +611,9 @@ async def test_columnar_snapshots_read_as_key_group_streams(tmp_path, incrementa
                          state_backend=HeapStateBackend(incremental=incremental))
     chk = CheckpointStorage(tmp_path, "columnar-read").completed()[-1]
     states: dict[str, dict[Any, Any]] = {}
-    for sub in chk.metadata["operators"]["agg"]["subtasks"].values():
-        with read_key_groups(sub["keyed_state"], chk.job_dir) as stream:
+    for sub in chk.metadata.operators["agg"].subtasks.values():
+        assert sub.keyed_state is not None
+        with read_key_groups(sub.keyed_state.to_json(), chk.job_dir) as stream:
             for name, values in merge_key_groups(stream).items():
                 states.setdefault(name, {}).update(values)
     expected = table.group_by("word").aggregate([("n", "count"), ("n", "mean")]).to_pylist()

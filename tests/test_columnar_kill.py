@@ -76,3 +76,62 @@ def test_sigkill_and_rescale_keep_columnar_output_exactly_once(tmp_path, backend
 @pytest.mark.parametrize("backend", ["heap", "heap-incremental"])
 def test_sigkill_and_rescale_seeded_loop(tmp_path, backend, seed):
     run_trial(tmp_path, backend, seed)
+
+
+# ---------------------------------------------------------------------- windows
+WINDOW_RECORDS = 8_000
+
+
+def run_windows_until_done(out: Path, chk: Path, kind: str, seed: int, log: Path) -> list[int]:
+    from .pipelines import columnar_window_job as windows
+
+    rnd = random.Random(seed)
+    kills = sorted(rnd.sample(range(2_000, WINDOW_RECORDS), 3))
+    schedule = [(f"row:{k}", rnd.choice([1, 2, 3])) for k in kills] + [("none:0", 2)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REACTIVE_TEST_KILL_LOG": str(log)}
+    codes = []
+    for kill, parallelism in schedule:
+        proc = subprocess.run(
+            [sys.executable, windows.__file__, str(out), str(chk), str(WINDOW_RECORDS),
+             str(parallelism), kind],
+            env={**env, "REACTIVE_TEST_KILL": kill}, capture_output=True, text=True,
+            timeout=180, check=False)
+        codes.append(proc.returncode)
+        assert proc.returncode in (0, -signal.SIGKILL), proc.stderr[-3000:]
+        if proc.returncode == 0:
+            break
+    assert codes[-1] == 0
+    return codes
+
+
+def test_sigkill_and_rescale_keep_columnar_windows_exactly_once(tmp_path):
+    """Columnar session windows (with allowed lateness: late firings too) killed with
+    SIGKILL at seeded rows and resumed at another parallelism each time commit exactly what
+    the per-record windows compute on the same input."""
+    windows_trial(tmp_path, "session", 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(3, 8))
+@pytest.mark.parametrize("kind", ["tumbling", "sliding", "session"])
+def test_sigkill_and_rescale_columnar_windows_seeded_loop(tmp_path, kind, seed):
+    windows_trial(tmp_path, kind, seed)
+
+
+def windows_trial(tmp_path: Path, kind: str, seed: int) -> None:
+    import asyncio
+
+    import pyarrow.parquet as pq
+
+    from .pipelines import columnar_window_job as windows
+    from .test_columnar_windows import ordered, per_record_windows
+
+    out, chk, log = tmp_path / "out", tmp_path / "chk", tmp_path / "kills.log"
+    codes = run_windows_until_done(out, chk, kind, seed, log)
+    assert -signal.SIGKILL in codes and log.exists()  # the job really was killed
+    rows = [r for p in sorted(out.glob("part-*")) for r in pq.read_table(p).to_pylist()]
+    got = ordered((r["k"], r["window_start"], r["window_end"], r["n"], r["s"], r["lo"],
+                   r["hi"], r["m"]) for r in rows)
+    expected, _ = asyncio.run(per_record_windows(windows.events(WINDOW_RECORDS),
+                                                 windows.ASSIGNERS[kind], windows.LATENESS))
+    assert got == expected

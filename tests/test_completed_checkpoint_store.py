@@ -6,11 +6,17 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Any
 
 from reactive.checkpoint.completed_checkpoint_store import (
     CompletedCheckpointStore,
     remove_checkpoint_dir,
+)
+from reactive.checkpoint.contract import (
+    CheckpointMetadata,
+    FileRef,
+    KeyedStateHandle,
+    OperatorState,
+    OperatorSubtaskState,
 )
 from reactive.checkpoint.failure_reason import CheckpointFailureReason
 from reactive.checkpoint.lineage import RejectedCheckpoint, candidates_in
@@ -33,17 +39,18 @@ def test_registry_counts_references_per_checkpoint():
 def _complete(storage: CheckpointStorage, n: int, shared: list[str],
               kind: str = "checkpoint") -> CompletedCheckpoint:
     """Write checkpoint n referencing ``shared`` files (created) and its metadata."""
-    refs: list[dict[str, Any]] = []
+    refs: list[FileRef] = []
     for rel in shared:
         path = storage.job_dir / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(rel.encode())
-        refs.append({"path": rel, "size": len(rel), "sha256": "-"})
-    handle = {"backend": "test", "files": refs, "shared": refs}
-    body = {"job": "j", "checkpoint_id": n, "kind": kind, "max_parallelism": 8,
-            "operators": {"op": {"subtasks": {"0": {"keyed_state": handle}}}}}
+        refs.append(FileRef(rel, len(rel), "-"))
+    handle = KeyedStateHandle("test", None, tuple(refs), tuple(refs))
+    metadata = CheckpointMetadata(
+        job="j", checkpoint_id=n, kind=kind, max_parallelism=8, operators={
+            "op": OperatorState("op", 1, True, {0: OperatorSubtaskState(handle)})})
     storage.checkpoint_dir(n).mkdir(parents=True, exist_ok=True)
-    write_metadata(storage.checkpoint_dir(n), body)
+    write_metadata(storage.checkpoint_dir(n), metadata)
     return storage.load(storage.checkpoint_dir(n), verify=False)
 
 

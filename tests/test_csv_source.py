@@ -115,9 +115,10 @@ def restored_positions(directory: Path, job: str, checkpoint_id: int) -> list[li
     chk = next(c for c in CheckpointStorage(directory, job).completed()
                if c.checkpoint_id == checkpoint_id)
     entries: list[list[Any]] = []
-    for sub in chk.metadata["operators"]["sales"]["subtasks"].values():
-        for f in sub["operator_state"]["files"]:
-            entries += pickle.loads((chk.job_dir / f["path"]).read_bytes())["source-position"][1]
+    for sub in chk.metadata.operators["sales"].subtasks.values():
+        assert sub.operator_state is not None
+        for f in sub.operator_state.files:
+            entries += pickle.loads((chk.job_dir / f.path).read_bytes())["source-position"][1]
     return entries
 
 
@@ -174,7 +175,7 @@ def test_a_restore_inside_a_file_resumes_at_the_exact_row(tmp_path):
             batch = await first.read_batch(1024)
             assert batch is not None
             head += batch
-        position = first.snapshot_state()
+        position = first.snapshot_state(1)
         first.close()
         second = source.create_reader(0, 1)
         second.restore_state(pickle.loads(pickle.dumps(position)))

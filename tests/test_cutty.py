@@ -13,13 +13,9 @@ import pytest
 from bench.naive_windows import NaiveAggregator
 from reactive import AggregateFunction, Dataflow, SlidingEventTimeWindows, TumblingEventTimeWindows
 from reactive.connectors.collections import ListSink
-from reactive.windowing import (
-    AggregateStats,
-    CountWindows,
-    CuttyAggregator,
-    EventTimeCuttyAggregator,
-    FlatFAT,
-)
+from reactive.windowing import CountWindows
+from reactive.windowing.cutty import CuttyAggregator, EventTimeCuttyAggregator
+from reactive.windowing.flatfat import AggregateStats, FlatFAT
 
 from .test_windows import SumAmount, as_dict, batch_windows, events
 

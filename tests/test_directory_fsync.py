@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from reactive import CheckpointConfig, CheckpointStorage, Dataflow
-from reactive.checkpoint.metadata import METADATA, iter_file_refs
+from reactive.checkpoint.metadata import METADATA
 from reactive.connectors.files import CommittingFileSink
 from reactive.testing import TestingSource
 from tests.conftest import Count
@@ -82,8 +82,8 @@ async def test_a_completed_checkpoints_directories_are_synced(tmp_path, monkeypa
     missing = []
     for c in retained:
         missing += syncs.missing(c.path / METADATA, tmp_path)
-        for ref in iter_file_refs(c.metadata):
-            missing += syncs.missing(c.job_dir / ref["path"], tmp_path)
+        for ref in c.metadata.file_refs():
+            missing += syncs.missing(c.job_dir / ref.path, tmp_path)
     parts = [p for p in out.iterdir() if p.name.startswith("part-")]
     assert parts
     for part in parts:
@@ -94,8 +94,8 @@ async def test_a_completed_checkpoints_directories_are_synced(tmp_path, monkeypa
     from reactive.checkpoint.savepoints import export_savepoint
     savepoint = export_savepoint(retained[-1], tmp_path / "saved" / "sp-1")
     missing = syncs.missing(savepoint.path / METADATA, tmp_path)
-    for ref in iter_file_refs(savepoint.metadata):
-        missing += syncs.missing(savepoint.path / ref["path"], tmp_path)
+    for ref in savepoint.metadata.file_refs():
+        missing += syncs.missing(savepoint.path / ref.path, tmp_path)
     assert sorted(set(missing)) == []
 
 
@@ -116,6 +116,6 @@ async def test_a_moved_savepoint_is_durable_where_it_lands(tmp_path, monkeypatch
     savepoint = await job.savepoint(tmp_path / "saved" / "sp-1")
     await job.cancel()
     missing = syncs.missing(savepoint.path / METADATA, tmp_path)
-    for ref in iter_file_refs(savepoint.metadata):
-        missing += syncs.missing(savepoint.path / ref["path"], tmp_path)
+    for ref in savepoint.metadata.file_refs():
+        missing += syncs.missing(savepoint.path / ref.path, tmp_path)
     assert sorted(set(missing)) == []

@@ -91,7 +91,7 @@ class _PacedReader(SourceReader):
         await asyncio.sleep(0)
         return []
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.i]
 
     def restore_state(self, entries: list[Any]) -> None:

@@ -111,9 +111,10 @@ def _committed(directory):
 
 
 async def test_the_csv_reader_and_the_line_reader_commit_the_same_results(tmp_path):
-    """The main job's vectorized CSV source gives exactly what parsing each line in Python
-    gives (results and dead letters, with their offsets), and the flights per window equal a
-    batch count over the file, with every kind of malformed row in the input."""
+    """The main job's vectorized CSV source, per record and columnar, gives exactly what
+    parsing each line in Python gives (results and dead letters, with their offsets), and the
+    flights per window equal a batch count over the file, with every kind of malformed row
+    in the input."""
     from reactive import CheckpointConfig
 
     from .conftest import load_example
@@ -135,13 +136,16 @@ async def test_the_csv_reader_and_the_line_reader_commit_the_same_results(tmp_pa
     fields[17] = b"NA"  # a minute that is no number
     lines[5_001] = b",".join(fields)
     data.write_bytes(b"".join(lines))
-    for reader in ("csv", "lines"):
-        flow = flights.build_flow(data, tmp_path / reader, parallelism=2, reader=reader)
-        await flow.run(checkpoints=CheckpointConfig(interval=0.05,
-                                                    directory=tmp_path / f"chk-{reader}"))
-    assert _committed(tmp_path / "csv") == _committed(tmp_path / "lines")
-    dead = _committed(tmp_path / "csv" / "_dead_letters")
-    assert dead == _committed(tmp_path / "lines" / "_dead_letters")
+    for reader, api in (("csv", "records"), ("lines", "records"), ("csv", "columnar")):
+        flow = flights.build_flow(data, tmp_path / api / reader, parallelism=2, reader=reader,
+                                  api=api)
+        await flow.run(checkpoints=CheckpointConfig(
+            interval=0.05, directory=tmp_path / f"chk-{api}-{reader}"))
+    lines_out = tmp_path / "records" / "lines"
+    for other in (tmp_path / "records" / "csv", tmp_path / "columnar" / "csv"):
+        assert _committed(other) == _committed(lines_out)
+        assert _committed(other / "_dead_letters") == _committed(lines_out / "_dead_letters")
+    dead = _committed(lines_out / "_dead_letters")
     offsets = [sum(map(len, lines[:i])) for i in range(len(lines))]
     expected_dead = {i for i in (101, 2_001, 3_001, 4_001, 5_001)} | {
         i for i in range(1, len(lines)) if i % 500 == 0}
@@ -154,14 +158,18 @@ async def test_the_csv_reader_and_the_line_reader_commit_the_same_results(tmp_pa
         f = flights_data.parse_flight(raw.decode().rstrip("\n"))
         key = (f.origin, f.carrier, int(f.ts // 3600 * 3600))
         counts[key] = counts.get(key, 0) + 1
-    got = {(r[0], r[1], r[2]): r[4] for r in _committed(tmp_path / "csv")}
+    got = {(r[0], r[1], r[2]): r[4] for r in _committed(tmp_path / "columnar" / "csv")}
     assert got == counts
 
 
-def test_the_main_command_reads_with_the_csv_source_and_spark_with_lines():
+def test_the_main_command_runs_columnar_with_the_csv_source_and_spark_with_lines():
     from .conftest import load_example
 
     flights = load_example("flights")
     assert flights.parse_args([]).reader == "csv"
     assert flights.parse_args(["--runner", "spark"]).reader == "lines"
     assert flights.parse_args(["--reader", "lines"]).reader == "lines"
+    assert flights.parse_args([]).api == "columnar"
+    assert flights.parse_args(["--api", "records"]).api == "records"
+    assert flights.parse_args(["--reader", "lines"]).api == "records"
+    assert flights.parse_args(["--runner", "spark"]).api == "records"

@@ -110,7 +110,7 @@ class _IdleFlushReader(SourceReader):
     def is_idle(self) -> bool:
         return self.t >= 30
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.t]
 
     def restore_state(self, entries: list[Any]) -> None:

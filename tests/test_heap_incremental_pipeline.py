@@ -46,7 +46,7 @@ class _GatedReader(SourceReader):
         self.offset += len(out)
         return out
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         if self.round < len(self.rounds) and self.offset >= len(self.rounds[self.round]):
             self.snapshotted_at_end = True
         return [(self.round, self.offset)]
@@ -90,9 +90,9 @@ async def test_counts_are_exact_after_crashes(tmp_path: Path) -> None:
     storage = CheckpointStorage(tmp_path, "inc")
     for chk in storage.completed():
         storage.verify(chk)
-    referenced = {ref["path"] for chk in storage.completed()
-                  for sub in chk.metadata["operators"]["count"]["subtasks"].values()
-                  for ref in sub["keyed_state"]["shared"]}
+    referenced = {ref.path for chk in storage.completed()
+                  for sub in chk.metadata.operators["count"].subtasks.values()
+                  if sub.keyed_state is not None for ref in sub.keyed_state.shared or ()}
     on_disk = {p.relative_to(storage.job_dir).as_posix()
                for p in storage.shared_dir.rglob("*.heap")}
     assert referenced <= on_disk
@@ -107,12 +107,13 @@ async def test_bytes_per_checkpoint_fall_when_few_keys_change(tmp_path: Path) ->
     storage = CheckpointStorage(tmp_path, "bytes")
     per_subtask: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
     for chk in storage.completed():
-        for i, sub in chk.metadata["operators"]["count"]["subtasks"].items():
-            handle = sub["keyed_state"]
-            reused = {r["path"] for r in handle["shared_reused"]}
+        for i, sub in chk.metadata.operators["count"].subtasks.items():
+            handle = sub.keyed_state
+            assert handle is not None
+            reused = {r.path for r in handle.shared_reused or ()}
             per_subtask[i].append(
-                (sum(r["size"] for r in handle["files"] if r["path"] not in reused),
-                 sum(r["size"] for r in handle["files"])))
+                (sum(r.size for r in handle.files if r.path not in reused),
+                 sum(r.size for r in handle.files)))
     for history in per_subtask.values():
         state = history[-1][1]  # every key loaded: what a full snapshot writes
         first = next(i for i, (_, t) in enumerate(history) if t >= 0.9 * state)

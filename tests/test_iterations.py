@@ -135,12 +135,12 @@ async def test_a_countdown_loop_is_exact_through_failures_with_checkpoints_every
 
 def _back_edge_log(chk: Any, uid: str | None = None) -> list[Any]:
     entries: list[Any] = []
-    operators = chk.metadata["operators"]
+    operators = chk.metadata.operators
     uid = uid or ("propagate" if "propagate" in operators else "countdown")
-    for sub in operators[uid]["subtasks"].values():
-        handle = sub["operator_state"]
-        if handle:
-            states = pickle.loads((chk.job_dir / handle["files"][0]["path"]).read_bytes())
+    for sub in operators[uid].subtasks.values():
+        handle = sub.operator_state
+        if handle is not None:
+            states = pickle.loads((chk.job_dir / handle.files[0].path).read_bytes())
             entries += states.get("back-edge-log", ("split", []))[1]
     return entries
 

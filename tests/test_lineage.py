@@ -283,7 +283,7 @@ class _StallingReader(SourceReader):
         self.position += len(batch)
         return batch
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.position]
 
     def restore_state(self, entries: list[Any]) -> None:

@@ -63,10 +63,10 @@ def final_state(chk: Path) -> dict[Any, int]:
     from reactive.backends.heap import HeapKeyedStateBackend
 
     newest = CheckpointStorage(chk, JOB).completed()[-1]
-    maxp = int(newest.metadata["max_parallelism"])
+    maxp = newest.metadata.max_parallelism
     kb = HeapKeyedStateBackend(KeyGroupRange(0, maxp - 1), maxp)
-    handles = [sub["keyed_state"] for sub in
-               newest.metadata["operators"]["count"]["subtasks"].values() if sub["keyed_state"]]
+    handles = [sub.keyed_state.to_json() for sub in
+               newest.metadata.operators["count"].subtasks.values() if sub.keyed_state]
     kb.restore(handles, newest.job_dir)
     state = kb.get_state(ValueStateDescriptor("count", default=0))
     out = {}

@@ -17,6 +17,7 @@ import reactive.checkpoint.completed_checkpoint_store as store_module
 import reactive.checkpoint.storage as storage_module
 from reactive import CheckpointConfig
 from reactive.checkpoint.completed_checkpoint_store import CompletedCheckpointStore
+from reactive.checkpoint.contract import CheckpointMetadata
 from reactive.checkpoint.coordinator import CheckpointCoordinator, OperatorInfo
 from reactive.checkpoint.off_loop import chunks, in_thread
 from reactive.checkpoint.storage import CheckpointStorage
@@ -77,10 +78,10 @@ async def test_a_checkpoint_completes_only_once_its_metadata_is_durable(
     writing, release = threading.Event(), threading.Event()
     write = storage_module.write_metadata
 
-    def slow_write(directory: Path, body: dict[str, Any]) -> None:
+    def slow_write(directory: Path, metadata: CheckpointMetadata) -> None:
         writing.set()
         release.wait(GUARD)  # on the loop thread this would stall the whole test
-        write(directory, body)
+        write(directory, metadata)
 
     monkeypatch.setattr(storage_module, "write_metadata", slow_write)
     coordinator = CheckpointCoordinator(

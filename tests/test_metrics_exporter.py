@@ -42,7 +42,7 @@ class _EndlessReader(SourceReader):
         self.source.emitted.set()
         return batch
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.position]
 
     def restore_state(self, entries: list[Any]) -> None:

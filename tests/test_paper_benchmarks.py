@@ -12,7 +12,8 @@ import pytest
 from bench import paper_experiments as E
 from bench.window_sharing import NaiveWindows, SlicingWindows
 from bench.windows import Sum
-from reactive.windowing import CountWindows, CuttyAggregator
+from reactive.windowing import CountWindows
+from reactive.windowing.cutty import CuttyAggregator
 
 from .conftest import checkpoint_state
 

@@ -28,6 +28,13 @@ from reactive import (
 )
 from reactive.backends.heap import HeapStateBackend, iter_heap_key_groups
 from reactive.backends.rocksdb import RocksDBStateBackend, iter_rocksdb_key_groups
+from reactive.checkpoint.contract import (
+    CheckpointMetadata,
+    FileRef,
+    OperatorState,
+    OperatorSubtaskState,
+    StateHandle,
+)
 from reactive.checkpoint.state_assignment_operation import StateAssignmentOperation
 from reactive.connectors.collections import ListSink
 from reactive.connectors.files import LineFileSource
@@ -101,7 +108,7 @@ class _SplitsReader(SourceReader):
             return batch
         return None
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [list(p) for p in self.positions]
 
     def restore_state(self, entries: list[Any]) -> None:
@@ -133,8 +140,8 @@ class _BudgetedReader(SourceReader):
             self.budget.taken += len(batch)
         return batch
 
-    def snapshot_state(self) -> list[Any]:
-        return self.inner.snapshot_state()
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
+        return self.inner.snapshot_state(checkpoint_id)
 
     def restore_state(self, entries: list[Any]) -> None:
         self.inner.restore_state(entries)
@@ -194,12 +201,12 @@ def keyed_state(chk: CompletedCheckpoint, uid: str, state: str,
     """``{subtask: {key: value}}`` of ``state`` in ``chk``, whichever backend wrote it;
     asserts every key lies in its subtask's key-group range."""
     out: dict[int, dict[Any, Any]] = {}
-    for i, sub in chk.metadata["operators"][uid]["subtasks"].items():
-        start, end = sub["key_group_range"]
-        kgr = KeyGroupRange(start, end)
+    for i, sub in chk.metadata.operators[uid].subtasks.items():
+        kgr = sub.key_group_range
+        assert kgr is not None
         values: dict[Any, Any] = {}
-        handle = sub["keyed_state"]
-        if handle:
+        if sub.keyed_state is not None:
+            handle = sub.keyed_state.to_json()
             if handle["backend"] == "heap":
                 groups = iter_heap_key_groups(handle, chk.job_dir)
             else:
@@ -215,11 +222,10 @@ def keyed_state(chk: CompletedCheckpoint, uid: str, state: str,
 
 def assert_partition(chk: CompletedCheckpoint, uid: str, parallelism: int) -> None:
     """Every key group belongs to exactly one instance of ``uid``."""
-    subtasks = chk.metadata["operators"][uid]["subtasks"]
+    subtasks = chk.metadata.operators[uid].subtasks
     assert len(subtasks) == parallelism
     owners = collections.Counter(
-        kg for sub in subtasks.values()
-        for kg in range(sub["key_group_range"][0], sub["key_group_range"][1] + 1))
+        kg for sub in subtasks.values() for kg in sub.key_group_range or ())
     assert owners == collections.Counter(range(MAXP))
 
 
@@ -384,10 +390,10 @@ async def test_file_source_splits_redistributed(tmp_path: Path, parallelisms: li
 
 def _operator_entries(chk: CompletedCheckpoint, uid: str, name: str) -> list[Any]:
     out: list[Any] = []
-    for sub in chk.metadata["operators"][uid]["subtasks"].values():
-        handle = sub.get("operator_state")
-        if handle:
-            states = pickle.loads((chk.job_dir / handle["files"][0]["path"]).read_bytes())
+    for sub in chk.metadata.operators[uid].subtasks.values():
+        handle = sub.operator_state
+        if handle is not None:
+            states = pickle.loads((chk.job_dir / handle.files[0].path).read_bytes())
             out.extend(states.get(name, ("split", []))[1])
     return out
 
@@ -395,18 +401,17 @@ def _operator_entries(chk: CompletedCheckpoint, uid: str, name: str) -> list[Any
 def _fake_checkpoint(tmp: Path, states: list[dict[str, tuple[str, list[Any]]]],
                      max_parallelism: int = MAXP) -> CompletedCheckpoint:
     """A checkpoint of operator ``op`` with the given operator state per old instance."""
-    subtasks = {}
+    subtasks: dict[int, OperatorSubtaskState] = {}
     for i, opstate in enumerate(states):
         path = tmp / "chk-1" / f"op-{i}.opstate"
         path.parent.mkdir(parents=True, exist_ok=True)
         blob = pickle.dumps(opstate)
         path.write_bytes(blob)
-        subtasks[str(i)] = {"keyed_state": None, "operator_state": {
-            "format": "pickle-v1", "files": [{"path": f"chk-1/op-{i}.opstate",
-                                              "size": len(blob), "sha256": ""}]}}
-    meta = {"checkpoint_id": 1, "max_parallelism": max_parallelism, "operators": {
-        "op": {"name": "op", "parallelism": len(states), "keyed": False,
-               "subtasks": subtasks}}}
+        subtasks[i] = OperatorSubtaskState(operator_state=StateHandle(
+            "pickle-v1", (FileRef(f"chk-1/op-{i}.opstate", len(blob), ""),)))
+    meta = CheckpointMetadata(job="j", checkpoint_id=1, kind="checkpoint",
+                              max_parallelism=max_parallelism, operators={
+                                  "op": OperatorState("op", len(states), False, subtasks)})
     return CompletedCheckpoint(1, tmp / "chk-1", meta)
 
 

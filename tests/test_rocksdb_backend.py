@@ -31,7 +31,6 @@ from reactive import (
     ValueStateDescriptor,
 )
 from reactive.backends.rocksdb import RocksDBStateBackend, read_rocksdb_snapshot
-from reactive.checkpoint.metadata import iter_file_refs
 from reactive.connectors.collections import CallbackSink, ListSink
 
 from .conftest import Count, FailureInjector, failing_count, final_counts, paced, zipf_words
@@ -42,22 +41,22 @@ MAX_PARALLELISM = 128
 def rocksdb_state(chk: CompletedCheckpoint, uid: str, state: str, scratch: Path) -> dict[Any, Any]:
     """The keyed state ``state`` of operator ``uid`` in ``chk``, merged over all instances."""
     out: dict[Any, Any] = {}
-    for i, sub in chk.metadata["operators"][uid]["subtasks"].items():
-        if sub["keyed_state"]:
-            data = read_rocksdb_snapshot(sub["keyed_state"], chk.job_dir, scratch / f"read-{i}")
+    for i, sub in chk.metadata.operators[uid].subtasks.items():
+        if sub.keyed_state is not None:
+            data = read_rocksdb_snapshot(sub.keyed_state.to_json(), chk.job_dir,
+                                         scratch / f"read-{i}")
             out.update({k: pickle.loads(v) for k, v in data.get(state, {}).items()})
     return out
 
 
 def handles(chk: CompletedCheckpoint, uid: str) -> list[dict[str, Any]]:
-    return [sub["keyed_state"] for sub in chk.metadata["operators"][uid]["subtasks"].values()
-            if sub["keyed_state"]]
+    """The keyed-state handles of ``uid`` as the backend wrote them (its JSON)."""
+    return [sub.keyed_state.to_json() for sub in chk.metadata.operators[uid].subtasks.values()
+            if sub.keyed_state is not None]
 
 
 def shared_refs(chk: CompletedCheckpoint) -> set[str]:
-    return {ref["path"] for op in chk.metadata["operators"].values()
-            for sub in op["subtasks"].values() if sub.get("keyed_state")
-            for ref in sub["keyed_state"].get("shared", [])}
+    return chk.metadata.shared_paths()
 
 
 def files_under(path: Path, job_dir: Path) -> set[str]:
@@ -140,7 +139,7 @@ class _PushReader(SourceReader):
         src.emitted += n
         return [src.pending.popleft() for _ in range(n)]
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.source.emitted]
 
     def restore_state(self, entries: list[Any]) -> None:
@@ -198,14 +197,16 @@ async def test_incremental_checkpoints_write_little_and_restore_exactly(tmp_path
     assert n1.checkpoint_id == n.checkpoint_id + 1
 
     # bytes written by n+1 (metadata stats) vs a full snapshot of the same state
-    size_n, size_n1 = n.metadata["stats"]["size"], n1.metadata["stats"]["size"]
+    assert n.metadata.metrics is not None and n1.metadata.metrics is not None
+    size_n, size_n1 = n.metadata.metrics.size, n1.metadata.metrics.size
+    assert size_n is not None and size_n1 is not None
     full_n1 = sum(ref["size"] for h in handles(n1, "count") for ref in h["files"])
     assert size_n1 < 0.1 * full_n1
     assert size_n1 < 0.1 * size_n
     reused = [ref for h in handles(n1, "count") for ref in h["shared_reused"]]
     assert reused and {r["path"] for r in reused} <= shared_refs(n)
     # the bytes n+1 reports are exactly the bytes of the files it wrote itself
-    own = [ref for ref in iter_file_refs(n1.metadata) if ref not in reused]
+    own = [ref.to_json() for ref in n1.metadata.file_refs() if ref.to_json() not in reused]
     assert size_n1 == sum(ref["size"] for ref in own)
 
     # checkpoint n+1 holds exactly the state at n+1 (and n held the state at n)
@@ -292,7 +293,8 @@ async def test_full_checkpoints_share_nothing(tmp_path: Path) -> None:
     for chk in (first, second):
         assert all(not h["shared"] and not h["shared_reused"] for h in handles(chk, "count"))
     # a full checkpoint writes the whole state again
-    assert second.metadata["stats"]["size"] > 0.5 * first.metadata["stats"]["size"]
+    assert first.metadata.metrics is not None and second.metadata.metrics is not None
+    assert (second.metadata.metrics.size or 0) > 0.5 * (first.metadata.metrics.size or 0)
     pipe.source.close()
     await job.wait()
     assert not (tmp_path / "chk" / "full" / "shared").exists()
@@ -352,7 +354,7 @@ PIPELINE_SCRIPT = textwrap.dedent('''
             await asyncio.sleep(0)
             return batch
 
-        def snapshot_state(self):
+        def snapshot_state(self, checkpoint_id):
             self.snapshots += 1
             return [self.position]
 
@@ -443,4 +445,4 @@ async def test_kill_between_sync_and_async_part_keeps_previous_checkpoint(
     job_dir = storage.job_dir
     live = set().union(*(shared_refs(c) for c in storage.completed()))
     assert files_under(job_dir / "shared", job_dir) == live
-    json.dumps(final.metadata)  # the metadata stays plain JSON
+    json.dumps(final.metadata.to_json())  # the metadata stays plain JSON

@@ -8,15 +8,19 @@ import collections
 import pytest
 
 from reactive import (
+    AggregateFunction,
+    AggregatingStateDescriptor,
     CheckpointConfig,
     CheckpointError,
     ConfigurationError,
     Dataflow,
     JobFailedError,
+    KeyedProcessFunction,
     RestartStrategy,
     Sink,
     SinkWriter,
     UserFunctionError,
+    ValueStateDescriptor,
 )
 from reactive.connectors.collections import ListSink
 
@@ -122,7 +126,7 @@ async def test_cancel_stops_every_task(tmp_path):
                     self.n += max_records
                     return list(range(max_records))
 
-                def snapshot_state(self):
+                def snapshot_state(self, checkpoint_id):
                     return [self.n]
 
                 def restore_state(self, entries):
@@ -190,3 +194,58 @@ async def test_a_union_of_sources_with_the_same_name_keeps_every_record():
         flow.from_collection(range(20_000, 21_000))).sink(sink)
     await flow.run()
     assert sorted(sink.records) == list(range(21_000))
+
+
+class _Mean(AggregateFunction[float, tuple[float, int], float]):
+    def create_accumulator(self) -> tuple[float, int]:
+        return 0.0, 0
+
+    def add(self, value: float, accumulator: tuple[float, int]) -> tuple[float, int]:
+        return accumulator[0] + value, accumulator[1] + 1
+
+    def get_result(self, accumulator: tuple[float, int]) -> float:
+        return accumulator[0] / accumulator[1]
+
+    def merge(self, a: tuple[float, int], b: tuple[float, int]) -> tuple[float, int]:
+        return a[0] + b[0], a[1] + b[1]
+
+
+class _RunningMean(KeyedProcessFunction[str, tuple[str, float], tuple[str, float]]):
+    def open(self, ctx):
+        self.mean = ctx.get_state(AggregatingStateDescriptor("mean", _Mean()))
+
+    def process_element(self, value, ctx):
+        assert self.mean.get() is None or isinstance(self.mean.get(), float)
+        self.mean.add(value[1])
+        yield value[0], self.mean.get()
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+async def test_aggregating_state_survives_a_snapshot_and_restore(tmp_path, backend):
+    """An ``AggregatingState`` keeps the accumulator per key (stored as a value state), so
+    the running means after a restore equal those of one uninterrupted pass."""
+    from reactive.testing import OperatorTestHarness
+
+    if backend == "rocksdb":
+        rocksdb = pytest.importorskip("reactive.backends.rocksdb")
+        state_backend = rocksdb.RocksDBStateBackend(path=str(tmp_path / "work"))
+    else:
+        state_backend = None
+    records = [(k, float(i)) for i, k in enumerate("abcabcaab" * 3)]
+    half = len(records) // 2
+    options = {"state_backend": state_backend, "directory": tmp_path / "chk"}
+    with OperatorTestHarness.for_keyed_process(_RunningMean(), lambda r: r[0],
+                                               **options) as first:
+        before = first.process_elements(records[:half])
+        snapshot = await first.snapshot()
+    with OperatorTestHarness.for_keyed_process(_RunningMean(), lambda r: r[0],
+                                               **options).open(snapshot) as second:
+        after = second.process_elements(records[half:])
+        accumulator = second.get_state(ValueStateDescriptor("mean"), "a").value()
+    sums: dict[str, list[float]] = collections.defaultdict(list)
+    expected = []
+    for key, value in records:
+        sums[key].append(value)
+        expected.append((key, sum(sums[key]) / len(sums[key])))
+    assert before + after == expected
+    assert accumulator == (sum(sums["a"]), len(sums["a"]))

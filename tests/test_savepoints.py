@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from reactive import CheckpointConfig, CheckpointError, CheckpointStorage, RestartStrategy
-from reactive.checkpoint.metadata import iter_file_refs
 from reactive.cli import main as cli_main
 
 from .test_rescaling import (
@@ -32,15 +31,14 @@ TRUTH = dict(collections.Counter(KEYS))
 
 def _assert_self_contained(path: Path) -> None:
     sp = CheckpointStorage.load(path)  # verifies every file's checksum
-    assert sp.is_savepoint and sp.metadata["self_contained"]
+    assert sp.is_savepoint and sp.metadata.self_contained
     assert sp.job_dir == path
-    for op in sp.metadata["operators"].values():
-        for sub in op["subtasks"].values():
-            handle = sub.get("keyed_state") or {}
-            assert not handle.get("shared") and not handle.get("shared_reused")
-    for ref in iter_file_refs(sp.metadata):
-        assert not ref["path"].startswith(("chk-", "/", ".."))
-        assert (path / ref["path"]).is_file()
+    for _, _, sub in sp.metadata.subtask_states():
+        if sub.keyed_state is not None:
+            assert not sub.keyed_state.shared and not sub.keyed_state.shared_reused
+    for ref in sp.metadata.file_refs():
+        assert not ref.path.startswith(("chk-", "/", ".."))
+        assert (path / ref.path).is_file()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -26,11 +26,18 @@ from reactive import (
     CheckpointConfig,
     CheckpointStorage,
     Dataflow,
+    KeyGroupRange,
     RestoreError,
     StateBackend,
     assign_to_key_group,
 )
 from reactive.backends.rocksdb import RocksDBStateBackend
+from reactive.checkpoint.contract import (
+    CheckpointMetadata,
+    KeyedStateHandle,
+    OperatorState,
+    OperatorSubtaskState,
+)
 from reactive.connectors.collections import ListSink
 from reactive.connectors.files import CommittingFileSink
 from reactive.connectors.spark import (
@@ -195,12 +202,10 @@ def test_checkpoint_reader_refuses_incomplete_checkpoints_and_unknown_backends(
 
     storage = CheckpointStorage(tmp_path, "foreign")
     storage.checkpoint_dir(1).mkdir(parents=True)
-    storage.write_metadata(1, {
-        "job": "foreign", "checkpoint_id": 1, "kind": "checkpoint", "max_parallelism": MAXP,
-        "operators": {"op": {"name": "op", "parallelism": 1, "keyed": True, "subtasks": {
-            "0": {"keyed_state": {"backend": "lsm-tree", "format": "x", "files": []},
-                  "operator_state": None, "key_group_range": [0, MAXP - 1]}}}},
-    })
+    storage.write_metadata(1, CheckpointMetadata(
+        job="foreign", checkpoint_id=1, kind="checkpoint", max_parallelism=MAXP, operators={
+            "op": OperatorState("op", 1, True, {0: OperatorSubtaskState(
+                KeyedStateHandle("lsm-tree", "x", ()), None, KeyGroupRange(0, MAXP - 1))})}))
     reader = CheckpointReader(spark, storage.checkpoint_dir(1))
     with pytest.raises(RestoreError, match="unsupported backend 'lsm-tree'"):
         reader.keyed_state("op", "count")

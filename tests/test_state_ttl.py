@@ -366,3 +366,123 @@ async def test_a_job_with_ttl_state_is_exact_through_failures(tmp_path: Path):
     live = {k: v for k, v in expected.items() if v[1] > end}
     assert live.items() <= final.items() <= expected.items()
     assert len(live) < len(expected)
+    # every expiry that a later event of its key found was counted once at least (on that
+    # access, or by a sweep before it; a failed attempt's counts stay, so replays add more)
+    found_expired = 0
+    written: dict[str, float] = {}
+    for key, t in events:
+        if key in written and written[key] + 3.0 <= t:
+            found_expired += 1
+        written[key] = t
+    stats = job.metrics.keyed_state()["count"]
+    assert stats["expired"] >= found_expired > 0
+    assert stats["keys"] == 0  # sampled from the running attempt: the job has ended
+
+
+def test_a_batch_reads_the_wall_clock_once_and_an_access_outside_reads_it_live():
+    """Inside a batch every access sees the batch's start time (one clock read a batch,
+    not two a record); outside one (a timer, a state query) an access reads the clock, so
+    an idle operator never answers with the time of its last batch."""
+    from reactive.keygroups import KeyGroupRange
+    from reactive.state.ttl_clock import TtlClock
+
+    wall = [100.0]
+    reads = []
+
+    def read() -> float:
+        reads.append(wall[0])
+        return wall[0]
+
+    clock = TtlClock(read)
+    backend = HeapStateBackend().create_keyed_backend(
+        job_name="j", operator_uid="op", subtask=0, key_group_range=KeyGroupRange(0, 15),
+        max_parallelism=16)
+    state = backend.get_ttl_state(ValueStateDescriptor("v", default=0, ttl=TTL),
+                                  StateTtlConfig(TTL), clock)
+    assert state is not None
+    clock.freeze()
+    for i in range(50):
+        backend.set_current_key(f"k{i}")
+        state.update(state.value() + 1)
+        wall[0] += 1.0  # the batch runs long: 50 s of wall time
+    backend.set_current_key("k0")
+    assert state.value() == 1  # the batch's time: written at 100, live until 110
+    clock.thaw()
+    assert len(reads) == 1
+    # outside the batch the clock is read: k0 (written at 100) expired at 110 < 150
+    assert state.value() == 0
+    assert len(reads) == 2
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_the_native_value_state_and_the_decorator_store_the_same(tmp_path: Path, backend):
+    """The heap backend's own TTL value state stores what the decorator stores, so either
+    reads what the other wrote (and snapshots do not depend on which one wrote them)."""
+    from reactive.keygroups import KeyGroupRange
+    from reactive.state.ttl import backend_descriptor, ttl_state
+    from reactive.state.ttl_clock import TtlClock
+
+    kb = (HeapStateBackend() if backend == "heap" else
+          RocksDBStateBackend(path=tmp_path / "db")).create_keyed_backend(
+        job_name="j", operator_uid="op", subtask=0, key_group_range=KeyGroupRange(0, 15),
+        max_parallelism=16)
+    now = [0.0]
+    clock = TtlClock(lambda: now[0])
+    descriptor = ValueStateDescriptor("v", default="none", ttl=TTL)
+    config = StateTtlConfig(TTL)
+    native = kb.get_ttl_state(descriptor, config, clock)
+    decorator = ttl_state(descriptor, config, kb.get_state(backend_descriptor(descriptor, config)),
+                          clock.now)
+    if native is None:  # RocksDB has no fast path: the decorator is its only writer
+        native = decorator
+    kb.set_current_key("a")
+    native.update("x")
+    kb.set_current_key("b")
+    decorator.update("y")
+    now[0] = 5.0
+    kb.set_current_key("a")
+    assert decorator.value() == "x"
+    kb.set_current_key("b")
+    assert native.value() == "y"
+    now[0] = 10.0  # both written at 0: expired at 10
+    assert native.value() == "none"
+    kb.set_current_key("a")
+    assert decorator.value() == "none"
+    kb.dispose()
+
+
+async def test_the_job_reports_each_operators_keys_and_expired_entries(tmp_path: Path):
+    """``job.metrics.keyed_state()`` while the job runs: the keys in the operator's state
+    and the entries its TTL expired, in step with what a user sent."""
+    from reactive import CheckpointConfig, Dataflow, PushSource
+    from reactive.connectors.collections import DiscardingSink
+    from reactive.time.clock import ManualClock
+
+    clock = ManualClock(0.0)
+
+    class Count(KeyedProcessFunction):
+        def open(self, ctx: Any) -> None:
+            self.count = ctx.get_state(ValueStateDescriptor(
+                "c", default=0, ttl=StateTtlConfig(TTL, clock=clock)))
+
+        def process_element(self, value: Any, ctx: Any) -> None:
+            self.count.update(self.count.value() + 1)
+
+    source = PushSource()
+    flow = Dataflow("ttl-metrics", parallelism=1)
+    (flow.source(source).uid("src").key_by(lambda v: v).process(Count()).uid("count")
+         .sink(DiscardingSink()))
+    job = await flow.start(checkpoints=CheckpointConfig(interval=None, directory=tmp_path))
+    for k in ("a", "b", "c"):
+        last = await source.send(k)
+    while source.durable <= last:
+        await job.checkpoint()
+    assert job.metrics.keyed_state()["count"] == {"keys": 3, "expired": 0}
+    clock.advance(TTL)  # a, b and c expire; a is written again
+    last = await source.send("a")
+    while source.durable <= last:
+        await job.checkpoint()
+    stats = job.metrics.keyed_state()["count"]
+    assert stats["expired"] >= 1  # a's expired count, found on access (b, c: by a sweep)
+    assert stats["keys"] == 3 - (stats["expired"] - 1)
+    await job.cancel()

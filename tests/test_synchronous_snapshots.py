@@ -235,7 +235,7 @@ def test_killed_process_commits_output_exactly_once_in_synchronous_mode(tmp_path
                  REACTIVE_TEST_MODE="synchronous")
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
     done = CheckpointStorage(chk, committing_job.JOB).completed()
-    assert done and all(c.metadata["mode"] == "synchronous" for c in done)
+    assert done and all(c.metadata.mode == "synchronous" for c in done)
     second = _run(out, chk, 3, "heap", REACTIVE_TEST_MODE="synchronous")
     assert second.returncode == 0, second.stderr[-3000:]
     assert committed_records(out) == expected_output(committing_job.words(300_000))

@@ -53,7 +53,7 @@ async def test_reader_stops_before_markers_and_raises_abort_once():
     reader = source.create_reader(0, 1)
     assert await reader.read_batch(100) == ["a", "b"]  # the records before the marker first
     assert await reader.read_batch(100) is None  # EOF ends this run's stream
-    assert reader.snapshot_state() == [3]  # ... and the position is past it
+    assert reader.snapshot_state(1) == [3]  # ... and the position is past it
     resumed = source.create_reader(0, 1)
     resumed.restore_state([3])
     assert await resumed.read_batch(100) == ["c"]

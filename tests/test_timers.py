@@ -134,7 +134,7 @@ class _ClockReader(SourceReader):
         self.i += 1
         return self.src.batches[self.i - 1]
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.i]
 
     def restore_state(self, entries: list[Any]) -> None:
@@ -215,3 +215,99 @@ async def test_timers_are_keyed_state_and_rescale(tmp_path: Path):
     # restore at parallelism 3: every timer fires once, in one of the new instances
     fired = _fire_all([(0, 3), (1, 3), (2, 3)], handles, tmp_path, maxp)
     assert sorted(fired) == sorted((k, t) for k in keys for t in (10.0, 20.0))
+
+
+class _RecordingTimers:
+    """A timer service kept outside the runtime (as the Spark runner's): it records the
+    registrations per key and fires event-time timers when the watermark passes them, with
+    their key as the current key."""
+
+    def __init__(self, backend, clock, on_event_time):
+        self.backend = backend
+        self.clock = clock
+        self.watermark = float("-inf")
+        self.on_event_time = on_event_time
+        self.registered: list[tuple[float, Any, Any]] = []
+        self.closed = False
+
+    def register_event_time_timer(self, timestamp, namespace=None, *, new=False):
+        self.registered.append((timestamp, self.backend.current_key, namespace))
+
+    def delete_event_time_timer(self, timestamp, namespace=None):
+        self.registered.remove((timestamp, self.backend.current_key, namespace))
+
+    def register_processing_time_timer(self, timestamp, namespace=None):
+        raise AssertionError("no processing-time timers in this test")
+
+    delete_processing_time_timer = register_processing_time_timer
+
+    def advance_watermark(self, watermark):
+        self.watermark = watermark
+        due = sorted((t for t in self.registered if t[0] <= watermark), key=lambda t: t[0])
+        self.registered = [t for t in self.registered if t[0] > watermark]
+        out = []
+        for timestamp, key, namespace in due:
+            self.backend.set_current_key(key)
+            out.extend(self.on_event_time(timestamp, namespace))
+        return out
+
+    def fire_processing_timers(self):
+        return []
+
+    def close(self):
+        self.closed = True
+
+
+def test_keyed_operators_take_their_timers_from_the_injected_factory():
+    """A keyed process function and a window operator both get their timer service from
+    ``timer_service_factory`` (Flink's InternalTimeServiceManager): what a runner outside
+    the runtime (Spark) passes instead of patching the operators. The function's
+    ``ctx.timer_service`` and the window's end-of-window timer go to it, and the firing
+    outputs come back through the operator."""
+    from reactive import KeyedProcessFunction, TimeDomain, TumblingEventTimeWindows
+    from reactive.testing import OperatorTestHarness
+    from reactive.windowing import AggregateFunction
+
+    made: list[_RecordingTimers] = []
+
+    def factory(op, clock, on_event_time, on_processing_time):
+        made.append(_RecordingTimers(op.keyed_backend, clock, on_event_time))
+        return made[-1]
+
+    class RemindLater(KeyedProcessFunction):
+        def process_element(self, value, ctx):
+            ctx.timer_service.register_event_time_timer(value[1] + 10)
+            return []
+
+        def on_timer(self, timestamp, ctx):
+            yield (ctx.current_key, timestamp, ctx.time_domain())
+
+    class Total(AggregateFunction):
+        def create_accumulator(self):
+            return 0
+
+        def add(self, value, accumulator):
+            return accumulator + value[1]
+
+        def get_result(self, accumulator):
+            return accumulator
+
+        def merge(self, a, b):
+            return a + b
+
+    process = OperatorTestHarness.for_keyed_process(RemindLater(), lambda r: r[0])
+    process.operator.timer_service_factory = factory
+    with process:
+        process.process_elements([("a", 1.0), ("b", 5.0)])
+        assert made[0].registered == [(11.0, "a", None), (15.0, "b", None)]
+        assert process.process_watermark(12.0) == [("a", 11.0, TimeDomain.EVENT_TIME)]
+    assert made[0].closed
+
+    window = OperatorTestHarness.for_window(lambda r: r[0], TumblingEventTimeWindows.of(10),
+                                            lambda r: r[1], aggregate=Total())
+    window.operator.timer_service_factory = factory
+    with window:
+        window.process_elements([("a", 1.0), ("a", 2.0)])
+        assert [(ts, key) for ts, key, _ in made[1].registered] == [(10.0, "a")]
+        fired = window.process_watermark(10.0)
+    assert [(r.key, r.start, r.end, r.value) for r in fired] == [("a", 0.0, 10.0, 3.0)]

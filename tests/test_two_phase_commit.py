@@ -204,7 +204,7 @@ class _GatedReader(SourceReader):
             return probe.batches.popleft()
         return None if probe.ended else []
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         probe = self.probe
         probe.source_snapshots += 1
         if probe.job is not None:

@@ -73,8 +73,8 @@ def _flow(words: list[str], fn: Count, parallelism: int, name: str = "unaligned"
 def _in_flight(chk: Any) -> dict[str, int]:
     """Operator uid -> how many of its instances stored in-flight records in ``chk``."""
     out: dict[str, int] = {}
-    for uid, op in chk.metadata["operators"].items():
-        n = sum(1 for sub in op["subtasks"].values() if sub.get("channel_state"))
+    for uid, op in chk.metadata.operators.items():
+        n = sum(1 for sub in op.subtasks.values() if sub.channel_state is not None)
         if n:
             out[uid] = n
     return out

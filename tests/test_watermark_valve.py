@@ -252,7 +252,7 @@ class _StaleResumeReader(SourceReader):
         self.stale_batches += 1
         return [("k", 3.0, 0)]
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.t]
 
     def restore_state(self, entries: list[Any]) -> None:

@@ -6,8 +6,8 @@ key (:mod:`.snapshot`), full or incremental (:mod:`.changelog`), and restores th
 of its range from any snapshot handle that a key-group reader is registered for: its own
 ``heap-v1``/``heap-v2`` files (:mod:`.format`), and those of other backends (RocksDB) through
 :func:`reactive.state.key_group_stream.read_key_groups`, so a job moves between backends
-through any completed checkpoint or savepoint, at any parallelism (rescaling, thesis
-section 4.2).
+through any completed checkpoint or savepoint, at any parallelism (rescaling, Carbone
+2018 (PhD thesis), section 4.2).
 
 ``set_current_key`` is the hottest function of the system: one dict hit in the key ->
 key-group-index memo. The memo doubles as the dirty set: each checkpoint swaps in a fresh
@@ -51,25 +51,29 @@ from reactive.key_encoding import (
 )
 from reactive.keygroups import KeyGroupRange, key_group_of_bytes
 from reactive.serialization import Serializer
-from reactive.state.api import State
+from reactive.state.api import State, ValueState
 from reactive.state.backend import (
     KeyedStateBackend,
     KeyedStateSnapshot,
     SnapshotContext,
     StateBackend,
 )
-from reactive.state.descriptors import StateDescriptor
+from reactive.state.descriptors import StateDescriptor, ValueStateDescriptor
 from reactive.state.key_group_stream import (
     KeyGroupStream,
     find_key_group_reader,
     read_key_groups,
 )
+from reactive.state.ttl import backend_descriptor
+from reactive.state.ttl_clock import TtlClock
+from reactive.state.ttl_config import StateTtlConfig
 
 from .changelog import ChangeLog, SnapshotPlan, limits
 from .fork_snapshot import ForkedSnapshot, fork_snapshot, fork_supported
 from .format import BACKEND, is_heap_handle, iter_heap_key_groups
 from .snapshot import HeapSnapshot
 from .state import Table, create_state, descriptor_serializer
+from .ttl_state import HeapTtlValueState
 
 __all__ = ["HeapKeyedStateBackend", "HeapStateBackend", "SnapshotStrategy"]
 
@@ -279,6 +283,18 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             table.serialized = False
         table.descriptor = descriptor
         return create_state(self, table, descriptor)
+
+    def get_ttl_state(self, descriptor: StateDescriptor, config: StateTtlConfig,
+                      clock: TtlClock) -> State | None:
+        # a value state reads its table directly (HeapTtlValueState); the other kinds get
+        # the runtime's decorators, whose per-access cost their collections dominate
+        if not isinstance(descriptor, ValueStateDescriptor):
+            return None
+        stored = backend_descriptor(descriptor, config)
+        inner = self.get_state(stored)
+        assert isinstance(inner, ValueState)
+        return HeapTtlValueState(inner, self, self._tables[stored.name], descriptor.default,
+                                 config, clock)
 
     def keys(self, state_name: str) -> Iterator[Any]:
         table = self._tables.get(state_name)

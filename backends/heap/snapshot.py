@@ -40,10 +40,10 @@
   snapshot's paced work instead of a cost on the records. A key group with another value
   (a list, a dict: it could change in place) stays under copy-on-write per key.
 
-This is the per-entry analogue of Flink's ``CopyOnWriteStateTable`` (thesis section 4.5.1):
-the task never serializes a whole key group inline. A state mutation always follows a
-``set_current_key`` of its key, except for the key that is current at the barrier, which the
-synchronous part captures.
+This is the per-entry analogue of Flink's ``CopyOnWriteStateTable`` (Carbone 2018 (PhD thesis),
+section 4.5.1): the task never serializes a whole key group inline. A state mutation always
+follows a ``set_current_key`` of its key, except for the key that is current at the barrier,
+which the synchronous part captures.
 """
 
 from __future__ import annotations

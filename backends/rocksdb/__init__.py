@@ -1,6 +1,6 @@
 """The RocksDB state backend: keyed state in an embedded RocksDB (rocksdict), with
-asynchronous and incremental snapshots (thesis sections 4.2, 4.5.1, 4.5.2; Flink's
-``EmbeddedRocksDBStateBackend``).
+asynchronous and incremental snapshots (Carbone 2018 (PhD thesis), sections 4.2, 4.5.1 and
+4.5.2; Flink's ``EmbeddedRocksDBStateBackend``).
 
 ``from reactive.backends.rocksdb import RocksDBStateBackend`` is the public entry point. The package's
 modules, one job each:
@@ -25,9 +25,9 @@ Heap snapshots are restored through the key-group reader registry (``backends`` 
 built-in readers), so this package never imports another backend.
 """
 
-from reactive.extras import require
+from reactive.extras import require as _require
 
-require("rocksdict", "rocksdb", "the RocksDB state backend")
+_require("rocksdict", "rocksdb", "the RocksDB state backend")
 
 from .backend import RocksDBKeyedStateBackend, RocksDBStateBackend  # noqa: E402
 from .db import FORMAT  # noqa: E402

@@ -289,8 +289,8 @@ class RocksDBKeyedStateBackend(WriteBackCache, KeyedStateBackend):
 
 class RocksDBStateBackend(StateBackend):
     """Keyed state in RocksDB (rocksdict): state larger than memory, asynchronous and
-    incremental snapshots (see :mod:`reactive.backends.rocksdb`; thesis 4.5.1/4.5.2, Flink's
-    ``EmbeddedRocksDBStateBackend``).
+    incremental snapshots (see :mod:`reactive.backends.rocksdb`; Carbone 2018 (PhD thesis),
+    sections 4.5.1 and 4.5.2; Flink's ``EmbeddedRocksDBStateBackend``).
 
     Values go through the descriptors' serializers: change state only through
     ``update``/``add``/``put`` (an object mutated in place without ``update`` is lost when

@@ -2,12 +2,12 @@
 O(1), and the local phase that writes them to RocksDB and takes the local RocksDB checkpoint
 off the task's critical path.
 
-The synchronous part of a snapshot (thesis 4.5.1, asynchronous snapshot invocation) only
-*freezes* the current generation of every state's write-back cache: its dict of cached values
-and its dict of dirty keys become a :class:`FrozenTable` of a :class:`Generation`, and the
-state continues into new, empty dicts (O(number of states) at any state size). This is
-Flink's copy-on-write idea (the heap backend's ``CopyOnWriteStateMap`` snapshots) applied to
-the cache in front of RocksDB:
+The synchronous part of a snapshot (Carbone 2018 (PhD thesis), section 4.5.1, asynchronous
+snapshot invocation) only *freezes* the current generation of every state's write-back cache: its
+dict of cached values and its dict of dirty keys become a :class:`FrozenTable` of a
+:class:`Generation`, and the state continues into new, empty dicts (O(number of states) at any
+state size). This is Flink's copy-on-write idea (the heap backend's ``CopyOnWriteStateMap``
+snapshots) applied to the cache in front of RocksDB:
 
 - reads look in the current generation, then in the frozen ones (newest first), then in
   RocksDB. A dirty value of a mutable type taken from a frozen generation is first
@@ -31,7 +31,7 @@ the cache in front of RocksDB:
 - while a generation is not in RocksDB, the task writes nothing to RocksDB (a newer value
   would leak into the older checkpoint): the current generation grows in memory instead, up
   to ``pending_limit`` entries per state. Past that bound the task finishes the pending
-  local phases itself (:meth:`GenerationQueue.drain`, the old synchronous pause, as
+  local phases itself (:meth:`GenerationQueue.drain`, a synchronous pause, as
   back-pressure), as it does before ``keys()``.
 
 A discarded snapshot's generation is still written to RocksDB (it is live state), just
@@ -74,7 +74,8 @@ ABSENT: Any = object()
 
 #: seconds of event-loop time one step of writing cached entries to RocksDB may take (a
 #: local phase's step, or the task writing dirty entries out): an application task sharing
-#: the loop then waits a few ms at most (issue 21: p99 delay < 10 ms)
+#: the loop then waits a few ms at most (the target: an application task's p99 delay under
+#: 10 ms while a job runs)
 STEP_SECONDS = 0.002
 #: the clock that bounds the steps (seconds; a test may replace it with a fake one)
 clock: Callable[[], float] = time.perf_counter

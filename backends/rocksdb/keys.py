@@ -1,6 +1,7 @@
 """The RocksDB key layout of keyed state: ``key group | state id | key bytes``.
 
-As in Flink's ``RocksDBKeyedStateBackend`` (thesis section 4.2), every value lives under::
+As in Flink's ``RocksDBKeyedStateBackend`` (Carbone 2018 (PhD thesis), section 4.2), every value
+lives under::
 
     key group (2 bytes, big-endian) | state id (4 bytes) | encoded key
 

@@ -1,13 +1,13 @@
 """Restoring (and rescaling) the RocksDB backend from snapshot handles of any backend.
 
-Into a fresh instance (thesis 4.2, Flink's ``RocksDBIncrementalRestoreOperation``): the
-RocksDB handle whose key-group range overlaps this instance's the most is installed as the
-initial database (SST files hard-linked, other files copied) and the key groups outside this
-instance's range are removed with range deletions (``delete_range``: a tombstone, no data is
-read); with exactly this instance's range (same parallelism) nothing is deleted and its shared
-files become the base of the next incremental checkpoint. Every other RocksDB handle is opened
-read-only and only the key range of the key groups this instance needs is iterated and
-copied. So no instance reads the whole state.
+Into a fresh instance (Carbone 2018 (PhD thesis), section 4.2, Flink's
+``RocksDBIncrementalRestoreOperation``): the RocksDB handle whose key-group range overlaps this
+instance's the most is installed as the initial database (SST files hard-linked, other files
+copied) and the key groups outside this instance's range are removed with range deletions
+(``delete_range``: a tombstone, no data is read); with exactly this instance's range (same
+parallelism) nothing is deleted and its shared files become the base of the next incremental
+checkpoint. Every other RocksDB handle is opened read-only and only the key range of the key
+groups this instance needs is iterated and copied. So no instance reads the whole state.
 
 Handles of other backends (heap) are read as key-group streams from the reader registered for
 their ``backend`` (:func:`reactive.state.key_group_stream.read_key_groups`), again only the

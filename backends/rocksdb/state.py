@@ -8,7 +8,7 @@ snapshots, then RocksDB); writes only mark the entry dirty (:meth:`WriteBackCach
 
 Every piece of this work that runs on the task is bounded by time, not by entry count
 (:data:`.generations.STEP_SECONDS`, a few ms), since it holds the event loop that an
-application may share (issue 21: an application task's p99 delay < 10 ms):
+application may share (the target: an application task's p99 delay under 10 ms):
 
 - once a state has ``write_batch_entries`` dirty keys, each further write out writes the
   oldest dirty entries in one ``WriteBatch`` for one step (:meth:`WriteBackCache._write_dirty`);
@@ -314,14 +314,13 @@ class WriteBackCache:
         In place, in steps that end by time (:meth:`_refill_step`, yielding to the loop
         between them), like every other step of this backend on the loop. A key the task
         cached since the barrier holds its newest value already, so only absent keys are
-        copied, and between two steps the task reads and writes the cache as usual. (It
-        used to build the copy aside in steps of a fixed 16,384 entries and merge the live
-        cache into it in one step at the end: 10-30 ms per step on W1, the loop's longest
-        stalls.) A key absent from the cache reads ``gen``'s value (the newest generation
-        holding it), so copying that value in changes no read. Dirty values of mutable
-        types are left out: the task may change a cached object in place, so only
-        :meth:`.generations.FrozenTable.promote` hands them over (serialized first), or
-        :meth:`_retired` once ``gen`` is in RocksDB.
+        copied, and between two steps the task reads and writes the cache as usual. (Building
+        the copy aside in steps of a fixed entry count and merging the live cache into it at
+        the end would hold the loop 10-30 ms per step on W1, measured.) A key absent from
+        the cache reads ``gen``'s value (the newest generation holding it), so copying that
+        value in changes no read. Dirty values of mutable types are left out: the task may
+        change a cached object in place, so only :meth:`.generations.FrozenTable.promote`
+        hands them over (serialized first), or :meth:`_retired` once ``gen`` is in RocksDB.
         """
         gens = self._gens
         for ft in list(gen.tables.values()):

@@ -12,7 +12,7 @@ import re
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from reactive.checkpoint.durable_files import fsync_dir, make_dirs
 from reactive.errors import CheckpointError, ConfigurationError, ReactiveError
@@ -105,8 +105,8 @@ def _committed_parts(directory: Path) -> list[str]:
 
 
 class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
-    """Exactly-once part files: the two-phase-commit file sink of the thesis (4.1.4) and of
-    Flink's ``FileSink``.
+    """Exactly-once part files: the two-phase-commit file sink of Carbone 2018 (PhD thesis),
+    section 4.1.4, and of Flink's ``FileSink``.
 
     Each subtask writes the records of one checkpoint interval to a hidden in-progress file
     (``.part-<subtask>-<random>.<ext>.inprogress``: names starting with '.' are skipped by
@@ -152,8 +152,9 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
             installed.
     """
 
-    def __init__(self, directory: str | Path, format: str = "jsonl", schema: Any = None,
-                 row_group_size: int = 1 << 16, mode: str = "error") -> None:
+    def __init__(self, directory: str | Path, format: Literal["jsonl", "parquet"] = "jsonl",
+                 schema: Any = None, row_group_size: int = 1 << 16,
+                 mode: Literal["error", "append"] = "error") -> None:
         if format not in _FORMATS:
             raise ConfigurationError(f"CommittingFileSink format must be 'jsonl' or 'parquet', "
                                      f"got {format!r}")

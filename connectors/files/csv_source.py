@@ -17,12 +17,13 @@ import csv
 import io
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from reactive.errors import ConfigurationError
 from reactive.extras import require
 from reactive.sources import Source, SourceReader
 
+from .csv_batches import ColumnarBlockConverter, block_batches
 from .csv_records import BlockConverter
 from .csv_rows import RowBlocks, split_rows
 from .file_splits import FileSplitsReader, files_of
@@ -76,11 +77,25 @@ class CsvFileSource(Source):
             ``"NA"``, ``"null"``; string columns are never null unless pyarrow is told).
         block_size: bytes per block and batch (more when a row is longer).
         errors: ``"fail"`` (the default) or ``"dead_letter"``.
+        columnar: emit one ``pyarrow.RecordBatch`` of :attr:`schema` per block instead of
+            records (read it with ``Dataflow.columnar_source``; dead letters, when
+            ``errors="dead_letter"``, come beside the batches as ``InvalidRow`` s). Needs
+            the type of every column read, in ``column_types``. A ``batch_factory`` then
+            maps each block's table to a table of ``schema`` (vectorized parsing and
+            validation: a block it raises for is bisected, so its bad rows become dead
+            letters with their offsets); no ``row_factory``.
+        schema: with ``columnar`` and a ``batch_factory``, the ``pyarrow.Schema`` of its
+            tables.
+
+    Attributes:
+        schema: with ``columnar``, the ``pyarrow.Schema`` of the batches (the ``columns``
+            with their ``column_types``); else None.
 
     Raises:
         FileNotFoundError: if ``path`` does not exist.
-        ConfigurationError: for an unknown ``errors``, both factories, a block size < 1, or
-            no column names.
+        ConfigurationError: for an unknown ``errors``, both factories, a block size < 1, no
+            column names, or ``columnar`` without ``columns`` and all their types, or with a
+            factory.
         MissingExtraError: if pyarrow is not installed (``pip install 'reactive[parquet]'``).
     """
 
@@ -91,7 +106,8 @@ class CsvFileSource(Source):
                  header: bool = True, column_names: Sequence[str] | None = None,
                  delimiter: str = ",", quote: str | None = '"',
                  null_values: Sequence[str] | None = None, block_size: int = 1 << 18,
-                 errors: str = "fail") -> None:
+                 errors: Literal["fail", "dead_letter"] = "fail", columnar: bool = False,
+                 schema: Any = None) -> None:
         if errors not in _ERRORS:
             raise ConfigurationError(f"CSV source: errors must be 'fail' or 'dead_letter', "
                                      f"got {errors!r}")
@@ -116,6 +132,39 @@ class CsvFileSource(Source):
         self.null_values = list(null_values) if null_values is not None else None
         self.block_size = block_size
         self.errors = errors
+        self.columnar = columnar
+        self.schema: Any = None
+        if columnar:
+            self.schema = self._columnar_schema(schema)
+        elif schema is not None:
+            raise ConfigurationError("CSV source: a schema applies to columnar=True only")
+
+    def _columnar_schema(self, schema: Any) -> Any:
+        """The schema of the batches in columnar mode: the batch factory's, or every column
+        read with its type."""
+        import pyarrow as pa
+
+        if self.row_factory is not None:
+            raise ConfigurationError("CSV source: columnar=True emits record batches, not "
+                                     "row_factory records (use a batch_factory of tables)")
+        if (self.batch_factory is None) != (schema is None):
+            raise ConfigurationError("CSV source: with columnar=True, a batch_factory needs "
+                                     "the schema of its tables, and a schema a batch_factory")
+        if schema is not None and not isinstance(schema, pa.Schema):
+            raise ConfigurationError(f"CSV source: schema must be a pyarrow.Schema, got "
+                                     f"{type(schema).__name__}")
+        missing = [c for c in self.columns or [] if c not in self.column_types]
+        if not self.columns or missing:
+            raise ConfigurationError(
+                "CSV source: columnar=True needs the columns to read and the type of each "
+                f"in column_types (missing: {missing or 'columns'}), so that every batch "
+                "has one schema")
+        if schema is not None:
+            return schema
+        try:
+            return pa.schema([(c, self.column_types[c]) for c in self.columns])
+        except (TypeError, ValueError, pa.ArrowInvalid) as exc:
+            raise ConfigurationError(f"CSV source: column_types: {exc}") from exc
 
     def splits(self) -> list[str]:
         """The files to read, sorted (a directory's hidden files are not read)."""
@@ -165,7 +214,7 @@ class _CsvReader(FileSplitsReader):
         names, data_offset, data_line = src.read_header(split[0])
         if split[1] < data_offset:  # a fresh split: the header row is no record
             split[1], split[2] = data_offset, data_line
-        self._converter = BlockConverter(
+        self._converter = (ColumnarBlockConverter if src.columnar else BlockConverter)(
             _pyarrow_csv(), names, columns=src.columns, column_types=src.column_types,
             null_values=src.null_values, delimiter=src.delimiter, quote=src.quote,
             row_factory=src.row_factory, batch_factory=src.batch_factory,
@@ -186,6 +235,10 @@ class _CsvReader(FileSplitsReader):
                 continue
             offset, line, data = block
             records = self._converter.convert(split[0], offset, line, data)
+            if self.source.schema is not None:
+                records = block_batches(records, self.source.schema,
+                                        f"{split[0]} byte {offset} (line {line})",
+                                        f"CsvFileSource({self.source.path})")
             # advanced only now: a row that fails the job is met again after a restore
             split[1], split[2] = self._blocks.offset, self._blocks.line
             if records:

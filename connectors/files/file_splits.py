@@ -56,7 +56,7 @@ class FileSplitsReader(SourceReader):
         split[1] = -1
         self._current += 1
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [list(s) for s in self.splits]
 
     def restore_state(self, entries: list[Any]) -> None:

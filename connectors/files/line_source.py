@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from reactive.errors import ConfigurationError
 from reactive.sources import Source, SourceReader
@@ -67,7 +67,7 @@ class LineFileSource(Source):
     """
 
     def __init__(self, path: str | Path, with_offsets: bool = False,
-                 read_size: int = 1 << 16, errors: str = "fail") -> None:
+                 read_size: int = 1 << 16, errors: Literal["fail", "dead_letter"] = "fail") -> None:
         if errors not in _LINE_ERRORS:
             raise ConfigurationError(f"line-file source: errors must be 'fail' or "
                                      f"'dead_letter', got {errors!r}")
@@ -89,7 +89,7 @@ class LineFileSource(Source):
 
 class _LineReader(FileSplitsReader):
     def __init__(self, splits: list[list[Any]], with_offsets: bool, read_size: int,
-                 errors: str = "fail") -> None:
+                 errors: Literal["fail", "dead_letter"] = "fail") -> None:
         super().__init__(splits)  # [path, offset]
         self.with_offsets = with_offsets
         self.read_size = read_size

@@ -4,12 +4,12 @@ sink accept, or any callable."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from reactive.errors import ConfigurationError
 from reactive.extras import require
 
-__all__ = ["Deserializer", "Serializer", "deserializer", "serializer"]
+__all__ = ["Deserializer", "Serializer", "SerializerName", "deserializer", "serializer"]
 
 Deserializer = Callable[[bytes], Any]
 Serializer = Callable[[Any], bytes]
@@ -35,6 +35,9 @@ def _orjson() -> Any:
     return require("orjson", "kafka", "JSON records of Kafka")
 
 
+SerializerName = Literal["bytes", "str", "json"]
+"""The built-in (de)serializers of Kafka keys and values, by name."""
+
 _DESERIALIZERS: dict[str, Callable[[], Deserializer]] = {
     "bytes": lambda: _bytes, "str": lambda: _utf8, "json": lambda: _orjson().loads}
 _SERIALIZERS: dict[str, Callable[[], Serializer]] = {
@@ -42,7 +45,7 @@ _SERIALIZERS: dict[str, Callable[[], Serializer]] = {
     "json": lambda: _orjson().dumps}
 
 
-def deserializer(spec: str | Deserializer) -> Deserializer:
+def deserializer(spec: SerializerName | Deserializer) -> Deserializer:
     """``"bytes"``, ``"str"`` (UTF-8), ``"json"`` (orjson) or a callable ``bytes -> value``.
 
     Raises:
@@ -58,7 +61,7 @@ def deserializer(spec: str | Deserializer) -> Deserializer:
     return make()
 
 
-def serializer(spec: str | Serializer) -> Serializer:
+def serializer(spec: SerializerName | Serializer) -> Serializer:
     """``"bytes"``/``"str"`` (bytes as they are, str as UTF-8), ``"json"`` (orjson) or a
     callable ``value -> bytes``.
 

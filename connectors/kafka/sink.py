@@ -7,7 +7,7 @@ producer prepared: a new producer with the same transactional id fences it (Init
 aborts the open transaction). A sink that wrote the interval's records into an open Kafka
 transaction and committed it after the checkpoint completed would lose the interval when the
 process dies between the completion and the Kafka commit. So this sink is the write-ahead-log
-sink of the thesis (Carbone 2018, table 4.1; Flink's ``GenericWriteAheadSink``) with an
+sink of Carbone 2018 (PhD thesis), table 4.1 (and Flink's ``GenericWriteAheadSink``) with an
 idempotent commit:
 
 1. During the interval the records are serialized and kept in the open (local) transaction.
@@ -44,7 +44,7 @@ from reactive.errors import ConfigurationError, RecordRejectedError
 from reactive.sinks import SinkWriter
 from reactive.two_phase_commit import TwoPhaseCommitSink, TwoPhaseCommitWriter
 
-from .serialization import Serializer, serializer
+from .serialization import Serializer, SerializerName, serializer
 
 __all__ = ["KafkaSink", "KafkaSinkError", "KafkaTransaction"]
 
@@ -132,8 +132,8 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
                  key: Callable[[Any], Any] | None = None,
                  value: Callable[[Any], Any] = _identity,
                  headers: Callable[[Any], Headers] | None = None,
-                 key_serializer: str | Serializer = "str",
-                 value_serializer: str | Serializer = "json",
+                 key_serializer: SerializerName | Serializer = "str",
+                 value_serializer: SerializerName | Serializer = "json",
                  marker_topic: str | None = None,
                  max_request_size: int = 1048576,
                  client_options: Mapping[str, Any] | None = None,
@@ -333,7 +333,7 @@ class _KafkaTransactionalWriter(TwoPhaseCommitWriter[KafkaTransaction]):
             default=-1)
         await super().restore_state(entries)
 
-    async def close(self) -> None:  # type: ignore[override]
+    async def close(self) -> None:
         super().close()
         producers, self.sink._producers = self.sink._producers, {}
         for producer in producers.values():
@@ -378,7 +378,7 @@ class AtLeastOnceKafkaWriter(SinkWriter):
                     f"Kafka sink to {self.sink.topic!r}: Kafka refused the record "
                     f"key={key!r:.80} value={value!r:.200}: {exc!r}") from exc
 
-    async def snapshot_state(self, checkpoint_id: int) -> list[Any]:  # type: ignore[override]
+    async def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         """Flush: the checkpoint completes only when Kafka acknowledged every record before
         its barrier."""
         if self._producer is not None:

@@ -26,7 +26,7 @@ from reactive.sources import Source, SourceReader
 
 from .partition_watermarks import PartitionWatermarks
 from .records import KafkaDeadLetter, KafkaRecord
-from .serialization import Deserializer, deserializer
+from .serialization import Deserializer, SerializerName, deserializer
 
 __all__ = ["KafkaSource", "partition_owner"]
 
@@ -95,8 +95,8 @@ class KafkaSource(Source):
                  starting_offsets: StartingOffsets = "earliest",
                  starting_timestamp: float | None = None,
                  stop_at_latest: bool = False,
-                 key_deserializer: str | Deserializer = "bytes",
-                 value_deserializer: str | Deserializer = "bytes",
+                 key_deserializer: SerializerName | Deserializer = "bytes",
+                 value_deserializer: SerializerName | Deserializer = "bytes",
                  errors: Literal["fail", "dead_letter"] = "fail",
                  max_out_of_orderness: float | None = None,
                  idleness: float | None = None,
@@ -172,7 +172,7 @@ class KafkaSourceReader(SourceReader):
             source.max_out_of_orderness, source.idleness, source.clock))
 
     # ------------------------------------------------------------------ state
-    def snapshot_state(self, checkpoint_id: int) -> list[Any]:  # type: ignore[override]
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         if self.source.group_id is not None:
             self._pending_commits.append(
                 (checkpoint_id, {k: e[2] for k, e in self.positions.items()}))

@@ -176,7 +176,7 @@ class NexmarkReader(SourceReader):
         out, self.next = self.next, saved
         return out
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [[k, self.num_splits, n] for k, n in sorted(self.positions().items())]
 
     def restore_state(self, entries: list[Any]) -> None:

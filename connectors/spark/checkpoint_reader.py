@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reactive.checkpoint.contract import KeyedStateHandle, OperatorState
 from reactive.checkpoint.metadata import CompletedCheckpoint
 from reactive.checkpoint.storage import CheckpointStorage
 from reactive.errors import RestoreError
@@ -60,10 +61,6 @@ class OperatorSummary:
     operator_state_bytes: int
 
 
-def _files_size(handle: dict[str, Any] | None) -> int:
-    return sum(int(ref["size"]) for ref in handle.get("files", [])) if handle else 0
-
-
 class CheckpointReader:
     """The state of one completed checkpoint or savepoint directory (``.../<job>/chk-<n>``).
 
@@ -101,26 +98,24 @@ class CheckpointReader:
     @property
     def kind(self) -> str:
         """``"checkpoint"`` or ``"savepoint"``."""
-        return str(self.checkpoint.metadata.get("kind", "checkpoint"))
+        return self.checkpoint.metadata.kind
 
     @property
     def max_parallelism(self) -> int:
         """The job's max parallelism (number of key groups) the state is split into."""
-        return int(self.checkpoint.metadata["max_parallelism"])
+        return self.checkpoint.metadata.max_parallelism
 
-    def _operator(self, uid: str) -> dict[str, Any]:
-        ops = self.checkpoint.metadata["operators"]
+    def _operator(self, uid: str) -> OperatorState:
+        ops = self.checkpoint.metadata.operators
         if uid not in ops:
             raise RestoreError(f"checkpoint {self.checkpoint.path} has no operator {uid!r}; "
                                f"its operators: {sorted(ops)}")
-        return ops[uid]  # type: ignore[no-any-return]
+        return ops[uid]
 
-    def _handles(self, uid: str) -> Iterator[tuple[dict[str, Any], KeyGroupRange | None]]:
-        for _, sub in sorted(self._operator(uid)["subtasks"].items(), key=lambda kv: int(kv[0])):
-            handle = sub.get("keyed_state")
-            if handle:
-                kgr = sub.get("key_group_range")
-                yield handle, KeyGroupRange(*kgr) if kgr else None
+    def _handles(self, uid: str) -> Iterator[tuple[KeyedStateHandle, KeyGroupRange | None]]:
+        for _, sub in self._operator(uid).by_index():
+            if sub.keyed_state is not None:
+                yield sub.keyed_state, sub.key_group_range
 
     def operators(self) -> list[OperatorSummary]:
         """Every operator with state in the checkpoint, by uid.
@@ -132,18 +127,20 @@ class CheckpointReader:
             RestoreError: if a state file cannot be read.
         """
         out = []
-        for uid, op in sorted(self.checkpoint.metadata["operators"].items()):
-            subs = op["subtasks"].values()
+        for uid, op in sorted(self.checkpoint.metadata.operators.items()):
+            subs = op.subtasks.values()
             out.append(OperatorSummary(
                 uid=uid,
-                name=str(op.get("name", uid)),
-                parallelism=int(op.get("parallelism", len(op["subtasks"]))),
-                keyed=bool(op.get("keyed", False)),
-                backends=sorted({str(s["keyed_state"].get("backend"))
-                                 for s in subs if s.get("keyed_state")}),
+                name=op.name,
+                parallelism=op.parallelism,
+                keyed=op.keyed,
+                backends=sorted({s.keyed_state.backend for s in subs
+                                 if s.keyed_state is not None}),
                 state_names=self.state_names(uid),
-                keyed_state_bytes=sum(_files_size(s.get("keyed_state")) for s in subs),
-                operator_state_bytes=sum(_files_size(s.get("operator_state")) for s in subs),
+                keyed_state_bytes=sum(sum(r.size for r in s.keyed_state.files)
+                                      for s in subs if s.keyed_state is not None),
+                operator_state_bytes=sum(s.operator_state.size for s in subs
+                                         if s.operator_state is not None),
             ))
         return out
 
@@ -156,11 +153,11 @@ class CheckpointReader:
         if uid not in self._state_names:
             names: set[str] = set()
             for handle, kgr in self._handles(uid):
-                if "states" in handle:  # the backend records them (RocksDB)
-                    names.update(handle["states"])
+                if "states" in handle.extra:  # the backend records them (RocksDB)
+                    names.update(handle.extra["states"])
                 else:
                     names.update(e[1] for e in read_keyed_state(
-                        handle, self.checkpoint.job_dir, self.max_parallelism, kgr))
+                        handle.to_json(), self.checkpoint.job_dir, self.max_parallelism, kgr))
             self._state_names[uid] = sorted(names)
         return self._state_names[uid]
 
@@ -175,8 +172,8 @@ class CheckpointReader:
             RestoreError: for an unknown uid, an unsupported backend, or an unreadable file.
         """
         for handle, kgr in self._handles(uid):
-            for kg, name, key, value in read_keyed_state(
-                    handle, self.checkpoint.job_dir, self.max_parallelism, kgr, deserializer):
+            for kg, name, key, value in read_keyed_state(handle.to_json(), self.checkpoint.job_dir,
+                                                         self.max_parallelism, kgr, deserializer):
                 if name == state_name:
                     yield kg, key, value
 

@@ -27,10 +27,10 @@ from pyspark.sql.streaming.stateful_processor import (
 )
 
 from reactive.key_encoding import decode_key
-from reactive.runtime.operators import StreamOperator, TimedKeyedProcessOperator
-from reactive.runtime.operators.event_time import EventTimeOperator
+from reactive.runtime.operators import StreamOperator
 from reactive.runtime.operators.process import ProcessOperator
-from reactive.time.timers import TimerService
+from reactive.time.clock import ProcessingClock
+from reactive.time.timers import Fire
 
 from .record_chain import SinkEncoder, run_steps
 from .state_adapter import SparkKeyedStateBackend, SparkTimerService
@@ -68,24 +68,16 @@ class KeyedOperatorProcessor(StatefulProcessor):
         self.op = op
         self.backend = SparkKeyedStateBackend(handle)
         op.setup(0, 1, step.max_parallelism, self.backend)
-        if isinstance(op, TimedKeyedProcessOperator):
-            op.timers = self.timers = SparkTimerService(  # type: ignore[assignment]
-                handle, op.clock, op._fire)
-            op.ctx._timer_service = TimerService(op.timers)
-            ProcessOperator.open(op)  # its own open() would start the embedded timers
-        elif isinstance(op, EventTimeOperator):
-            event_op = op
+        self.timers: SparkTimerService | None = None
 
-            def open_timers() -> None:
-                event_op.emit_late = event_op.late_output()
-                self.timers = SparkTimerService(handle, event_op.clock, event_op.on_event_time)
-                event_op.timers = self.timers  # type: ignore[assignment]
+        def spark_timers(owner: StreamOperator, clock: ProcessingClock, on_event_time: Fire,
+                         on_processing_time: Fire) -> SparkTimerService:
+            # the operator's timers live in Spark's state store; Spark fires them
+            self.timers = SparkTimerService(handle, clock, on_event_time)
+            return self.timers
 
-            op._open_timers = open_timers  # type: ignore[method-assign]
-            op.open()
-        else:
-            self.timers = None  # type: ignore[assignment]
-            op.open()
+        op.timer_service_factory = spark_timers
+        op.open()
 
     def _key(self, key: tuple[Any, ...]) -> Any:
         data = key[0]

@@ -29,6 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from reactive.checkpoint.contract import (
+    CheckpointMetadata,
+    CheckpointMetrics,
+    KeyedStateHandle,
+    OperatorState,
+    OperatorSubtaskState,
+)
 from reactive.checkpoint.storage import CheckpointStorage
 from reactive.errors import ConfigurationError, UnsupportedKeyError
 from reactive.key_encoding import encode_key, key_encoding_name
@@ -251,10 +258,10 @@ class SavepointWriter:
                                       "directory")
         chk.mkdir(parents=True)
         maxp = self.max_parallelism
-        operators: dict[str, dict[str, Any]] = {}
+        operators: dict[str, OperatorState] = {}
         for uid in sorted(self._states):
             p = self._parallelism[uid]
-            subtasks: dict[str, dict[str, Any]] = {}
+            subtasks: dict[int, OperatorSubtaskState] = {}
             # key groups arrive ascending and instance ranges are contiguous, so each
             # instance's key groups are one run of the stream, written while it streams
             def instance(entry: tuple[int, Any], p: int = p) -> int:
@@ -272,23 +279,16 @@ class SavepointWriter:
                     key_encoding=key_encoding_name(self._key_serializers.get(uid)))
                 if pending is not None and pending[0] == i:
                     pending = next(stream, None)
-                subtasks[str(i)] = {
-                    "keyed_state": handle,
-                    "operator_state": None,
-                    "key_group_range": key_group_range_for_operator(i, p, maxp).to_list(),
-                }
-            operators[uid] = {"name": uid, "parallelism": p, "keyed": True,
-                              "subtasks": subtasks}
-        storage.write_metadata(cid, {
-            "job": self.job_name,
-            "checkpoint_id": cid,
-            "kind": "savepoint",
-            "timestamp": time.time(),
-            "max_parallelism": maxp,
-            "mode": "exactly_once",
-            "operators": operators,
-            "stats": {"writer": "reactive.connectors.spark.SavepointWriter"},
-        })
+                subtasks[i] = OperatorSubtaskState(
+                    KeyedStateHandle.from_json(handle), None,
+                    key_group_range_for_operator(i, p, maxp))
+            operators[uid] = OperatorState(uid, p, True, subtasks)
+        storage.write_metadata(cid, CheckpointMetadata(
+            job=self.job_name, checkpoint_id=cid, kind="savepoint", timestamp=time.time(),
+            max_parallelism=maxp, mode="exactly_once", operators=operators,
+            metrics=CheckpointMetrics.from_json(
+                {"writer": "reactive.connectors.spark.SavepointWriter"}),
+        ))
         return chk
 
 

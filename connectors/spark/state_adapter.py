@@ -477,6 +477,12 @@ class SparkTimerService:
             out.extend(self.on_event_time(timestamp, namespace))
         return out
 
+    def advance_watermark(self, watermark: float) -> list[Any]:
+        """Event time advanced to ``watermark``: recorded only, Spark fires the due timers
+        itself (``handleExpiredTimer`` calls :meth:`fire`)."""
+        self.watermark = watermark
+        return []
+
     def fire_processing_timers(self) -> list[Any]:
         """None are kept (see :meth:`register_processing_time_timer`)."""
         return []

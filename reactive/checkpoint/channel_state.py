@@ -22,10 +22,13 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import RestoreError
 from .durable_files import resolve_under
+
+if TYPE_CHECKING:
+    from .contract import OperatorState
 
 __all__ = ["InFlightEntry", "assign_in_flight", "read_channel_states", "serialize_channel_state"]
 
@@ -57,24 +60,24 @@ def serialize_channel_state(entries: list[InFlightEntry]) -> bytes:
                         protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def read_channel_states(job_dir: Path, subtasks: dict[str, Any]) -> list[list[InFlightEntry]]:
+def read_channel_states(job_dir: Path, operator: OperatorState) -> list[list[InFlightEntry]]:
     """Read the channel state of every old instance of an operator, by instance index.
 
     Args:
         job_dir: the directory the handles' paths are relative to.
-        subtasks: the operator's ``subtasks`` section of the checkpoint metadata.
+        operator: the operator's state in the checkpoint.
 
     Raises:
         RestoreError: naming the file that cannot be read.
         CorruptCheckpointError: a path that leads outside ``job_dir``.
     """
     out: list[list[InFlightEntry]] = []
-    for i in sorted(subtasks, key=int):
-        handle = subtasks[i].get("channel_state")
-        if not handle:
+    for _, sub in operator.by_index():
+        handle = sub.channel_state
+        if handle is None:
             out.append([])
             continue
-        path = resolve_under(job_dir, handle["files"][0]["path"])
+        path = resolve_under(job_dir, handle.files[0].path)
         try:
             raw = pickle.loads(path.read_bytes())
         except (OSError, pickle.UnpicklingError, EOFError) as exc:

@@ -30,7 +30,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .metadata import METADATA, CompletedCheckpoint, shared_paths
+from .metadata import METADATA, CompletedCheckpoint
 from .off_loop import chunks, in_thread
 from .paths import UnsafePathError, check_real_dir, unlink_under
 from .shared_state_registry import SharedStateRegistry
@@ -82,7 +82,7 @@ class CompletedCheckpointStore:
             storage.completed() if checkpoints is None else checkpoints,
             key=lambda c: c.checkpoint_id)
         for chk in self._checkpoints:
-            self.registry.register(chk.checkpoint_id, shared_paths(chk.metadata))
+            self.registry.register(chk.checkpoint_id, chk.metadata.shared_paths())
         self._unreferenced: set[str] = set()
         self.in_flight = in_flight
         # one pass of file work at a time: two passes would list and delete the same
@@ -150,7 +150,7 @@ class CompletedCheckpointStore:
         Returns:
             ids of the checkpoints removed.
         """
-        self.registry.register(checkpoint.checkpoint_id, shared_paths(checkpoint.metadata))
+        self.registry.register(checkpoint.checkpoint_id, checkpoint.metadata.shared_paths())
         self._checkpoints.append(checkpoint)
         self._checkpoints.sort(key=lambda c: c.checkpoint_id)
         regular = [c for c in self._checkpoints if not c.is_savepoint]

@@ -1,22 +1,23 @@
-"""The checkpoint coordinator (Flink's ``CheckpointCoordinator`` / ``PendingCheckpoint``).
+"""The checkpoint coordinator (Flink's ``CheckpointCoordinator``).
 
 It triggers checkpoint n by posting a barrier-injection action into every source task's
 mailbox, collects one acknowledgement per task (sent when the task's asynchronous part has
-written its files), and completes the checkpoint by writing the metadata atomically; only
-then does it notify every task (``notify_checkpoint_complete``), which commits pending side
-effects. A checkpoint that times out or is declined is aborted; after
-``tolerable_failed_checkpoints`` consecutive failures the job fails. Source: Carbone et
-al., "Lightweight Asynchronous Snapshots for Distributed Dataflows" (2015), section 3, and
-the thesis, section 4.5.
+written its files) in a :class:`~.pending_checkpoint.PendingCheckpoint`, and completes the
+checkpoint by writing the metadata that one finalizes, atomically; only then does it notify
+every task (``notify_checkpoint_complete``), which commits pending side effects. A
+checkpoint that times out or is declined is aborted; after ``tolerable_failed_checkpoints``
+consecutive failures the job fails. Source: Carbone et al., "Lightweight Asynchronous
+Snapshots for Distributed Dataflows" (2015), section 3, and Carbone 2018 (PhD thesis),
+section 4.5.
 
 A *savepoint* is a checkpoint triggered with kind ``"savepoint"``: its barriers tell the
 backends to write self-contained snapshots (``SnapshotContext.savepoint``: no shared files),
 and its metadata is written with paths relative to its own directory (``self_contained``),
-so it can be moved and restored anywhere, at another parallelism (thesis 4.2). As in Flink
-1.15+, an intermediate savepoint does not commit side effects (``commit=False``: the tasks
-are not notified; the next completed checkpoint commits what it pre-committed), so that a
-failover to the previous checkpoint cannot replay records a savepoint already committed;
-stop-with-savepoint commits (``commit=True``), since the job ends with it.
+so it can be moved and restored anywhere, at another parallelism (Carbone 2018 (PhD thesis),
+section 4.2). As in Flink 1.15+, an intermediate savepoint does not commit side effects
+(``commit=False``: the tasks are not notified; the next completed checkpoint commits what it
+pre-committed), so that a failover to the previous checkpoint cannot replay records a savepoint
+already committed; stop-with-savepoint commits (``commit=True``), since the job ends with it.
 
 Whoever must not move on before side effects are committed (stop-with-savepoint, the job's
 final checkpoint) waits with ``await_commit=True``: the checkpoint's ``committed`` future
@@ -24,9 +25,9 @@ resolves when every task has run its ``notify_checkpoint_complete`` (Flink waits
 ``notifyCheckpointComplete`` of the final/synchronous savepoint the same way). When the
 attempt ends, :meth:`shutdown` fails every future still pending, so no caller hangs.
 
-With ``mode="synchronous"`` (the baseline of the ABS paper's evaluation, thesis 3.4.2) the
-coordinator halts the sources right behind the barriers until the checkpoint completes or
-is aborted, and the tasks write their snapshots before they go on
+With ``mode="synchronous"`` (the baseline of the ABS paper's evaluation, Carbone 2018 (PhD
+thesis), section 3.4.2) the coordinator halts the sources right behind the barriers until the
+checkpoint completes or is aborted, and the tasks write their snapshots before they go on
 (:mod:`reactive.checkpoint.synchronous_snapshots`).
 
 No file work runs on the event loop (it is the application's loop too): the metadata is
@@ -46,9 +47,8 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from ..config import CheckpointConfig
 from ..errors import (
@@ -60,10 +60,11 @@ from ..errors import (
 from ..runtime.cancellation import wait_with_timeout
 from ..runtime.events import CheckpointBarrier
 from .completed_checkpoint_store import CompletedCheckpointStore
+from .contract import OperatorSubtaskState
 from .failure_reason import CheckpointFailureReason
 from .metadata import CompletedCheckpoint
 from .off_loop import in_thread, wait_all
-from .savepoints import rebase_savepoint_paths
+from .pending_checkpoint import OperatorInfo, PendingCheckpoint, TaskAcknowledgeResult
 from .stats import CheckpointStats
 from .storage import CheckpointStorage
 from .synchronous_snapshots import halt_sources
@@ -74,41 +75,6 @@ if TYPE_CHECKING:
 __all__ = ["CheckpointCoordinator", "OperatorInfo", "PendingCheckpoint"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class OperatorInfo:
-    """What the metadata records of an operator besides its state."""
-
-    uid: str
-    name: str
-    parallelism: int
-    keyed: bool
-
-
-@dataclass
-class PendingCheckpoint:
-    """A triggered checkpoint waiting for acknowledgements.
-
-    Attributes:
-        commit: notify the tasks when it completes (they commit side effects); False for
-            an intermediate savepoint.
-    """
-
-    checkpoint_id: int
-    kind: str
-    deadline: float
-    started: float
-    waiting_for: set[str]
-    stats: CheckpointStats
-    commit: bool = True
-    operators: dict[str, dict[str, Any]] = field(default_factory=dict)
-    done: asyncio.Future[CompletedCheckpoint] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
-    committed: asyncio.Future[None] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
 
 
 class CheckpointCoordinator:
@@ -264,7 +230,7 @@ class CheckpointCoordinator:
         stats = CheckpointStats(cid, kind=kind, trigger_time=time.time())
         pending = PendingCheckpoint(
             cid, kind, now + self.config.timeout, time.perf_counter(),
-            {t.task_id for t in self.tasks}, stats, commit,
+            {t.task_id for t in self.tasks}, stats, commit, self.operators,
         )
         self.pending[cid] = pending
         self.history.append(stats)
@@ -326,28 +292,20 @@ class CheckpointCoordinator:
         self,
         checkpoint_id: int,
         task: StreamTask,
-        states: dict[str, dict[str, Any]],
-        stats: dict[str, float],
+        states: Mapping[str, OperatorSubtaskState],
+        stats: Mapping[str, float],
     ) -> None:
-        """A task finished its snapshot for ``checkpoint_id``; complete when it is the last."""
+        """A task finished its snapshot for ``checkpoint_id``; complete when it is the last.
+
+        Args:
+            states: the state of each of the task's operator instances, by operator uid.
+            stats: the task's figures (see :meth:`PendingCheckpoint.acknowledge`).
+        """
         p = self.pending.get(checkpoint_id)
-        if p is None or task.task_id not in p.waiting_for:
-            return  # aborted meanwhile, or a duplicate
-        p.waiting_for.discard(task.task_id)
-        for uid, entry in states.items():
-            op = self.operators[uid]
-            rec = p.operators.setdefault(
-                uid, {"name": op.name, "parallelism": op.parallelism, "keyed": op.keyed,
-                      "subtasks": {}},
-            )
-            rec["subtasks"][str(task.subtask)] = entry
-        s = p.stats
-        s.alignment = max(s.alignment, stats["alignment"])
-        s.sync = max(s.sync, stats["sync"])
-        s.async_ = max(s.async_, stats["async"])
-        s.size += int(stats["size"])
-        s.tasks[task.task_id] = stats
-        if not p.waiting_for:
+        if p is None:
+            return  # aborted meanwhile
+        result = p.acknowledge(task.task_id, task.subtask, states, stats)
+        if result is TaskAcknowledgeResult.SUCCESS and p.is_fully_acknowledged:
             await self._complete(p)
 
     async def _complete(self, p: PendingCheckpoint) -> None:
@@ -383,41 +341,25 @@ class CheckpointCoordinator:
             self._fail_pending(p, CheckpointFailureReason.CHECKPOINT_SUBSUMED,
                                f"subsumed by checkpoint {latest.checkpoint_id}")
             return None
-        p.stats.duration = time.perf_counter() - p.started
-        p.stats.status = "completed"
-        body = {
-            "job": self.job_name,
-            "checkpoint_id": p.checkpoint_id,
-            "kind": p.kind,
-            "timestamp": p.stats.trigger_time,
-            "max_parallelism": self.max_parallelism,
-            "mode": self.config.mode,
-            "run_id": self.run_id,
-            # whether completing it commits side effects (lineage.committed_output)
-            "commits": p.commit,
-            "operators": p.operators,
-            "stats": {k: v for k, v in p.stats.to_dict().items() if k != "tasks"},
-        }
-        if p.kind == "savepoint":
-            try:
-                body["operators"] = rebase_savepoint_paths(
-                    p.operators, self.storage.checkpoint_dir(p.checkpoint_id).name)
-            except CheckpointError as exc:
-                self._fail_pending(p, CheckpointFailureReason.FINALIZE_CHECKPOINT_FAILURE,
-                                   str(exc))
-                return None
-            body["self_contained"] = True
+        try:
+            metadata = p.finalize(
+                job=self.job_name, max_parallelism=self.max_parallelism,
+                mode=self.config.mode, run_id=self.run_id,
+                checkpoint_dir_name=self.storage.checkpoint_dir(p.checkpoint_id).name)
+        except CheckpointError as exc:
+            self._fail_pending(p, CheckpointFailureReason.FINALIZE_CHECKPOINT_FAILURE,
+                               str(exc))
+            return None
         try:
             # in a worker thread (write, fsync, rename, fsync of the directory): the loop
             # keeps running the tasks and the application meanwhile. Nothing below happens
             # before the metadata is durable: that is what makes the checkpoint completed
-            path = await in_thread(self.storage.write_metadata, p.checkpoint_id, body)
+            path = await in_thread(self.storage.write_metadata, p.checkpoint_id, metadata)
         except OSError as exc:
             self._fail_pending(p, CheckpointFailureReason.IO_EXCEPTION,
                                f"writing the metadata failed: {exc}")
             return None
-        p.stats.path = str(path)
-        completed = CompletedCheckpoint(p.checkpoint_id, path, body)
+        completed = CompletedCheckpoint(p.checkpoint_id, path, metadata)
         self.latest_completed = completed
         self.consecutive_failures = 0
         self._failure_streak.clear()
@@ -429,12 +371,9 @@ class CheckpointCoordinator:
             waiting = {t.task_id for t in self.tasks}
             for task in self.tasks:
                 task.post(functools.partial(self._notify_complete, task, p, waiting))
-        elif not p.committed.done():
-            p.committed.set_result(None)
         # resolved after the notifications are queued, so whoever waits for this checkpoint
         # (e.g. the final one) acts after every task was told to commit
-        if not p.done.done():
-            p.done.set_result(completed)
+        p.complete(completed)
         return completed
 
     async def _notify_complete(self, task: StreamTask, p: PendingCheckpoint,
@@ -462,10 +401,7 @@ class CheckpointCoordinator:
                 p.stats.status = "aborted"
                 p.stats.failure = CheckpointFailureReason.CHECKPOINT_COORDINATOR_SHUTDOWN.message
                 p.stats.failure_reason = CheckpointFailureReason.CHECKPOINT_COORDINATOR_SHUTDOWN.name
-            for fut in (p.done, p.committed):
-                if not fut.done():
-                    fut.set_exception(error)
-                    fut.exception()  # retrieved: a periodic checkpoint has no waiter
+            p.fail_waiters(error)
         self.pending.clear()
         self._finalizing.clear()
         self._committing.clear()
@@ -506,15 +442,7 @@ class CheckpointCoordinator:
                       detail: str = "") -> None:
         reason = detail or why.message
         self.pending.pop(p.checkpoint_id, None)
-        p.stats.status = "aborted"
-        p.stats.failure = reason
-        p.stats.failure_reason = why.name
-        p.stats.duration = time.perf_counter() - p.started
-        error = CheckpointError(f"checkpoint {p.checkpoint_id} aborted: {reason}")
-        for fut in (p.done, p.committed):
-            if not fut.done():
-                fut.set_exception(error)
-                fut.exception()  # mark retrieved: nobody may be waiting for a periodic one
+        p.abort(why, reason)
         self._discard_in_background(p.checkpoint_id)
         self._free_slot()
         for task in self.tasks:

@@ -7,10 +7,13 @@ import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import CorruptCheckpointError
 from .paths import resolve_under
+
+if TYPE_CHECKING:
+    from .contract import FileRef
 
 __all__ = ["create_dirs", "fsync_dir", "fsync_tree", "make_dirs", "resolve_under", "sync_created",
            "verify_file", "write_atomic"]
@@ -102,25 +105,25 @@ def write_atomic(path: Path, chunks: Iterable[bytes]) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
-def verify_file(job_dir: Path, ref: dict[str, Any]) -> None:
+def verify_file(job_dir: Path, ref: FileRef) -> None:
     """Check that a referenced file lies under ``job_dir`` and exists with the recorded size
     and sha256.
 
     Raises:
         CorruptCheckpointError: naming the file and what differs.
     """
-    path = resolve_under(job_dir, ref.get("path"))
+    path = resolve_under(job_dir, ref.path)
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         raise CorruptCheckpointError(f"checkpoint file {path} is missing") from None
-    if size != ref["size"]:
+    if size != ref.size:
         raise CorruptCheckpointError(
-            f"checkpoint file {path} has {size} bytes, the metadata says {ref['size']}"
+            f"checkpoint file {path} has {size} bytes, the metadata says {ref.size}"
         )
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
-    if h.hexdigest() != ref["sha256"]:
+    if h.hexdigest() != ref.sha256:
         raise CorruptCheckpointError(f"checkpoint file {path} fails its sha256 checksum")

@@ -25,7 +25,8 @@ from typing import Any, Literal
 
 from ..errors import ReactiveError
 from ..extras import require
-from .metadata import METADATA, iter_file_refs
+from .contract import CheckpointMetadata
+from .metadata import METADATA
 from .storage import CheckpointStorage
 
 __all__ = [
@@ -161,16 +162,11 @@ def find_job_dir(directory: str | Path) -> Path:
                                  "give one job directory DIR/<job>")
 
 
-def _kind(metadata: dict[str, Any]) -> str:
+def _kind(metadata: CheckpointMetadata) -> str:
     """``"savepoint"``, ``"incremental"`` or ``"full"``, as ``reactive checkpoints list`` says."""
-    if metadata.get("kind") == "savepoint":
+    if metadata.is_savepoint:
         return "savepoint"
-    shared = any(
-        sub.get("keyed_state") and sub["keyed_state"].get("shared")
-        for op in metadata.get("operators", {}).values()
-        for sub in op.get("subtasks", {}).values()
-    )
-    return "incremental" if shared else "full"
+    return "incremental" if metadata.shared_paths() else "full"
 
 
 def _seconds(stats: dict[str, Any], key: str) -> float:
@@ -195,8 +191,8 @@ def read_checkpoint_history(directory: str | Path) -> CheckpointHistory:
     points = []
     for chk in CheckpointStorage(job_dir.parent, job_dir.name).completed():
         meta = chk.metadata
-        stats: dict[str, Any] = meta.get("stats") or {}
-        trigger = float(stats.get("trigger_time") or meta.get("timestamp") or 0.0)
+        stats: dict[str, Any] = {} if meta.metrics is None else meta.metrics.to_json()
+        trigger = float(stats.get("trigger_time") or meta.timestamp or 0.0)
         duration = _seconds(stats, "duration")
         points.append(CheckpointPoint(
             checkpoint_id=chk.checkpoint_id,
@@ -208,7 +204,7 @@ def read_checkpoint_history(directory: str | Path) -> CheckpointHistory:
             sync=_seconds(stats, "sync"),
             async_=_seconds(stats, "async_"),
             size=int(stats.get("size", 0)),
-            state_size=sum(int(r["size"]) for r in iter_file_refs(meta)),
+            state_size=meta.state_size,
         ))
     if not points:
         raise CheckpointHistoryError(f"{job_dir} holds no completed checkpoint")

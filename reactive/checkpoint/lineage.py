@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import CorruptCheckpointError, RestoreError
+from .contract import CheckpointMetadata
 from .metadata import METADATA, CompletedCheckpoint, read_metadata
 from .storage import CheckpointStorage
 
@@ -76,7 +77,7 @@ class ReplayPolicy:
     deduplicating_sinks: Sequence[str] = field(default_factory=tuple)
 
 
-def committed_output(metadata: dict[str, object] | None) -> bool:
+def committed_output(metadata: CheckpointMetadata | None) -> bool:
     """Whether completing this checkpoint committed side effects (unknown: assume it did).
 
     An intermediate savepoint commits nothing (``commits`` false); every other completed
@@ -84,10 +85,9 @@ def committed_output(metadata: dict[str, object] | None) -> bool:
     """
     if metadata is None:
         return True
-    commits = metadata.get("commits")
-    if commits is None:
-        return metadata.get("kind") != "savepoint"
-    return bool(commits)
+    if metadata.commits is None:
+        return not metadata.is_savepoint
+    return metadata.commits
 
 
 def candidates_in(storage: CheckpointStorage, min_id: int = 0, run_id: str | None = None
@@ -110,7 +110,7 @@ def candidates_in(storage: CheckpointStorage, min_id: int = 0, run_id: str | Non
             if (path / METADATA).exists():  # else removed meanwhile by retention: subsumed
                 out.append(RejectedCheckpoint(n, path, str(exc), committed_output(None)))
             continue
-        if run_id is not None and (chk.metadata.get("run_id") != run_id or (
+        if run_id is not None and (chk.metadata.run_id != run_id or (
                 chk.is_savepoint and not committed_output(chk.metadata))):
             continue
         out.append(chk)

@@ -11,7 +11,8 @@ Trust: checkpoint files hold pickled values, so restoring runs whatever a crafte
 When the environment variable ``REACTIVE_CHECKPOINT_KEY`` is set, every ``_metadata`` is
 signed with HMAC-SHA256 under that key, and reading it checks the signature before any other
 file is read; the body holds the sha256 of every file, so no unsigned byte is ever
-unpickled. Every path read from metadata must stay under its checkpoint's root.
+unpickled. Every path read from metadata must stay under its checkpoint's root. The body
+is read into, and written from, the types of :mod:`.contract`.
 (Flink: ``Checkpoints.storeCheckpointMetadata`` / ``CompletedCheckpoint``.)
 """
 
@@ -21,12 +22,12 @@ import hashlib
 import hmac
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptCheckpointError, RestoreError
+from .contract import FORMAT_VERSION, CheckpointMetadata
 from .durable_files import fsync_dir, write_atomic
 from .paths import UnsafePathError, resolve_under
 
@@ -35,17 +36,13 @@ __all__ = [
     "KEY_ENV",
     "METADATA",
     "CompletedCheckpoint",
-    "iter_file_refs",
     "read_metadata",
-    "shared_paths",
     "signature",
     "signing_key",
     "write_metadata",
 ]
 
 METADATA = "_metadata"
-# 2: canonical key encoding (key groups and RocksDB keys of format 1 differ), run ids
-FORMAT_VERSION = 2
 KEY_ENV = "REACTIVE_CHECKPOINT_KEY"
 """Environment variable holding the key that signs and checks checkpoint metadata."""
 
@@ -64,59 +61,28 @@ class CompletedCheckpoint:
     Attributes:
         checkpoint_id: its id.
         path: its directory (``.../chk-<n>``).
-        metadata: the parsed ``_metadata``.
+        metadata: its ``_metadata``.
     """
 
     checkpoint_id: int
     path: Path
-    metadata: dict[str, Any]
+    metadata: CheckpointMetadata
 
     @property
     def job_dir(self) -> Path:
         """The directory that handle paths are relative to: the job directory (the parent of
         ``chk-<n>``) for a checkpoint, the directory itself for a self-contained savepoint."""
-        return self.path if self.metadata.get("self_contained") else self.path.parent
+        return self.path if self.metadata.self_contained else self.path.parent
 
     @property
     def is_savepoint(self) -> bool:
         """True for a savepoint (kind ``savepoint``)."""
-        return self.metadata.get("kind") == "savepoint"
+        return self.metadata.is_savepoint
 
 
 def _checksum(body: dict[str, Any]) -> str:
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(canonical).hexdigest()
-
-
-def iter_file_refs(metadata: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Yield every ``{"path", "size", "sha256"}`` a checkpoint's metadata references."""
-    for op in metadata.get("operators", {}).values():
-        for sub in op.get("subtasks", {}).values():
-            for key in ("keyed_state", "operator_state", "channel_state"):
-                handle = sub.get(key)
-                if handle:
-                    yield from handle.get("files", [])
-
-
-def _shared_refs(metadata: dict[str, Any]) -> Iterator[Any]:
-    for op in metadata.get("operators", {}).values():
-        for sub in op.get("subtasks", {}).values():
-            handle = sub.get("keyed_state")
-            if handle:
-                for key in ("shared", "shared_reused"):
-                    for ref in handle.get(key, []):
-                        yield ref.get("path") if isinstance(ref, dict) else ref
-
-
-def shared_paths(metadata: dict[str, Any]) -> set[str]:
-    """The paths under ``shared/`` that a checkpoint's keyed-state handles reference."""
-    out: set[str] = set()
-    for op in metadata.get("operators", {}).values():
-        for sub in op.get("subtasks", {}).values():
-            handle = sub.get("keyed_state")
-            if handle:
-                out.update(ref["path"] for ref in handle.get("shared", []))
-    return out
 
 
 def signature(key: bytes, body: dict[str, Any]) -> str:
@@ -125,7 +91,7 @@ def signature(key: bytes, body: dict[str, Any]) -> str:
     return hmac.new(key, canonical, hashlib.sha256).hexdigest()
 
 
-def read_metadata(checkpoint_dir: Path) -> dict[str, Any]:
+def read_metadata(checkpoint_dir: Path) -> CheckpointMetadata:
     """Read and check a checkpoint's ``_metadata``.
 
     With ``REACTIVE_CHECKPOINT_KEY`` set, the metadata must carry a valid HMAC-SHA256
@@ -166,25 +132,29 @@ def read_metadata(checkpoint_dir: Path) -> dict[str, Any]:
     if body.get("format") != FORMAT_VERSION:
         raise RestoreError(f"{path} has format {body.get('format')}, expected {FORMAT_VERSION} "
                            "(written by another version of reactive)")
-    root = checkpoint_dir if body.get("self_contained") else checkpoint_dir.parent
-    for ref in iter_file_refs(body):
+    try:
+        metadata = CheckpointMetadata.from_json(body)
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{path}: {exc}") from exc
+    root = checkpoint_dir if metadata.self_contained else checkpoint_dir.parent
+    for ref in metadata.file_refs():
         # fail on a path that leaves the checkpoint before anyone joins it to a directory
-        resolve_under(root, ref.get("path"), f"{path}")
-    for rel in _shared_refs(body):
+        resolve_under(root, ref.path, f"{path}")
+    for ref in metadata.shared_refs():
         # retention deletes these when no retained checkpoint lists them any more: each
         # must name a file under shared/ of this job directory, and nothing else
-        if not isinstance(rel, str) or not rel.startswith("shared/"):
-            raise UnsafePathError(f"{path} lists the shared file {rel!r}, which is not under "
-                                  "shared/ of its job directory: refusing to use it")
-        resolve_under(root, rel, f"{path}")
-    return body
+        if not ref.path.startswith("shared/"):
+            raise UnsafePathError(f"{path} lists the shared file {ref.path!r}, which is not "
+                                  "under shared/ of its job directory: refusing to use it")
+        resolve_under(root, ref.path, f"{path}")
+    return metadata
 
 
-def write_metadata(directory: Path, body: dict[str, Any]) -> None:
-    """Write ``body`` as ``directory/_metadata`` atomically (checksummed, signed when a key is
-    set): the step that completes a checkpoint."""
-    body = {"format": FORMAT_VERSION, **body}
-    doc = {"body": body, "sha256": _checksum(body)}
+def write_metadata(directory: Path, metadata: CheckpointMetadata) -> None:
+    """Write ``metadata`` as ``directory/_metadata`` atomically (checksummed, signed when a
+    key is set): the step that completes a checkpoint."""
+    body = metadata.to_json()
+    doc: dict[str, Any] = {"body": body, "sha256": _checksum(body)}
     key = signing_key()
     if key is not None:
         doc["hmac-sha256"] = signature(key, body)

@@ -1,4 +1,5 @@
-"""Savepoints: self-contained, movable checkpoints (Flink's savepoints; thesis 4.2).
+"""Savepoints: self-contained, movable checkpoints (Flink's savepoints; Carbone 2018
+(PhD thesis), section 4.2).
 
 A savepoint's metadata says ``"self_contained": true``; it references no shared file, and
 its handle paths are relative to the savepoint directory itself (``uid-0.heap``, not
@@ -11,12 +12,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from ..errors import CheckpointError
+from .contract import CheckpointMetadata, FileRef, KeyedStateHandle, OperatorSubtaskState
 from .durable_files import fsync_dir, fsync_tree, make_dirs, resolve_under, verify_file
-from .metadata import CompletedCheckpoint, iter_file_refs, write_metadata
+from .metadata import CompletedCheckpoint, write_metadata
 from .storage import CheckpointStorage
 
 __all__ = ["export_savepoint", "move_savepoint", "rebase_savepoint_paths"]
@@ -24,32 +26,22 @@ __all__ = ["export_savepoint", "move_savepoint", "rebase_savepoint_paths"]
 _CHK = re.compile(r"^chk-\d+$")
 
 
-def _rebase(value: Any, mapping: dict[str, str]) -> Any:
-    if isinstance(value, str):
-        return mapping.get(value, value)
-    if isinstance(value, list):
-        return [_rebase(v, mapping) for v in value]
-    if isinstance(value, dict):
-        return {k: _rebase(v, mapping) for k, v in value.items()}
-    return value
-
-
-def rebase_savepoint_paths(operators: dict[str, Any], checkpoint_dir_name: str
-                           ) -> dict[str, Any]:
+def rebase_savepoint_paths(metadata: CheckpointMetadata, checkpoint_dir_name: str
+                           ) -> CheckpointMetadata:
     """Make the handles of a savepoint relative to the savepoint directory.
 
     Tasks write every snapshot file under ``<job_dir>/chk-<n>/`` and record paths relative to
     the job directory; a savepoint must not depend on where it lives, so each path
     ``chk-<n>/x`` becomes ``x``. Every path a handle holds is listed in its ``files`` (the
-    backend protocol, ``reactive.state.backend``); any other string equal to such a path
-    (e.g. RocksDB's ``db_files``) is rewritten the same way.
+    backend protocol, ``reactive.state.backend``); any other string of a keyed handle equal
+    to such a path (e.g. RocksDB's ``db_files``) is rewritten the same way.
 
     Args:
-        operators: the ``operators`` section of the metadata (not modified).
+        metadata: the savepoint's metadata, paths relative to the job directory.
         checkpoint_dir_name: ``chk-<n>``.
 
     Returns:
-        a rewritten copy of ``operators``.
+        a rewritten copy of ``metadata``, ``self_contained``.
 
     Raises:
         CheckpointError: if a handle references a file outside ``chk-<n>`` (a shared file
@@ -57,23 +49,24 @@ def rebase_savepoint_paths(operators: dict[str, Any], checkpoint_dir_name: str
     """
     prefix = checkpoint_dir_name + "/"
     mapping: dict[str, str] = {}
-    for uid, op in operators.items():
-        for sub in op.get("subtasks", {}).values():
-            for key in ("keyed_state", "operator_state"):
-                handle = sub.get(key) or {}
-                refs = [*handle.get("files", []), *handle.get("shared", []),
-                        *handle.get("shared_reused", [])]
-                for ref in refs:
-                    path = ref["path"]
-                    if not path.startswith(prefix):
-                        raise CheckpointError(
-                            f"savepoint state of operator {uid!r} ({handle.get('backend', key)})"
-                            f" references {path}, outside {checkpoint_dir_name}: a savepoint "
-                            "must be self-contained (does the backend honour "
-                            "SnapshotContext.savepoint?)"
-                        )
-                    mapping[path] = path[len(prefix):]
-    return _rebase(operators, mapping)  # type: ignore[no-any-return]
+    for uid, _, sub in metadata.subtask_states():
+        keyed = sub.keyed_state
+        handles: list[tuple[str, tuple[FileRef, ...]]] = []
+        if keyed is not None:
+            handles.append((keyed.backend, (*keyed.files, *(keyed.shared or ()),
+                                            *(keyed.shared_reused or ()))))
+        if sub.operator_state is not None:
+            handles.append(("operator_state", sub.operator_state.files))
+        for what, refs in handles:
+            for ref in refs:
+                if not ref.path.startswith(prefix):
+                    raise CheckpointError(
+                        f"savepoint state of operator {uid!r} ({what}) references "
+                        f"{ref.path}, outside {checkpoint_dir_name}: a savepoint must be "
+                        "self-contained (does the backend honour SnapshotContext.savepoint?)"
+                    )
+                mapping[ref.path] = ref.path[len(prefix):]
+    return replace(metadata.with_paths(mapping), self_contained=True)
 
 
 def move_savepoint(savepoint: CompletedCheckpoint, dest: str | Path) -> CompletedCheckpoint:
@@ -97,7 +90,7 @@ def move_savepoint(savepoint: CompletedCheckpoint, dest: str | Path) -> Complete
         CheckpointError: if it is not self-contained or ``dest`` is not empty.
         OSError: if moving fails (the original stays).
     """
-    if not savepoint.metadata.get("self_contained"):
+    if not savepoint.metadata.self_contained:
         raise CheckpointError(f"{savepoint.path} is not a self-contained savepoint")
     target = Path(dest)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -112,7 +105,7 @@ def move_savepoint(savepoint: CompletedCheckpoint, dest: str | Path) -> Complete
         tmp = target.with_name(f".{target.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(savepoint.path, tmp)
-        for ref in iter_file_refs(savepoint.metadata):
+        for ref in savepoint.metadata.file_refs():
             verify_file(tmp, ref)
         fsync_tree(tmp)  # the copy is durable before its name is
         os.replace(tmp, target)
@@ -130,11 +123,11 @@ def _reserve_id(savepoint: CompletedCheckpoint) -> None:
         CheckpointError: if the run that took it has no record there.
         OSError: if the record cannot be written (the savepoint is not moved then).
     """
-    path, run_id = savepoint.path, savepoint.metadata.get("run_id")
+    path, run_id = savepoint.path, savepoint.metadata.run_id
     if not _CHK.match(path.name) or run_id is None:
         return  # not in checkpoint storage (already moved, or exported)
     storage = CheckpointStorage(path.parent.parent, path.parent.name)
-    storage.reserve_savepoint(str(run_id), savepoint.checkpoint_id)
+    storage.reserve_savepoint(run_id, savepoint.checkpoint_id)
 
 
 def export_savepoint(checkpoint: CompletedCheckpoint, dest: str | Path) -> CompletedCheckpoint:
@@ -160,28 +153,29 @@ def export_savepoint(checkpoint: CompletedCheckpoint, dest: str | Path) -> Compl
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise CheckpointError(f"savepoint target {target} exists and is not an empty directory")
     prefix = checkpoint.path.relative_to(checkpoint.job_dir).as_posix() + "/" \
-        if not checkpoint.metadata.get("self_contained") else ""
+        if not checkpoint.metadata.self_contained else ""
     mapping: dict[str, str] = {}
     make_dirs(target)
-    for ref in iter_file_refs(checkpoint.metadata):
+    for ref in checkpoint.metadata.file_refs():
         verify_file(checkpoint.job_dir, ref)
-        old = ref["path"]
+        old = ref.path
         new = old[len(prefix):] if prefix and old.startswith(prefix) else old
         mapping[old] = new
         dest_file = resolve_under(target, new)
         dest_file.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(resolve_under(checkpoint.job_dir, old), dest_file)
-    body = dict(_rebase(checkpoint.metadata, mapping))
-    for op in body.get("operators", {}).values():
-        for sub in op.get("subtasks", {}).values():
-            handle = sub.get("keyed_state")
-            if handle:
-                # copies now, owned by the savepoint alone
-                handle["shared"] = []
-                handle["shared_reused"] = []
-    body["kind"] = "savepoint"
-    body["self_contained"] = True
-    body.pop("format", None)
+    moved = checkpoint.metadata.with_paths(mapping)
+    metadata = replace(moved, kind="savepoint", self_contained=True, operators={
+        # the copies are owned by the savepoint alone: no shared files
+        uid: replace(op, subtasks={i: _unshared(sub) for i, sub in op.subtasks.items()})
+        for uid, op in moved.operators.items()})
     fsync_tree(target)  # every copied file and directory, before the metadata names them
-    write_metadata(target, body)
+    write_metadata(target, metadata)
     return CheckpointStorage.load(target)
+
+
+def _unshared(sub: OperatorSubtaskState) -> OperatorSubtaskState:
+    keyed: KeyedStateHandle | None = sub.keyed_state
+    if keyed is None:
+        return sub
+    return replace(sub, keyed_state=replace(keyed, shared=(), shared_reused=()))

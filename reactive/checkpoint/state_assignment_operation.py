@@ -5,8 +5,8 @@ Keyed state follows key groups: an instance receives the handles of every old in
 whose key-group range intersects its own, and its backend loads only its key groups (so the
 same code restores at the same or another parallelism). Operator state is redistributed by
 its declared mode: ``split`` (same parallelism: unchanged; else all entries dealt round robin)
-or ``union`` (every instance gets all entries). Source: thesis section 4.2. The in-flight
-records of an unaligned checkpoint are handed out by key group too
+or ``union`` (every instance gets all entries). Source: Carbone 2018 (PhD thesis), section 4.2.
+The in-flight records of an unaligned checkpoint are handed out by key group too
 (:mod:`.channel_state`).
 """
 
@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import RestoreError
 from ..keygroups import KeyGroupRange
 from .channel_state import InFlightEntry, assign_in_flight, read_channel_states
+from .contract import KeyedStateHandle
 from .metadata import CompletedCheckpoint
 
 __all__ = ["StateAssignmentOperation", "SubtaskRestore"]
@@ -28,7 +29,7 @@ __all__ = ["StateAssignmentOperation", "SubtaskRestore"]
 class SubtaskRestore:
     """What one operator instance restores."""
 
-    keyed_handles: list[dict[str, Any]] = field(default_factory=list)
+    keyed_handles: list[KeyedStateHandle] = field(default_factory=list)
     operator_state: dict[str, tuple[str, list[Any]]] = field(default_factory=dict)
 
 
@@ -49,13 +50,13 @@ class StateAssignmentOperation:
                  allow_non_restored_state: bool = False) -> None:
         self.checkpoint = checkpoint
         meta = checkpoint.metadata
-        if int(meta["max_parallelism"]) != max_parallelism:
+        if meta.max_parallelism != max_parallelism:
             raise RestoreError(
                 f"checkpoint {checkpoint.path} was taken with max_parallelism "
-                f"{meta['max_parallelism']}, the program has {max_parallelism}: key groups "
+                f"{meta.max_parallelism}, the program has {max_parallelism}: key groups "
                 "would not line up; keep max_parallelism fixed for the life of the state"
             )
-        unknown = sorted(set(meta["operators"]) - uids)
+        unknown = sorted(set(meta.operators) - uids)
         if unknown and not allow_non_restored_state:
             raise RestoreError(
                 f"checkpoint {checkpoint.path} holds state of operators {unknown} that the "
@@ -69,9 +70,9 @@ class StateAssignmentOperation:
     def has_in_flight(self, uid: str) -> bool:
         """Whether operator ``uid``'s instances stored in-flight records (an unaligned
         checkpoint, with records queued in front of them)."""
-        op = self.checkpoint.metadata["operators"].get(uid)
-        return op is not None and any(sub.get("channel_state")
-                                      for sub in op["subtasks"].values())
+        op = self.checkpoint.metadata.operators.get(uid)
+        return op is not None and any(sub.channel_state is not None
+                                      for sub in op.subtasks.values())
 
     def in_flight_for(self, uid: str, subtask: int, parallelism: int) -> list[tuple[int, list[Any]]]:
         """The in-flight input batches instance ``subtask`` of ``parallelism`` of the task
@@ -84,20 +85,19 @@ class StateAssignmentOperation:
             return []
         if uid not in self._channel_state_cache:
             self._channel_state_cache[uid] = read_channel_states(
-                self.checkpoint.job_dir, self.checkpoint.metadata["operators"][uid]["subtasks"])
+                self.checkpoint.job_dir, self.checkpoint.metadata.operators[uid])
         return assign_in_flight(self._channel_state_cache[uid], subtask, parallelism,
                                 self.max_parallelism)
 
     def _old_operator_states(self, uid: str) -> list[dict[str, tuple[str, list[Any]]]]:
         if uid not in self._opstate_cache:
-            subtasks = self.checkpoint.metadata["operators"][uid]["subtasks"]
             out: list[dict[str, tuple[str, list[Any]]]] = []
-            for i in sorted(subtasks, key=int):
-                handle = subtasks[i].get("operator_state")
-                if not handle:
+            for _, sub in self.checkpoint.metadata.operators[uid].by_index():
+                handle = sub.operator_state
+                if handle is None:
                     out.append({})
                     continue
-                path = self.checkpoint.job_dir / handle["files"][0]["path"]
+                path = self.checkpoint.job_dir / handle.files[0].path
                 try:
                     out.append(pickle.loads(path.read_bytes()))
                 except (OSError, pickle.UnpicklingError, EOFError) as exc:
@@ -109,16 +109,15 @@ class StateAssignmentOperation:
                     key_group_range: KeyGroupRange | None) -> SubtaskRestore:
         """Return the state instance ``subtask`` of ``parallelism`` of operator ``uid``
         restores (empty when the checkpoint has none for it)."""
-        op = self.checkpoint.metadata["operators"].get(uid)
+        op = self.checkpoint.metadata.operators.get(uid)
         out = SubtaskRestore()
         if op is None:
             return out
         if key_group_range is not None:
-            for sub in op["subtasks"].values():
-                handle = sub.get("keyed_state")
-                kgr = sub.get("key_group_range")
-                if handle and kgr and kgr[0] <= key_group_range.end and \
-                        key_group_range.start <= kgr[1]:
+            for sub in op.subtasks.values():
+                handle, kgr = sub.keyed_state, sub.key_group_range
+                if handle is not None and kgr is not None and \
+                        kgr.start <= key_group_range.end and key_group_range.start <= kgr.end:
                     out.keyed_handles.append(handle)
         old = self._old_operator_states(uid)
         same = len(old) == parallelism

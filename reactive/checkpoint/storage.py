@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, ConfigurationError, CorruptCheckpointError, RestoreError
+from .contract import CheckpointMetadata
 from .durable_files import fsync_dir, verify_file, write_atomic
 from .metadata import (
     KEY_ENV,
     METADATA,
     CompletedCheckpoint,
-    iter_file_refs,
     read_metadata,
     signature,
     signing_key,
@@ -79,18 +79,18 @@ class CheckpointStorage:
         """Return ``<job_dir>/chk-<n>``."""
         return self.job_dir / f"chk-{checkpoint_id}"
 
-    def write_metadata(self, checkpoint_id: int, body: dict[str, Any]) -> Path:
+    def write_metadata(self, checkpoint_id: int, metadata: CheckpointMetadata) -> Path:
         """Complete checkpoint ``checkpoint_id`` by writing its metadata atomically.
 
         Returns:
             the checkpoint directory.
         """
         chk = self.checkpoint_dir(checkpoint_id)
-        self._sync_dirs(chk, body)
-        write_metadata(chk, body)
+        self._sync_dirs(chk, metadata)
+        write_metadata(chk, metadata)
         return chk
 
-    def _sync_dirs(self, chk: Path, body: dict[str, Any]) -> None:
+    def _sync_dirs(self, chk: Path, metadata: CheckpointMetadata) -> None:
         """fsync every directory whose entries the checkpoint depends on, before its
         metadata: each referenced file's directory and its parents up to the job directory,
         the job directory (its entries ``chk-<n>``, ``shared/``) and the storage root (its
@@ -98,8 +98,8 @@ class CheckpointStorage:
         A file's own fsync does not make its name durable; without these a power loss can
         take a completed checkpoint's files (or ``chk-<n>`` itself) away."""
         dirs = {self.root, self.job_dir, chk}
-        for ref in iter_file_refs(body):
-            d = (self.job_dir / ref["path"]).parent
+        for ref in metadata.file_refs():
+            d = (self.job_dir / ref.path).parent
             while d != self.job_dir and d.is_relative_to(self.job_dir):
                 dirs.add(d)
                 d = d.parent
@@ -278,8 +278,8 @@ class CheckpointStorage:
             CorruptCheckpointError: if ``verify`` and a file fails its checksum.
         """
         p = Path(path)
-        body = read_metadata(p)
-        chk = CompletedCheckpoint(int(body["checkpoint_id"]), p, body)
+        metadata = read_metadata(p)
+        chk = CompletedCheckpoint(metadata.checkpoint_id, p, metadata)
         if verify:
             CheckpointStorage.verify(chk)
         return chk
@@ -291,7 +291,7 @@ class CheckpointStorage:
         Raises:
             CorruptCheckpointError: naming the first file that fails.
         """
-        for ref in iter_file_refs(chk.metadata):
+        for ref in chk.metadata.file_refs():
             verify_file(chk.job_dir, ref)
 
     def latest_restorable(self) -> CompletedCheckpoint | None:

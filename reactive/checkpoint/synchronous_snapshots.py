@@ -1,8 +1,8 @@
 """Halting the sources for the synchronous-snapshot baseline (``CheckpointConfig(mode="synchronous")``).
 
 The baseline the ABS paper measures itself against (Carbone et al., "Lightweight
-Asynchronous Snapshots for Distributed Dataflows", 2015, section 7; the thesis, section
-3.4.2, "global synchronous snapshots" as in Naiad): to take checkpoint n the coordinator
+Asynchronous Snapshots for Distributed Dataflows", 2015, section 7; Carbone 2018 (PhD
+thesis), section 3.4.2, "global synchronous snapshots" as in Naiad): to take checkpoint n the coordinator
 
 1. halts the sources right after they snapshot their positions and inject barrier n
    (:func:`halt_sources`: a mailbox action that holds each source task until checkpoint n is

@@ -4,11 +4,15 @@ agrees with the per-record one, and keyed aggregation with columnar state snapsh
 key group (the ``columnar`` extra: pyarrow and numpy).
 
 Entry points: ``Dataflow.from_arrow(table, batch_size=...)``, ``Stream.to_columnar(schema)``,
-and the methods of :class:`ColumnarStream`.
+and the methods of :class:`ColumnarStream` (``assign_timestamps(column)``, ``key_by(*columns)
+.agg(...)``, ``key_by(...).window(assigner, timestamp=column).agg(...)``).
 """
 
 from .schema import SchemaMismatchError
 from .source import ArrowSource
 from .stream import ColumnarStream, KeyedColumnarStream
+from .user_aggregates import VectorizedAggregateFunction
+from .window_stream import ColumnarWindowedStream
 
-__all__ = ["ArrowSource", "ColumnarStream", "KeyedColumnarStream", "SchemaMismatchError"]
+__all__ = ["ArrowSource", "ColumnarStream", "ColumnarWindowedStream", "KeyedColumnarStream",
+           "SchemaMismatchError", "VectorizedAggregateFunction"]

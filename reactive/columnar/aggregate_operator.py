@@ -10,7 +10,7 @@ import numpy as np
 from ..keygroups import KeyGroupRange
 from ..runtime.operators import StreamOperator
 from ..state.backend import KeyedStateBackend, StateBackend
-from .aggregates import AggregateSpec, results, update
+from .aggregates import Spec, results, update
 from .grouping import Grouping
 from .key_index import KeyIndex
 from .schema import pa, position_of
@@ -37,7 +37,7 @@ class ColumnarAggregateOperator(StreamOperator):
     keyed = True
 
     def __init__(self, name: str, uid: str, key_columns: list[str],
-                 specs: list[AggregateSpec], emit: Literal["changelog", "final"],
+                 specs: list[Spec], emit: Literal["changelog", "final"],
                  schema: Any) -> None:
         super().__init__(name, uid)
         self.key_columns = key_columns
@@ -60,8 +60,7 @@ class ColumnarAggregateOperator(StreamOperator):
         self.backend = keyed_backend
         self.index = KeyIndex(self.key_columns, max_parallelism, self.uid)
         self.key_group_range: KeyGroupRange = keyed_backend.key_group_range
-        self.arrays = {f"{s.output}.{part}": np.full(1024, s.initial(part), s.value_dtype
-                                                     if part == "acc" else np.int64)
+        self.arrays = {f"{s.output}.{part}": np.full(1024, s.initial(part), s.dtype(part))
                        for s in self.specs for part in s.state_columns()}
         keyed_backend.bind(self.index, self.arrays, self.specs)
 

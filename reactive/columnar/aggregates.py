@@ -17,8 +17,9 @@ import numpy as np
 from ..errors import ConfigurationError
 from .grouping import Grouping, running_first, running_last
 from .schema import pa
+from .user_aggregates import UserAggregateSpec, VectorizedAggregateFunction
 
-__all__ = ["FUNCTIONS", "AggregateSpec", "parse_aggregates"]
+__all__ = ["FUNCTIONS", "AggregateSpec", "Spec", "merge_states", "parse_aggregates"]
 
 FUNCTIONS = ("count", "sum", "mean", "min", "max", "first", "last")
 
@@ -58,6 +59,10 @@ class AggregateSpec:
         ``acc`` (the sum, minimum or maximum)."""
         return ["n"] if self.function == "count" else ["n", "acc"]
 
+    def dtype(self, part: str) -> Any:
+        """The numpy dtype of array ``part``."""
+        return self.value_dtype if part == "acc" else np.int64
+
     def initial(self, part: str) -> Any:
         """The value of an array element of a slot that has seen nothing."""
         if part == "n" or self.function in ("sum", "mean"):
@@ -67,8 +72,14 @@ class AggregateSpec:
         return big if self.function == "min" else -big
 
 
-def parse_aggregates(schema: Any, aggregates: dict[str, tuple[str, str]]) -> list[AggregateSpec]:
-    """Check ``output=(column, function)`` pairs against ``schema``.
+Spec = AggregateSpec | UserAggregateSpec
+"""A built-in or a user-defined aggregate."""
+
+
+def parse_aggregates(schema: Any, aggregates: dict[str, tuple[str, Any]]) -> list[Spec]:
+    """Check ``output=(column, function)`` pairs against ``schema``; ``function`` is the
+    name of a built-in (:data:`FUNCTIONS`) or a
+    :class:`~reactive.columnar.user_aggregates.VectorizedAggregateFunction`.
 
     Raises:
         ConfigurationError: for no aggregate, an unknown function or column, a non-numeric
@@ -76,12 +87,18 @@ def parse_aggregates(schema: Any, aggregates: dict[str, tuple[str, str]]) -> lis
     """
     if not aggregates:
         raise ConfigurationError("agg: give at least one output=(column, function)")
-    specs = []
+    specs: list[Spec] = []
     for output, spec in aggregates.items():
         if not (isinstance(spec, tuple) and len(spec) == 2):
             raise ConfigurationError(f"agg: {output}= takes (column, function), got {spec!r}")
         column, function = spec
-        if function not in FUNCTIONS:
+        if isinstance(function, VectorizedAggregateFunction):
+            if schema.get_field_index(column) < 0:
+                raise ConfigurationError(f"agg: {output}=: no column {column!r} in "
+                                         f"{schema.names}")
+            specs.append(UserAggregateSpec(output, column, function))
+            continue
+        if not isinstance(function, str) or function not in FUNCTIONS:
             raise ConfigurationError(f"agg: {output}=: unknown function {function!r} "
                                      f"(known: {', '.join(FUNCTIONS)})")
         if schema.get_field_index(column) < 0:
@@ -106,7 +123,7 @@ def _values(batch: Any, spec: AggregateSpec) -> tuple[np.ndarray, np.ndarray | N
     return column.to_numpy(zero_copy_only=False).astype(spec.value_dtype, copy=False), valid
 
 
-def update(spec: AggregateSpec, state: dict[str, np.ndarray], batch: Any, grouping: Grouping,
+def update(spec: Spec, state: dict[str, np.ndarray], batch: Any, grouping: Grouping,
            slots: np.ndarray, row_slots: np.ndarray | None) -> Any:
     """Fold ``batch`` into the aggregate's arrays; return the per-row running values
     (a ``pyarrow.Array``) when ``row_slots`` (per row, its slot) is given, else None.
@@ -119,11 +136,16 @@ def update(spec: AggregateSpec, state: dict[str, np.ndarray], batch: Any, groupi
         slots: per group, its slot.
         row_slots: per row, its slot (changelog mode), or None (final mode).
     """
+    if isinstance(spec, UserAggregateSpec):
+        return spec.update(state, batch, grouping.codes, slots, row_slots)
     n = state["n"]
     if spec.function == "count":
         column = batch.column(spec.column)
         running: np.ndarray | None = None
-        if column.null_count:
+        if column.null_count and row_slots is None:
+            totals = grouping.totals(column.is_valid().to_numpy(zero_copy_only=False)
+                                     .astype(np.int64))
+        elif column.null_count:
             valid = column.is_valid().to_numpy(zero_copy_only=False).astype(np.int64)
             running, totals = grouping.running_sum(valid)
         else:
@@ -137,6 +159,17 @@ def update(spec: AggregateSpec, state: dict[str, np.ndarray], batch: Any, groupi
         return out
     values, valid = _values(batch, spec)
     acc = state["acc"]
+    if row_slots is None and spec.function not in ("first", "last"):
+        # final values only: per-group totals in O(rows), no sort
+        n[slots] += grouping.counts if valid is None else \
+            grouping.totals(valid.astype(np.int64))
+        if spec.function in ("sum", "mean"):
+            acc[slots] += grouping.totals(values)
+        else:
+            sign = 1 if spec.function == "max" else -1
+            acc[slots] = np.maximum(acc[slots] * sign, grouping.totals(values * sign, "max")) \
+                * sign
+        return None
     if valid is None:
         run_n = grouping.rank() + 1 if row_slots is not None else None
         n_totals = grouping.counts
@@ -178,8 +211,10 @@ def update(spec: AggregateSpec, state: dict[str, np.ndarray], batch: Any, groupi
     return out
 
 
-def results(spec: AggregateSpec, state: dict[str, np.ndarray], size: int) -> Any:
+def results(spec: Spec, state: dict[str, np.ndarray], size: int) -> Any:
     """The aggregate's value per slot ``[0, size)`` (a ``pyarrow.Array``)."""
+    if isinstance(spec, UserAggregateSpec):
+        return spec.result(state, size)
     n = state["n"][:size]
     if spec.function == "count":
         return pa.array(n)
@@ -190,3 +225,27 @@ def _result(spec: AggregateSpec, acc: np.ndarray, n: np.ndarray) -> Any:
     empty = n == 0
     values = acc / np.maximum(n, 1) if spec.function == "mean" else acc
     return pa.array(values, mask=empty if empty.any() else None)
+
+
+def merge_states(spec: Spec, state: dict[str, np.ndarray], into: np.ndarray,
+                 sources: np.ndarray) -> None:
+    """Merge the accumulators of slots ``sources`` into slots ``into`` (element-wise pairs;
+    ``into`` may repeat), in place (session windows merging).
+
+    Raises:
+        ValueError: for ``first``/``last``, whose merge needs the values' arrival order.
+    """
+    if isinstance(spec, UserAggregateSpec):
+        spec.fn.merge(state, into, {p: a[sources] for p, a in state.items()})
+        return
+    if spec.function in ("first", "last"):
+        raise ValueError(f"{spec.function} cannot merge accumulators")
+    np.add.at(state["n"], into, state["n"][sources])
+    if "acc" in state:
+        acc = state["acc"]
+        if spec.function in ("sum", "mean"):
+            np.add.at(acc, into, acc[sources])
+        elif spec.function == "min":
+            np.minimum.at(acc, into, acc[sources])
+        else:
+            np.maximum.at(acc, into, acc[sources])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Grouping", "running_first", "running_last"]
+__all__ = ["Grouping", "combine_codes", "running_first", "running_last"]
 
 _RADIX = 1 << 16
 
@@ -38,16 +38,50 @@ class Grouping:
         counts: rows per group (``int64``, length ``num_groups``).
         starts: per group, the position of its first row in ``order``.
         sorted_groups: the group of each position of ``order``.
+
+    The sort behind ``order``, ``starts`` and ``sorted_groups`` happens at their first use:
+    per-group totals (:meth:`totals`) need none.
     """
 
-    __slots__ = ("codes", "counts", "order", "sorted_groups", "starts")
+    __slots__ = ("_order", "_sorted_groups", "_starts", "codes", "counts", "num_groups")
 
     def __init__(self, codes: np.ndarray, num_groups: int) -> None:
         self.codes = codes
-        self.order = _stable_order(codes, num_groups)
+        self.num_groups = num_groups
         self.counts = np.bincount(codes, minlength=num_groups)
-        self.starts = np.cumsum(self.counts) - self.counts
-        self.sorted_groups = np.repeat(np.arange(num_groups), self.counts)
+        self._order: np.ndarray | None = None
+        self._starts: np.ndarray | None = None
+        self._sorted_groups: np.ndarray | None = None
+
+    @property
+    def order(self) -> np.ndarray:
+        if self._order is None:
+            self._order = _stable_order(self.codes, self.num_groups)
+        return self._order
+
+    @property
+    def starts(self) -> np.ndarray:
+        if self._starts is None:
+            self._starts = np.cumsum(self.counts) - self.counts
+        return self._starts
+
+    @property
+    def sorted_groups(self) -> np.ndarray:
+        if self._sorted_groups is None:
+            self._sorted_groups = np.repeat(np.arange(self.num_groups), self.counts)
+        return self._sorted_groups
+
+    def totals(self, values: np.ndarray, kind: str = "sum") -> np.ndarray:
+        """Per group, the sum (``kind="sum"``) or the largest value (``"max"``; groups
+        without rows: the dtype's lowest value) of its rows' ``values``, in O(rows) with
+        no sort (a sum adds a group's values in row order)."""
+        if kind == "sum":
+            out = np.zeros(self.num_groups, values.dtype)
+            np.add.at(out, self.codes, values)
+            return out
+        out = np.full(self.num_groups, _lowest(values.dtype), values.dtype)
+        np.maximum.at(out, self.codes, values)
+        return out
 
     def unsort(self, sorted_values: np.ndarray) -> np.ndarray:
         """Values given in group order, back in row order."""
@@ -155,3 +189,20 @@ def running_first(grouping: Grouping, valid: np.ndarray | None
 
 def _lowest(dtype: np.dtype) -> object:
     return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
+
+
+def combine_codes(a: np.ndarray, n_a: int, b: np.ndarray, n_b: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Dense codes of the pairs ``(a[i], b[i])`` (``a`` in ``[0, n_a)``, ``b`` in
+    ``[0, n_b)``): per row its group, and per group ``a * n_b + b``, ascending. O(rows) by
+    direct addressing when ``n_a * n_b`` is small, else one integer sort.
+    """
+    combined = a.astype(np.int64, copy=False) * n_b + b
+    size = n_a * n_b
+    if size <= max(1 << 16, 2 * len(a)):
+        present = np.flatnonzero(np.bincount(combined, minlength=size))
+        remap = np.empty(size, np.int64)
+        remap[present] = np.arange(len(present), dtype=np.int64)
+        return remap[combined], present
+    present, codes = np.unique(combined, return_inverse=True)
+    return codes.reshape(-1).astype(np.int64, copy=False), present

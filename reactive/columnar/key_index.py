@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import UnsupportedKeyError
 from ..keygroups import assign_to_key_group
 from .canonical_hash import key_groups_of
+from .grouping import combine_codes
 from .schema import pa, pc
 from .slot_table import SlotTable, identity_hashes
 
@@ -227,7 +228,8 @@ class KeyIndex:
     def _lookup_tuples(self, batch: Any) -> BatchKeys:
         # each column dictionary-encoded, the codes combined into one integer per row,
         # its distinct values found by numpy (a sort), the tuples built per distinct key
-        combined = np.zeros(batch.num_rows, np.int64)
+        codes = np.zeros(batch.num_rows, np.int64)
+        uniques = np.zeros(1, np.int64)
         dictionaries = []
         for name in self.key_columns:
             column = batch.column(name)
@@ -235,9 +237,11 @@ class KeyIndex:
                 column = column.cast(column.type.value_type)
             encoded = column.dictionary_encode(null_encoding="encode")
             d = encoded.dictionary
-            combined = combined * len(d) + encoded.indices.to_numpy(zero_copy_only=False)
+            # the distinct tuples so far (dense codes) combined with this column's codes
+            codes, pairs = combine_codes(codes, len(uniques), encoded.indices.to_numpy(
+                zero_copy_only=False).astype(np.int64, copy=False), len(d))
+            uniques = uniques[pairs // len(d)] * len(d) + pairs % len(d)
             dictionaries.append((d, len(d)))
-        uniques, codes = np.unique(combined, return_inverse=True)
         positions = []
         rest = uniques
         for _, n in reversed(dictionaries):

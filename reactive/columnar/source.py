@@ -7,10 +7,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import ConfigurationError
+from ..runtime.operators import StreamOperator
 from ..sources import Source, SourceReader
 from .schema import check_batch, pa, with_position
 
-__all__ = ["ArrowSource"]
+__all__ = ["ArrowSource", "SourceOutput"]
 
 
 class ArrowSource(Source):
@@ -86,7 +87,7 @@ class _ArrowReader(SourceReader):
         batch = batches[0] if len(batches) == 1 else part.combine_chunks().to_batches()[0]
         return [with_position(batch, f"row {start}")]
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.position]
 
     def restore_state(self, entries: list[Any]) -> None:
@@ -94,3 +95,17 @@ class _ArrowReader(SourceReader):
 
     def describe_position(self) -> Any:
         return f"row {self.position}"
+
+
+class SourceOutput(StreamOperator):
+    """One of the two outputs of a columnar source that emits record batches and, beside
+    them, other records (dead letters): ``batches=True`` keeps the record batches,
+    ``batches=False`` the others."""
+
+    def __init__(self, name: str, uid: str, batches: bool) -> None:
+        super().__init__(name, uid)
+        self.batches = batches
+
+    def process_batch(self, batch: list[Any]) -> list[Any]:
+        keep = self.batches
+        return [b for b in batch if isinstance(b, pa.RecordBatch) is keep]

@@ -23,8 +23,8 @@ batch per key group (key columns, ``_key_group``, the state arrays) into an Arro
   winning (Flink's changelog / incremental heap snapshots; SDG paper section 5's dirty
   state). Savepoints are always full and self-contained.
 
-A restore at any parallelism reads only the key groups of its range (rescaling: thesis
-section 4.2); its first checkpoint afterwards is full.
+A restore at any parallelism reads only the key groups of its range (rescaling: Carbone
+2018 (PhD thesis), section 4.2); its first checkpoint afterwards is full.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from ..state.key_group_stream import (
     KeyGroupStream,
     register_key_group_reader,
 )
-from .aggregates import AggregateSpec, results
+from .aggregates import AggregateSpec, Spec, results
 from .key_index import KeyIndex
 from .schema import pa
 
@@ -91,7 +91,8 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
         self.current_key = None
         self.index: KeyIndex | None = None
         self.arrays: dict[str, np.ndarray] = {}
-        self.aggregates: list[AggregateSpec] = []
+        self.aggregates: list[Spec] = []
+        self.rows: Any = None
         self._frozen: set[str] = set()
         self.restored: list[tuple[list[Any], Any]] = []
         # slots changed since the last snapshot, and the masks of the snapshots taken
@@ -102,12 +103,23 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
         self._written: dict[int, Chain] = {}
 
     def bind(self, index: KeyIndex, arrays: dict[str, np.ndarray],
-             aggregates: list[AggregateSpec]) -> None:
+             aggregates: list[Spec], rows: Any = None) -> None:
         """Attach the operator's key index, arrays (by name; the dict is shared) and the
-        aggregates they hold (recorded in handles, for readers of the snapshots)."""
+        aggregates they hold (recorded in handles, for readers of the snapshots).
+
+        Args:
+            index: the key index.
+            arrays: the state arrays by name.
+            aggregates: the aggregates the arrays hold.
+            rows: None when the arrays are indexed by key slot; else the windows' panes
+                (an object whose ``size`` counts the rows), the arrays indexed by pane with
+                each pane's slot in ``_slot`` (a negative slot: a pane merged away) and its
+                window in ``_start`` and ``_end``; a key then has one row per window.
+        """
         self.index = index
         self.arrays = arrays
         self.aggregates = aggregates
+        self.rows = rows
 
     def thaw(self) -> None:
         """Copy the arrays a snapshot still reads (copy-on-write), before the operator
@@ -155,10 +167,12 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
         self._pending.append((ctx.checkpoint_id, mask))
         incremental = self.incremental and not ctx.savepoint
         base = list(self._base) if incremental and 0 < len(self._base) < MAX_CHAIN else []
+        rows = self.rows
         return _ColumnarSnapshot(
-            self, ctx, index.size, list(index.key_columns), list(self.aggregates),
-            [list(chunks) for chunks in index.key_chunks], index.key_groups,
-            dict(self.arrays), incremental, base, masks if base else None)
+            self, ctx, index.size if rows is None else rows.size, list(index.key_columns),
+            list(self.aggregates), [list(chunks) for chunks in index.key_chunks],
+            index.key_groups, dict(self.arrays), incremental, base, masks if base else None,
+            windowed=rows is not None)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         chain = self._written.pop(checkpoint_id, None)
@@ -175,7 +189,8 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
             batches = [b for _, bs in _key_group_batches(handle, job_dir, self.key_group_range)
                        for b in bs]
             if batches:
-                table = _latest_per_key(pa.Table.from_batches(batches), handle["key_columns"])
+                table = _latest_per_key(pa.Table.from_batches(batches),
+                                        handle["key_columns"] + handle.get("row_columns", []))
                 self.restored.append(([table.column(c).combine_chunks()
                                        for c in handle["key_columns"]], table))
         self._base, self._pending = [], []  # the next checkpoint is full
@@ -219,8 +234,9 @@ def iter_columnar_key_groups(handle: dict[str, Any], job_dir: Path, *,
     """A columnar snapshot as a key-group stream (:mod:`reactive.state.key_group_stream`):
     per key group, ``{aggregate output: {key: value}}``, the key as the per-record API sees
     it (the column's value, or the tuple of the key columns' values), the value as the
-    aggregate's result (a mean, not its sum and count). For the embedding's state queries and
-    the PySpark bridge's checkpoint reader.
+    aggregate's result (a mean, not its sum and count); for a window operator's state, one
+    entry per open window, keyed by ``(key, window start, window end)``. For the
+    embedding's state queries and the PySpark bridge's checkpoint reader.
 
     Args:
         handle: a ``"columnar-heap"`` handle.
@@ -231,18 +247,33 @@ def iter_columnar_key_groups(handle: dict[str, Any], job_dir: Path, *,
     Raises:
         RestoreError: for a handle of another format or a file that cannot be read.
     """
-    specs = [AggregateSpec(*a) for a in handle.get("aggregates", [])]
+    specs = [AggregateSpec(*a[:4]) for a in handle.get("aggregates", [])]
+    # a user aggregate's function is not in the snapshot: its accumulators are read as
+    # they are, {array name: value}
+    user = {a[0]: a[4] for a in handle.get("aggregates", []) if len(a) > 4}
     key_columns = handle["key_columns"]
+    row_columns = handle.get("row_columns", [])
     groups = _key_group_batches(handle, job_dir, key_group_range)
 
     def key_groups() -> Iterator[KeyGroupState]:
         for kg, batches in groups:
-            table = _latest_per_key(pa.Table.from_batches(batches), key_columns) \
-                .combine_chunks()
+            table = _latest_per_key(pa.Table.from_batches(batches),
+                                    key_columns + row_columns).combine_chunks()
             columns = [table.column(c).to_pylist() for c in key_columns]
-            keys = columns[0] if len(columns) == 1 else list(zip(*columns, strict=True))
+            keys: list[Any] = columns[0] if len(columns) == 1 \
+                else list(zip(*columns, strict=True))
+            if row_columns:  # a window's state: the key is (key, window start, window end)
+                keys = list(zip(keys, table.column("_start").to_pylist(),
+                                table.column("_end").to_pylist(), strict=True))
             states = {}
             for spec in specs:
+                if spec.output in user:
+                    parts = {p: table.column(f"{spec.output}.{p}").to_pylist()
+                             for p in user[spec.output]}
+                    values = [dict(zip(parts, v, strict=True))
+                              for v in zip(*parts.values(), strict=True)]
+                    states[spec.output] = dict(zip(keys, values, strict=True))
+                    continue
                 arrays = {part: table.column(f"{spec.output}.{part}").to_numpy()
                           for part in spec.state_columns()}
                 values = results(spec, arrays, table.num_rows).to_pylist()
@@ -264,10 +295,10 @@ def _latest_per_key(table: Any, key_columns: list[str]) -> Any:
 
 class _ColumnarSnapshot(KeyedStateSnapshot):
     def __init__(self, backend: ColumnarKeyedStateBackend, ctx: SnapshotContext, size: int,
-                 key_columns: list[str], aggregates: list[AggregateSpec],
+                 key_columns: list[str], aggregates: list[Spec],
                  key_chunks: list[list[Any]], key_groups: np.ndarray,
                  arrays: dict[str, np.ndarray], incremental: bool, base: Chain,
-                 masks: list[np.ndarray] | None) -> None:
+                 masks: list[np.ndarray] | None, windowed: bool = False) -> None:
         self.backend = backend
         self.ctx = ctx
         self.size = size
@@ -279,6 +310,7 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
         self.incremental = incremental
         self.base = base
         self.masks = masks  # None: write every slot
+        self.windowed = windowed  # rows are windows' panes (see bind)
 
     async def write(self) -> dict[str, Any]:
         handle, chain = await in_thread(self._write)
@@ -288,6 +320,8 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
 
     def _slots(self) -> np.ndarray:
         size = self.size
+        if self.windowed:
+            return np.flatnonzero(self.arrays["_slot"][:size] >= 0)
         if self.masks is None:
             return np.arange(size)
         changed = np.zeros(size, bool)
@@ -297,15 +331,18 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
         return np.flatnonzero(changed)
 
     def _file(self, slots: np.ndarray) -> tuple[bytes, dict[str, int]]:
-        """The IPC file of ``slots``, one record batch per key group, and its index."""
-        kgs = self.key_groups[slots]
+        """The IPC file of ``slots`` (rows: panes for windows), one record batch per key
+        group, and its index."""
+        key_slots = self.arrays["_slot"][slots] if self.windowed else slots
+        kgs = self.key_groups[key_slots]
         # key groups < 2**15: numpy's radix sort
-        order = slots[np.argsort(kgs.astype(np.uint16), kind="stable")]
-        sorted_kgs = self.key_groups[order]
-        taken = pa.array(order)
+        by_group = np.argsort(kgs.astype(np.uint16), kind="stable")
+        order = slots[by_group]
+        sorted_kgs = kgs[by_group]
+        taken = pa.array(key_slots[by_group])
         columns = [pa.concat_arrays(c).take(taken) if c else pa.array([], pa.null())
                    for c in self.key_chunks]
-        names = sorted(self.arrays)
+        names = sorted(n for n in self.arrays if n != "_slot" or not self.windowed)
         table = pa.RecordBatch.from_arrays(
             [*columns, pa.array(sorted_kgs), *(pa.array(self.arrays[n][order]) for n in names)],
             names=[*self.key_columns, KEY_GROUP_COLUMN, *names])
@@ -328,7 +365,10 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
             "backend": BACKEND_NAME, "key_encoding": KEY_ENCODING,
             "key_columns": self.key_columns,
             "aggregates": [[a.output, a.column, a.function, a.floating]
+                           + ([a.state_columns()] if a.function == "user" else [])
                            for a in self.aggregates]}
+        if self.windowed:
+            handle["row_columns"] = ["_start"]
         if not self.incremental:
             path = ctx.exclusive_path(".arrow")
             n, sha = write_atomic(path, [data])

@@ -34,6 +34,8 @@ from .schema import pa, pc
 
 if TYPE_CHECKING:
     from ..sinks import Sink
+    from ..windowing.assigners import WindowAssigner
+    from .window_stream import ColumnarWindowedStream
 
 StreamOf = Callable[[Transformation], Any]
 """Makes the per-record stream (``reactive.dataflow.Stream``) of a transformation: the
@@ -50,14 +52,20 @@ class ColumnarStream:
         transformation: the operator producing the stream.
         schema: the ``pyarrow.Schema`` of every batch.
         stream_of: transformation -> its per-record ``Stream`` (``to_records``, ``sink``).
+        primary: the stateful operator whose name, uid and parallelism this stream's
+            configuration sets, when the stream is the output of an operator after it
+            (a window's results).
     """
 
     def __init__(self, flow: GraphBuilder, transformation: Transformation, schema: Any,
-                 stream_of: StreamOf) -> None:
+                 stream_of: StreamOf, primary: Transformation | None = None) -> None:
         self.flow = flow
         self.transformation = transformation
         self.schema = schema
         self.stream_of = stream_of
+        self.primary = primary
+        # a columnar source's own transformation, whose non-batch records are dead letters
+        self.dead_letter_input: Transformation | None = None
         # each record batch is a channel batch of its own: the channels' bounds then pace
         # the producer and barriers pass between record batches (a channel batch of up to
         # the dataflow's batch_size record batches would hold a source's whole input)
@@ -71,12 +79,16 @@ class ColumnarStream:
     # configuration of the last operator
     def name(self, name: str) -> ColumnarStream:
         """Set the operator's display name."""
-        self.transformation.name = name
+        (self.primary or self.transformation).name = name
         return self
 
     def uid(self, uid: str) -> ColumnarStream:
         """Set the operator's stable id (its snapshots are keyed by it)."""
-        self.transformation.uid = uid
+        if self.primary is not None:
+            self.primary.uid = uid
+            self.transformation.uid = f"{uid}/results"
+        else:
+            self.transformation.uid = uid
         return self
 
     def set_parallelism(self, parallelism: int) -> ColumnarStream:
@@ -86,6 +98,8 @@ class ColumnarStream:
             ConfigurationError: if < 1, or above what the operator supports.
         """
         self.as_stream().set_parallelism(parallelism)
+        if self.primary is not None:
+            self.primary.parallelism = parallelism
         return self
 
     def as_stream(self) -> Any:
@@ -142,6 +156,43 @@ class ColumnarStream:
                           lambda t: MapBatchesOperator(t.name, t.resolved_uid, fn, out_schema),
                           out_schema)
 
+    def assign_timestamps(self, column: str, max_out_of_orderness: float = 0.0,
+                          idleness: float | None = None, name: str | None = None
+                          ) -> ColumnarStream:
+        """Event time from ``column`` and watermarks with bounded out-of-orderness (the
+        per-record ``Stream.assign_timestamps`` over a column): each instance emits ``max
+        timestamp - max_out_of_orderness``, and cuts a batch before a row behind the
+        watermark of the rows before it, so rows are late exactly as with one watermark per
+        row.
+
+        Args:
+            column: the timestamp column: seconds (an integer or floating column) or an
+                Arrow ``timestamp``.
+            max_out_of_orderness: tolerated disorder (seconds, >= 0).
+            idleness: seconds without rows after which the instance is idle (None: never).
+
+        Raises:
+            ConfigurationError: for an unknown or non-time column, a negative delay or a
+                non-positive idleness.
+        """
+        from .watermarks import ColumnarTimestampsOperator
+
+        if self.schema.get_field_index(column) < 0:
+            raise ConfigurationError(f"assign_timestamps: no column {column!r} in "
+                                     f"{self.schema.names}")
+        t = self.schema.field(column).type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_timestamp(t)):
+            raise ConfigurationError(f"assign_timestamps: column {column!r} is {t}: give "
+                                     "seconds (a number) or an Arrow timestamp")
+        flow = self.flow
+        # validate now, not when the job starts
+        ColumnarTimestampsOperator("", "", column, max_out_of_orderness, idleness,
+                                   flow.processing_clock)
+        return self._then("assign_timestamps", name,
+                          lambda t: ColumnarTimestampsOperator(
+                              t.name, t.resolved_uid, column, max_out_of_orderness,
+                              idleness, flow.processing_clock), self.schema)
+
     def key_by(self, *columns: str) -> KeyedColumnarStream:
         """Partition by the values of ``columns``: a row lands in the key group (and the
         instance) its key has through the per-record ``Stream.key_by`` (the key is the
@@ -156,6 +207,25 @@ class ColumnarStream:
             if self.schema.get_field_index(c) < 0:
                 raise ConfigurationError(f"key_by: no column {c!r} in {self.schema.names}")
         return KeyedColumnarStream(self, list(columns))
+
+    def dead_letters(self, name: str | None = None) -> Any:
+        """The records a columnar source emitted beside its batches (a per-record
+        ``Stream``): the ``InvalidRow`` s of ``CsvFileSource(..., columnar=True,
+        errors="dead_letter")``, with their byte offsets.
+
+        Raises:
+            ConfigurationError: on a stream that is not a columnar source's.
+        """
+        from .source import SourceOutput
+
+        source = self.dead_letter_input
+        if source is None:
+            raise ConfigurationError("dead_letters() applies to the stream of "
+                                     "Dataflow.columnar_source(...)")
+        t = self.flow._add("columnar_source_dead_letters", name or f"{source.name}-dead-letters",
+                           lambda t: SourceOutput(t.name, t.resolved_uid, batches=False),
+                           [Edge(source, "forward")])
+        return self.stream_of(t)
 
     def to_records(self, name: str | None = None) -> Any:
         """A per-record ``Stream`` of the rows, each a ``dict`` (column -> value)."""
@@ -180,18 +250,34 @@ class KeyedColumnarStream:
     def _edge(self) -> Edge:
         return Edge(self.stream.transformation, "hash", ColumnKeySelector(self.columns))
 
+    def window(self, assigner: WindowAssigner, timestamp: str) -> ColumnarWindowedStream:
+        """Cut the keyed stream into event-time windows over the ``timestamp`` column:
+        ``TumblingEventTimeWindows.of(size)``, ``SlidingEventTimeWindows.of(size, slide)``
+        or ``EventTimeSessionWindows.with_gap(gap)`` (seconds); end it with ``.agg(...)``
+        (see :mod:`.window_stream`). Watermarks come from ``assign_timestamps`` upstream.
+
+        Raises:
+            ConfigurationError: for another assigner, or an unknown or non-time column.
+        """
+        from .window_stream import ColumnarWindowedStream
+
+        return ColumnarWindowedStream(self, assigner, timestamp)
+
     def agg(self, emit: Literal["changelog", "final"] = "changelog",
-            name: str | None = None, **aggregates: tuple[str, str]) -> ColumnarStream:
+            name: str | None = None, **aggregates: tuple[str, Any]) -> ColumnarStream:
         """Keyed aggregation over the batches: ``agg(count=("word", "count"),
         total=("amount", "sum"))``, with ``count``, ``sum``, ``mean``, ``min``, ``max``,
-        ``first``, ``last`` (nulls skipped, as SQL's aggregates).
+        ``first``, ``last`` (nulls skipped, as SQL's aggregates), or a user-defined
+        :class:`~reactive.columnar.user_aggregates.VectorizedAggregateFunction` in place of
+        the function's name (in changelog mode it is updated once per row).
 
         Args:
             emit: ``"changelog"``: one output row per input row, the key columns and each
                 aggregate's value including that row (a running count); ``"final"``: one
                 row per key at the end of the input.
             name: the operator's display name.
-            aggregates: ``output_column=(input_column, function)``.
+            aggregates: ``output_column=(input_column, function)``, the function a name or
+                a ``VectorizedAggregateFunction``.
 
         Returns:
             The columnar stream of the key columns and the aggregates.

@@ -1,11 +1,11 @@
 """A sink's records as an async iterator for the application, released when the checkpoint
 that covers them completes (read committed) or at once (read uncommitted).
 
-Read committed is the epoch commit of the thesis (4.1.3) applied to an in-memory queue: the
-records a sink instance receives between two barriers are held as that checkpoint's
-transaction, released in checkpoint order when it completes. So the application never acts on
-output that a failure takes back, whatever the sink itself guarantees. Read uncommitted yields
-every record at once: after a failure it may see records again.
+Read committed is the epoch commit of Carbone 2018 (PhD thesis), section 4.1.3, applied to an
+in-memory queue: the records a sink instance receives between two barriers are held as that
+checkpoint's transaction, released in checkpoint order when it completes. So the application
+never acts on output that a failure takes back, whatever the sink itself guarantees. Read
+uncommitted yields every record at once: after a failure it may see records again.
 
 The iterator is bounded: a sink instance accepts no batch while ``capacity`` released records
 wait to be read (backpressure: the sink task waits, its input channels fill, the sources
@@ -19,9 +19,10 @@ When an attempt fails, its instances hand their held transactions back to the it
 outlives attempts as the job does: the restore releases those of the checkpoints the restored
 one covers (they completed, so the restored job does not produce their records again; the
 notification just never reached the sink instance) and drops the others (the restored job
-produces their records again). This is the recovery of a two-phase-commit writer (thesis
-4.1.3.1: commit the restored checkpoint's pending transactions) for an in-memory sink; each
-transaction is released once, by the instance's notification or by the restore.
+produces their records again). This is the recovery of a two-phase-commit writer (Carbone
+2018 (PhD thesis), section 4.1.3.1: commit the restored checkpoint's pending transactions) for an
+in-memory sink; each transaction is released once, by the instance's notification or by the
+restore.
 """
 
 from __future__ import annotations
@@ -221,10 +222,10 @@ class _TappedWriter(SinkWriter):
         self.results = results
         self.current: list[Any] = []
         self.pending: list[tuple[int, list[Any]]] = []
+        self.state_redistribution = writer.state_redistribution
 
-    def __getattr__(self, name: str) -> Any:
-        # state_redistribution, start_fresh ... of the wrapped writer
-        return getattr(self.writer, name)
+    def start_fresh(self) -> Awaitable[None] | None:
+        return self.writer.start_fresh()
 
     async def write(self, batch: list[Any]) -> None:
         # backpressure: the application reads slower than the sink writes
@@ -237,7 +238,7 @@ class _TappedWriter(SinkWriter):
         else:
             self.results._release(list(batch))
 
-    async def snapshot_state(self, checkpoint_id: int) -> list[Any]:  # type: ignore[override]
+    async def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         entries = await maybe_await(self.writer.snapshot_state(checkpoint_id))
         if self.current:
             self.pending.append((checkpoint_id, self.current))

@@ -1,11 +1,12 @@
 """A source the application pushes records into, exactly once.
 
 The source keeps every record it accepted in a write-ahead buffer until a completed checkpoint
-covers it (thesis 4.1: the input of an epoch must be replayable until the epoch's checkpoint
-completes). The reader's position (a sequence number) is its operator state, so when the job
-fails and restarts in the same process, the restored reader reads the buffer again from the
-position of the restored checkpoint: every accepted record is processed exactly once. When a
-checkpoint completes, the records before its position are dropped from the buffer.
+covers it (Carbone 2018 (PhD thesis), section 4.1: the input of an epoch must be replayable until
+the epoch's checkpoint completes). The reader's position (a sequence number) is its operator
+state, so when the job fails and restarts in the same process, the restored reader reads the
+buffer again from the position of the restored checkpoint: every accepted record is processed
+exactly once. When a checkpoint completes, the records before its position are dropped from the
+buffer.
 
 What a process crash means: the buffer lives in the process's memory, so records that no
 completed checkpoint covered are lost with the process. ``await source.send(record,
@@ -320,7 +321,7 @@ class _PushReader(SourceReader):
             source._notify_read()
         return batch
 
-    def snapshot_state(self, checkpoint_id: int) -> list[Any]:  # type: ignore[override]
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         self._snapshots.append((checkpoint_id, self.position))
         return [[self.source.session, self.position]]
 

@@ -1,8 +1,8 @@
-"""Point lookups of keyed state for the application (queryable state, thesis 4.3.1): read
-committed, from the latest completed checkpoint, or live, from the operator instance that
-owns the key's key group (asked in its task's mailbox, between two batches, so the lookup
-never sees a half-processed batch's key). No network server: the application and the job
-share the process."""
+"""Point lookups of keyed state for the application (queryable state, Carbone 2018 (PhD
+thesis), section 4.3.1): read committed, from the latest completed checkpoint, or live, from
+the operator instance that owns the key's key group (asked in its task's mailbox, between two
+batches, so the lookup never sees a half-processed batch's key). No network server: the
+application and the job share the process."""
 
 from __future__ import annotations
 
@@ -146,20 +146,20 @@ class CommittedStateCache:
             RestoreError: the snapshot cannot be read.
         """
         metadata = checkpoint.metadata
-        operator = metadata["operators"].get(uid)
+        operator = metadata.operators.get(uid)
         if operator is None:
             raise StateQueryError(f"checkpoint {checkpoint.checkpoint_id} has no operator "
-                                  f"{uid!r} (it has {sorted(metadata['operators'])})")
-        max_parallelism = int(metadata["max_parallelism"])
+                                  f"{uid!r} (it has {sorted(metadata.operators)})")
+        max_parallelism = metadata.max_parallelism
         key_group = assign_to_key_group(key, max_parallelism)
-        owner = operator_index_for_key_group(key_group, int(operator["parallelism"]),
-                                             max_parallelism)
+        owner = operator_index_for_key_group(key_group, operator.parallelism, max_parallelism)
         cache_key = (str(checkpoint.path), checkpoint.checkpoint_id, uid, key_group)
         states = self._key_groups.get(cache_key)
         if states is None:
-            handle = operator["subtasks"].get(str(owner), {}).get("keyed_state")
-            states = (await in_thread(_read_key_group, handle, checkpoint.job_dir, key_group)
-                      if handle else {})
+            sub = operator.subtasks.get(owner)
+            handle = None if sub is None else sub.keyed_state
+            states = ({} if handle is None else await in_thread(
+                _read_key_group, handle.to_json(), checkpoint.job_dir, key_group))
             self._key_groups[cache_key] = states
             while len(self._key_groups) > self.size:
                 self._key_groups.popitem(last=False)

@@ -179,8 +179,8 @@ class InputGate:
 
     def prioritize(self, index: int, threshold: int) -> None:
         """Deliver from channel ``index`` first whenever it holds ``threshold`` items or
-        more (an iteration head's feedback channel: thesis 6.4.3.2, the loop drains before
-        new input enters it)."""
+        more (an iteration head's feedback channel: Carbone 2018 (PhD thesis), section 6.4.3.2,
+        the loop drains before new input enters it)."""
         self._priority = self.channels[index]
         self._priority_threshold = threshold
 

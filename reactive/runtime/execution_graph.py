@@ -340,7 +340,7 @@ class ExecutionGraph:
             OSError: an error of the file system (perhaps transient: a restart retries it),
                 of the same errno, its message naming the operator and the phase.
         """
-        with_state = assignment.checkpoint.metadata.get("operators", {})
+        with_state = assignment.checkpoint.metadata.operators
         try:
             for instance in self._instances:
                 if instance.operator.uid in with_state:  # else there is nothing to read
@@ -374,7 +374,9 @@ def _restore_instance(assignment: StateAssignmentOperation, instance: _InstanceR
                                    instance.key_group_range)
         if instance.keyed_backend is not None and r.keyed_handles:
             phase = "keyed state"
-            instance.keyed_backend.restore(r.keyed_handles, assignment.checkpoint.job_dir)
+            # the plug-in boundary: a backend reads its handles as the JSON it wrote
+            instance.keyed_backend.restore([h.to_json() for h in r.keyed_handles],
+                                           assignment.checkpoint.job_dir)
         if r.operator_state:
             phase = "operator state"
             op.operator_state.restore(r.operator_state)

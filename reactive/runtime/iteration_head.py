@@ -1,6 +1,6 @@
 """The task of an iteration's head: barriers and back-edge logging on a cyclic dataflow (ABS
-paper, section 3.3, Algorithm 2; thesis section 3.4.4.4, Algorithm 7), flow control in the
-cycle, and the detection that the loop holds no record any more.
+paper, section 3.3, Algorithm 2; Carbone 2018 (PhD thesis), section 3.4.4.4, Algorithm 7), flow
+control in the cycle, and the detection that the loop holds no record any more.
 
 The head task reads its regular inputs and the loop's *feedback channel* (from the tail
 instance with the same index) through one input gate.
@@ -13,9 +13,9 @@ the only state the cycle hides. The head snapshots when the barrier returns; its
 is that log, and a restored head sends the log into the loop before any new input. Only
 the back edge is logged, not every channel as in Chandy-Lamport.
 
-Flow control (thesis 6.4.3.2). Bounded channels around a cycle can deadlock under
-backpressure: the feedback channel is unbounded, so the tail never blocks, and the head
-takes from it first once it holds ``channel_capacity`` items or more, so the loop drains
+Flow control (Carbone 2018 (PhD thesis), section 6.4.3.2). Bounded channels around a cycle can
+deadlock under backpressure: the feedback channel is unbounded, so the tail never blocks, and the
+head takes from it first once it holds ``channel_capacity`` items or more, so the loop drains
 before new input enters it.
 
 Termination. A bounded input ends when every regular input has ended and the loop holds no

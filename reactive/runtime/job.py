@@ -6,13 +6,14 @@ The handle owns the run's one asyncio task and the locks of its directories; the
 themselves (wiring, restore selection, restarts, the final checkpoint) are the
 :class:`~reactive.runtime.job_runner.JobRunner`'s.
 
-Savepoints (Flink's savepoints and stop-with-savepoint; thesis 4.2): ``job.savepoint(path)``
-takes a self-contained checkpoint of kind ``savepoint`` and moves it to ``path``;
-``job.stop(savepoint=True)`` takes one with the sources parked right after they injected its
-barrier (no record after the savepoint is processed), commits side effects, and cancels the
-job. A later run restores it with ``restore_from=path`` at any parallelism (key groups and
-operator state are reassigned by :class:`~reactive.checkpoint.state_assignment.StateAssignmentOperation`)
-and with either built-in backend.
+Savepoints (Flink's savepoints and stop-with-savepoint; Carbone 2018 (PhD thesis), section 4.2):
+``job.savepoint(path)`` takes a self-contained checkpoint of kind ``savepoint`` and moves it to
+``path``; ``job.stop(savepoint=True)`` takes one with the sources parked right after they
+injected its barrier (no record after the savepoint is processed), commits side effects, and
+cancels the job. A later run restores it with ``restore_from=path`` at any parallelism (key
+groups and operator state are reassigned by
+:class:`~reactive.checkpoint.state_assignment.StateAssignmentOperation`) and with either built-in
+backend.
 """
 
 from __future__ import annotations
@@ -290,8 +291,9 @@ class Job:
                     _tap(task.sink, iterator)
 
     async def query_state(self, uid: str, state: str, key: Any, committed: bool = True) -> Any:
-        """The value of keyed state ``state`` of operator ``uid`` for ``key`` (thesis 4.3.1,
-        queryable state; a point lookup in this process, no server).
+        """The value of keyed state ``state`` of operator ``uid`` for ``key`` (queryable
+        state: Carbone 2018 (PhD thesis), section 4.3.1; a point lookup in this process, no
+        server).
 
         Read committed (the default) answers from the latest checkpoint this run completed
         that a failure cannot take back (not an intermediate savepoint), or the one it
@@ -358,7 +360,7 @@ class Job:
         coordinator = self._runner.coordinator
         if coordinator is not None:
             for checkpoint in reversed(coordinator.store.checkpoints):
-                if (checkpoint.metadata.get("run_id") == self.run_id
+                if (checkpoint.metadata.run_id == self.run_id
                         and committed_output(checkpoint.metadata)):
                     return self._moved.get(checkpoint.checkpoint_id, checkpoint)
         return self._runner.initial
@@ -402,7 +404,8 @@ class Job:
         return await coordinator.checkpoint()
 
     async def savepoint(self, path: str | os.PathLike[str] | None = None) -> CompletedCheckpoint:
-        """Take a savepoint now and wait for it (Flink's savepoint; thesis 4.2).
+        """Take a savepoint now and wait for it (Flink's savepoint; Carbone 2018 (PhD thesis),
+        section 4.2).
 
         Like :meth:`checkpoint`, it covers every record a :class:`~reactive.PushSource`
         accepted before the call. A savepoint is a full, self-contained checkpoint: no file

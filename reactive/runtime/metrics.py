@@ -32,6 +32,7 @@ class JobMetrics:
     restarts: int = 0
     restored_checkpoints: list[int] = field(default_factory=list)
     _carried: dict[str, list[int]] = field(default_factory=dict)  # by operator uid
+    _expired_carried: dict[str, int] = field(default_factory=dict)  # by operator uid
     _names: dict[str, str] = field(default_factory=dict)  # operator uid -> name
     _tasks: list[StreamTask] = field(default_factory=list)
     _channel_capacity: int = 0
@@ -47,10 +48,52 @@ class JobMetrics:
             acc = self._carried.setdefault(uid, [0, 0])
             acc[0] += n_in
             acc[1] += n_out
+        for uid, n in self._expired_live().items():
+            self._expired_carried[uid] = self._expired_carried.get(uid, 0) + n
         for task in self._tasks:
             for ch in task.gate.channels:
                 self._max_channel_length = max(self._max_channel_length, ch.max_seen)
         self._tasks = []
+
+    def _expired_live(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for task in self._tasks:
+            for op in task.operators:
+                ctx = getattr(op, "ctx", None)  # set by setup(); absent on never-set-up ones
+                if ctx is None:
+                    continue
+                n = sum(getattr(s, "expired", 0) for s in ctx.keyed_states.values())
+                if n:
+                    out[op.uid] = out.get(op.uid, 0) + n
+        return out
+
+    def keyed_state(self) -> dict[str, dict[str, int]]:
+        """The keyed state of each operator, sampled now (counting keys reads every key of
+        the running attempt's state: a diagnostic, not a per-record figure).
+
+        Returns:
+            ``{operator uid: {"keys": n, "expired": n}}``: ``keys``, the keys that have a
+            value in the operator's largest state (summed over its instances; 0 between
+            attempts); ``expired``, the entries its TTL states removed because they had
+            expired, on access or in a cleanup sweep (over all attempts; an attempt's
+            count since its restore: a restart replays what the failed attempt expired).
+        """
+        out: dict[str, dict[str, int]] = {}
+        for task in self._tasks:
+            for op in task.operators:
+                backend = op.keyed_backend
+                ctx = getattr(op, "ctx", None)
+                if backend is None or ctx is None:
+                    continue
+                keys = max((sum(1 for _ in backend.keys(name)) for name in ctx.keyed_states),
+                           default=0)
+                acc = out.setdefault(op.uid, {"keys": 0, "expired": 0})
+                acc["keys"] += keys
+        for uid, n in self._expired_carried.items():
+            out.setdefault(uid, {"keys": 0, "expired": 0})["expired"] += n
+        for uid, n in self._expired_live().items():
+            out.setdefault(uid, {"keys": 0, "expired": 0})["expired"] += n
+        return out
 
     def _live(self) -> dict[str, tuple[int, int]]:
         # by uid: two operators may share a name (two .map() steps), never a uid

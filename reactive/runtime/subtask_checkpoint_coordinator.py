@@ -6,13 +6,13 @@ chained operator to snapshot (``snapshot_state``: sinks pre-commit here), captur
 state (the backends' cheap synchronous parts) and serializes the operator state, then the
 barrier is forwarded downstream and the *asynchronous part* runs in the job's task group:
 it writes the files and acknowledges to the checkpoint coordinator with the state handles,
-or declines the checkpoint when anything fails (thesis 4.5.1; ABS paper, Algorithm 1).
-Completion and abort notifications reach the operators through it too.
+or declines the checkpoint when anything fails (Carbone 2018 (PhD thesis), section 4.5.1; ABS
+paper, Algorithm 1). Completion and abort notifications reach the operators through it too.
 
 In the synchronous-snapshot baseline (``synchronous``, set by the checkpoint coordinator
-for ``mode="synchronous"``; thesis 3.4.2) the task runs the writing in place of spawning
-it: it processes nothing else until its snapshot is written and acknowledged, and the
-statistics count the whole snapshot as its synchronous part.
+for ``mode="synchronous"``; Carbone 2018 (PhD thesis), section 3.4.2) the task runs the writing
+in place of spawning it: it processes nothing else until its snapshot is written and
+acknowledged, and the statistics count the whole snapshot as its synchronous part.
 
 For an unaligned checkpoint (``reactive.runtime.unaligned``) the task passes the future of
 its in-flight records: the asynchronous part writes them, once complete, as the head
@@ -25,11 +25,19 @@ import asyncio
 import functools
 import pickle
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..checkpoint.channel_state import FORMAT as CHANNEL_STATE_FORMAT
 from ..checkpoint.channel_state import InFlightEntry, serialize_channel_state
+from ..checkpoint.contract import (
+    OPERATOR_STATE_FORMAT,
+    FileRef,
+    KeyedStateHandle,
+    OperatorSubtaskState,
+    StateHandle,
+)
 from ..checkpoint.durable_files import write_atomic
 from ..checkpoint.failure_reason import CheckpointFailureReason
 from ..errors import ReactiveError, StateSerializationError
@@ -57,7 +65,8 @@ class CheckpointAcknowledger(Protocol):
     """The checkpoint coordinator as a task sees it."""
 
     async def acknowledge(self, checkpoint_id: int, task: Any,
-                          states: dict[str, dict[str, Any]], stats: dict[str, float]) -> None: ...
+                          states: Mapping[str, OperatorSubtaskState],
+                          stats: Mapping[str, float]) -> None: ...
 
     def decline(self, checkpoint_id: int, task: Any, reason: BaseException,
                 failure_reason: CheckpointFailureReason = ...) -> None: ...
@@ -210,40 +219,39 @@ class SubtaskCheckpointCoordinator:
         coordinator = self.acknowledger
         assert coordinator is not None
         t0 = time.perf_counter()
-        states: dict[str, dict[str, Any]] = {}
+        states: dict[str, OperatorSubtaskState] = {}
         size = 0
         try:
             for op, ctx, keyed, opstate in captures:
-                entry: dict[str, Any] = {"keyed_state": None, "operator_state": None}
-                if op.keyed_backend is not None:
-                    entry["key_group_range"] = op.keyed_backend.key_group_range.to_list()
+                keyed_state: KeyedStateHandle | None = None
+                operator_state: StateHandle | None = None
                 if keyed is not None:
-                    handle = await keyed.write()
-                    entry["keyed_state"] = handle
-                    size += sum(int(r["size"]) for r in handle.get("files", [])
-                                if r not in handle.get("shared_reused", []))
+                    # the backend's own JSON (the plug-in boundary), checked here: a handle
+                    # the runtime cannot read declines the checkpoint, naming the operator
+                    keyed_state = KeyedStateHandle.from_json(
+                        await keyed.write(), f"keyed state of operator {op.uid!r}, "
+                        f"subtask {self.task.subtask}")
+                    size += keyed_state.size
                 if opstate is not None:
                     path = ctx.exclusive_path(".opstate")
                     blob = opstate
                     # inline: a hop to a worker thread waits for the GIL held by the busy
                     # loop (measured ~100 ms under load), far longer than this small write
                     n, sha = write_atomic(path, [blob])
-                    entry["operator_state"] = {
-                        "format": "pickle-v1",
-                        "files": [{"path": ctx.relative(path), "size": n, "sha256": sha}],
-                    }
+                    operator_state = StateHandle(
+                        OPERATOR_STATE_FORMAT, (FileRef(ctx.relative(path), n, sha),))
                     size += n
-                states[op.uid] = entry
+                states[op.uid] = OperatorSubtaskState(
+                    keyed_state, operator_state,
+                    None if op.keyed_backend is None else op.keyed_backend.key_group_range)
             if in_flight is not None:
                 entries = await in_flight
                 if entries:
                     op, ctx = captures[0][0], captures[0][1]
                     path = ctx.exclusive_path(".inflight")
                     n, sha = write_atomic(path, [serialize_channel_state(entries)])
-                    states[op.uid]["channel_state"] = {
-                        "format": CHANNEL_STATE_FORMAT,
-                        "files": [{"path": ctx.relative(path), "size": n, "sha256": sha}],
-                    }
+                    states[op.uid] = replace(states[op.uid], channel_state=StateHandle(
+                        CHANNEL_STATE_FORMAT, (FileRef(ctx.relative(path), n, sha),)))
                     size += n
         except asyncio.CancelledError:
             # the attempt is being torn down: release what the synchronous part captured

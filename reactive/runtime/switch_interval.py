@@ -14,9 +14,8 @@ the GIL (a snapshot whose work took 40 ms took 2.4 s), and a thread sleeping 1 m
 release and gets the GIL within about one interval. 0.5 ms: a snapshot file's close (write,
 fsync, rename) in the writer thread takes ~10 ms while W1 runs, against 0.27-1.7 s at 1 ms
 (where the loop's polls still came often enough to starve it), and a probe thread's longest
-wake-up delay is ~40 ms. (1 ms was used for a while, because 0.5 ms broke a test's set-up of
-a declined checkpoint; that set-up depended on how fast the input was read, and now paces
-its input by snapshots.)
+wake-up delay is ~40 ms. A test that needs a slow checkpoint paces its input by snapshots,
+never by how fast the input is read, so it holds at any interval.
 
 The interval is process-wide: the first running job sets it (if it is longer), the last one
 to end restores the previous value. A thread that wants the GIL costs the loop a switch per

@@ -1,9 +1,10 @@
 """Keyed and operator state: descriptors (with time-to-live), the state API, and the
 state-backend protocol."""
 
-from .api import ListState, MapState, ReducingState, State, ValueState
+from .api import AggregatingState, ListState, MapState, ReducingState, State, ValueState
 from .backend import KeyedStateBackend, KeyedStateSnapshot, SnapshotContext, StateBackend
 from .descriptors import (
+    AggregatingStateDescriptor,
     ListStateDescriptor,
     MapStateDescriptor,
     ReducingStateDescriptor,
@@ -14,6 +15,8 @@ from .operator_state import OperatorListState, OperatorStateStore
 from .ttl_config import StateTtlConfig
 
 __all__ = [
+    "AggregatingState",
+    "AggregatingStateDescriptor",
     "KeyedStateBackend",
     "KeyedStateSnapshot",
     "ListState",

@@ -2,8 +2,8 @@
 
 A :class:`StateBackend` is a factory the user passes to ``run(state_backend=...)``; it
 creates one :class:`KeyedStateBackend` per keyed operator instance, owning a contiguous
-key-group range. Snapshots follow the asynchronous snapshot invocation of the thesis
-(section 4.5.1): :meth:`KeyedStateBackend.snapshot` is the *synchronous part*, called in the
+key-group range. Snapshots follow the asynchronous snapshot invocation of Carbone 2018
+(PhD thesis), section 4.5.1: :meth:`KeyedStateBackend.snapshot` is the *synchronous part*, called in the
 task between two batches; it returns a :class:`KeyedStateSnapshot` whose :meth:`write` is the
 *asynchronous part*, run while the task keeps processing.
 
@@ -16,6 +16,13 @@ checkpoint metadata. Every handle has:
 - ``"shared"`` (optional): the subset of ``files`` living under the job's ``shared/`` folder
   that several checkpoints may reference (incremental snapshots); the runtime deletes a
   shared file when no retained checkpoint references it any more.
+
+The handle stays a plain dict at this boundary, in both directions: the rest of it is the
+backend's own format (its key-group index, its file map), which only the backend reads.
+The runtime reads it into a :class:`~reactive.checkpoint.contract.KeyedStateHandle` when the
+task acknowledges (a handle it cannot read declines the checkpoint, naming the operator),
+keeps the backend's other fields verbatim, and gives :meth:`KeyedStateBackend.restore` the
+same dict back.
 
 Threads. The runtime calls the hooks of a keyed backend from two threads, never from two
 at once:
@@ -46,11 +53,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..keygroups import KeyGroupRange, assign_to_key_group
 from .api import State
 from .descriptors import StateDescriptor
+
+if TYPE_CHECKING:
+    from .ttl_clock import TtlClock
+    from .ttl_config import StateTtlConfig
 
 __all__ = ["KeyedStateBackend", "KeyedStateSnapshot", "SnapshotContext", "StateBackend"]
 
@@ -137,6 +148,25 @@ class KeyedStateBackend(ABC):
         Raises:
             StateAccessError: if the name was registered with another kind of state.
         """
+
+    def get_ttl_state(self, descriptor: StateDescriptor, config: StateTtlConfig,
+                      clock: TtlClock) -> State | None:
+        """A backend's own implementation of a state with time-to-live (a fast path), or
+        None (the default): the runtime then wraps :meth:`get_state`'s state in the TTL
+        decorators of :mod:`reactive.state.ttl`.
+
+        A state returned here must behave exactly as the decorator of its kind (a subclass of
+        it, e.g. ``TtlValueState``) and store exactly what the decorator stores under
+        :func:`reactive.state.ttl.backend_descriptor` (``(value, expires_at)`` pairs), so a
+        snapshot restores into any backend, with or without the fast path.
+
+        Args:
+            descriptor: the user's descriptor (its ``ttl`` set).
+            config: the descriptor's TTL.
+            clock: the time the TTL is measured in (seconds; read ``clock.frozen`` inside
+                a batch, else ``clock.now()``: :mod:`reactive.state.ttl_clock`).
+        """
+        return None
 
     @abstractmethod
     def keys(self, state_name: str) -> Iterator[Any]:

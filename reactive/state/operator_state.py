@@ -1,8 +1,8 @@
 """Operator state: non-keyed lists of entries per operator instance (e.g. source offsets).
 
-Each list declares how it is redistributed when the parallelism changes (thesis 4.2):
-``"split"`` deals the entries of all old instances round robin over the new ones,
-``"union"`` gives every new instance all entries.
+Each list declares how it is redistributed when the parallelism changes (Carbone 2018 (PhD
+thesis), section 4.2): ``"split"`` deals the entries of all old instances round robin over the
+new ones, ``"union"`` gives every new instance all entries.
 """
 
 from __future__ import annotations

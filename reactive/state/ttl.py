@@ -431,8 +431,15 @@ class IncrementalCleanup:
         self._credit = 0.0  # keys owed to the sweep (fractions carried between steps)
         self._sweeping = False
 
-    def register(self, name: str, state: _Ttl) -> None:
-        """Sweep ``state`` (stored under ``name``) too; it ticks this cleanup on writes."""
+    def register(self, name: str, state: State) -> None:
+        """Sweep ``state`` (stored under ``name``) too; it ticks this cleanup on writes.
+
+        Raises:
+            TypeError: if ``state`` is not a TTL state (a decorator of this module or a
+                backend's subclass of one).
+        """
+        if not isinstance(state, _Ttl):
+            raise TypeError(f"state {name!r} is not a TTL state: {type(state).__name__}")
         self._states = [(n, s) for n, s in self._states if n != name] + [(name, state)]
         state._cleanup = self
 

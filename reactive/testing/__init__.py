@@ -11,8 +11,10 @@
   harnesses, at another parallelism too.
 - :class:`ManualClock` is the processing-time clock that moves only when told to.
 - :class:`StateBackendContract` (:mod:`reactive.testing.backend_contract`) is the test suite
-  every state backend passes; a backend's test module subclasses it. It needs pytest and
-  pytest-asyncio, so it is imported when first used, not with this package.
+  every state backend passes; a backend's test module subclasses it.
+  :class:`SourceContract` and :class:`SinkContract` (:mod:`reactive.testing.connector_contract`)
+  are those of sources and sinks. They need pytest and pytest-asyncio, so they are imported
+  when first used, not with this package.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .testing_source import AbortExecution, TestingSource
 
 if TYPE_CHECKING:
     from .backend_contract import BackendHarness, StateBackendContract
+    from .connector_contract import SinkContract, SourceContract
 
 __all__ = [
     "AbortExecution",
@@ -33,17 +36,24 @@ __all__ = [
     "ManualClock",
     "OperatorSnapshot",
     "OperatorTestHarness",
+    "SinkContract",
+    "SourceContract",
     "StateBackendContract",
     "TestingSource",
 ]
 
 _CONTRACT_NAMES = ("BackendHarness", "StateBackendContract")
+_CONNECTOR_CONTRACT_NAMES = ("SinkContract", "SourceContract")
 
 
 def __getattr__(name: str) -> Any:
-    """Import the contract suite (and pytest) only when one of its names is asked for."""
+    """Import a contract suite (and pytest) only when one of its names is asked for."""
     if name in _CONTRACT_NAMES:
         from . import backend_contract
 
         return getattr(backend_contract, name)
+    if name in _CONNECTOR_CONTRACT_NAMES:
+        from . import connector_contract
+
+        return getattr(connector_contract, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,8 +40,9 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import TYPE_CHECKING, Any, cast
 
+from ..checkpoint.contract import KeyedStateHandle
 from ..checkpoint.off_loop import in_thread
-from ..errors import RestoreError, StateAccessError
+from ..errors import CorruptCheckpointError, RestoreError, StateAccessError
 from ..extras import require
 from ..keygroups import KeyGroupRange, assign_to_key_group
 from ..state.api import ListState, MapState, ReducingState, ValueState
@@ -270,6 +271,12 @@ def check_snapshot_handle(handle: dict[str, Any], ctx: SnapshotContext) -> None:
         assert (ctx.job_dir / rel).resolve().is_relative_to(checkpoint_dir), (
             f"file {rel!r} is not under {ctx.checkpoint_dir} and not listed as shared: it "
             "would outlive (or be deleted before) the checkpoint that needs it")
+    try:  # what the runtime reads of it when the task acknowledges
+        typed = KeyedStateHandle.from_json(handle)
+    except CorruptCheckpointError as exc:
+        raise AssertionError(f"the runtime cannot read the snapshot handle: {exc}") from exc
+    assert typed.to_json() == handle, \
+        "the snapshot handle does not survive the checkpoint metadata unchanged"
 
 
 def keys_in(kgr: KeyGroupRange, n: int) -> list[str]:

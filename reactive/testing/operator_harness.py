@@ -41,6 +41,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypedDict, Unpack
 
+from ..checkpoint.contract import CheckpointMetadata, OperatorState, OperatorSubtaskState
 from ..checkpoint.failure_reason import CheckpointFailureReason
 from ..checkpoint.metadata import CompletedCheckpoint
 from ..checkpoint.state_assignment_operation import StateAssignmentOperation
@@ -94,9 +95,6 @@ class _ScratchDirectory:
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.path, ignore_errors=True)
 
 
-_EMPTY_SUBTASK: dict[str, Any] = {"keyed_state": None, "operator_state": None}
-
-
 @dataclass(frozen=True)
 class OperatorSnapshot:
     """The state of one or more instances of an operator, taken by
@@ -112,17 +110,17 @@ class OperatorSnapshot:
         max_parallelism (int): the number of key groups of the state.
         parallelism (int): the parallelism of the instances it was taken from.
         job_dir (Path): the directory its handles' paths are relative to.
-        subtasks (Mapping[int, Mapping[str, Any]]): per instance index, the entry a
-            checkpoint's metadata holds: ``keyed_state`` (the backend's handle),
+        subtasks (Mapping[int, OperatorSubtaskState]): per instance index, what a
+            checkpoint's metadata holds of it: ``keyed_state`` (the backend's handle),
             ``operator_state`` (the handle of the pickled operator state) and, for keyed
-            operators, ``key_group_range`` (``[start, end]``).
+            operators, ``key_group_range``.
     """
 
     checkpoint_id: int
     max_parallelism: int
     parallelism: int
     job_dir: Path
-    subtasks: Mapping[int, Mapping[str, Any]]
+    subtasks: Mapping[int, OperatorSubtaskState]
     _keep_alive: tuple[_ScratchDirectory, ...] = field(default=(), repr=False, compare=False)
 
     @staticmethod
@@ -149,7 +147,7 @@ class OperatorSnapshot:
         if not snaps:
             raise ValueError("combine() needs at least one snapshot")
         first = snaps[0]
-        subtasks: dict[int, Mapping[str, Any]] = {}
+        subtasks: dict[int, OperatorSubtaskState] = {}
         for snap in snaps:
             if (snap.max_parallelism, snap.parallelism) != (first.max_parallelism,
                                                            first.parallelism):
@@ -170,11 +168,11 @@ class OperatorSnapshot:
         job_dir = scratch.path / "combined"
         for snap in snaps:
             for entry in snap.subtasks.values():
-                for ref in _file_refs(entry):
-                    src, dest = snap.job_dir / ref["path"], job_dir / ref["path"]
+                for ref in (r for handle in entry.handles() for r in handle.files):
+                    src, dest = snap.job_dir / ref.path, job_dir / ref.path
                     if dest.exists():
                         if dest.read_bytes() != src.read_bytes():
-                            raise ValueError(f"two snapshots hold different files at {ref['path']}")
+                            raise ValueError(f"two snapshots hold different files at {ref.path}")
                         continue
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(src, dest)
@@ -192,21 +190,15 @@ class OperatorSnapshot:
             CompletedCheckpoint: a checkpoint (not written to disk) whose job directory is
             :attr:`job_dir`.
         """
-        subtasks = {str(i): dict(self.subtasks.get(i, _EMPTY_SUBTASK))
+        subtasks = {i: self.subtasks.get(i, OperatorSubtaskState())
                     for i in range(self.parallelism)}
-        metadata = {"max_parallelism": self.max_parallelism,
-                    "operators": {uid: {"subtasks": subtasks}}}
+        metadata = CheckpointMetadata(
+            job="harness", checkpoint_id=self.checkpoint_id, kind="checkpoint",
+            max_parallelism=self.max_parallelism, operators={uid: OperatorState(
+                uid, self.parallelism, any(s.keyed_state for s in subtasks.values()),
+                subtasks)})
         return CompletedCheckpoint(self.checkpoint_id,
                                    self.job_dir / f"chk-{self.checkpoint_id}", metadata)
-
-
-def _file_refs(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
-    refs: list[dict[str, Any]] = []
-    for key in ("keyed_state", "operator_state"):
-        handle = entry.get(key)
-        if handle:
-            refs.extend(handle.get("files", []))
-    return refs
 
 
 class _Done:
@@ -256,11 +248,12 @@ class _Acknowledgements:
     """The checkpoint coordinator as the harness's snapshot sees it."""
 
     def __init__(self) -> None:
-        self.states: dict[str, dict[str, Any]] | None = None
+        self.states: Mapping[str, OperatorSubtaskState] | None = None
         self.declined: BaseException | None = None
 
     async def acknowledge(self, checkpoint_id: int, task: Any,
-                          states: dict[str, dict[str, Any]], stats: dict[str, float]) -> None:
+                          states: Mapping[str, OperatorSubtaskState],
+                          stats: Mapping[str, float]) -> None:
         self.states = states
 
     def decline(self, checkpoint_id: int, task: Any, reason: BaseException,
@@ -501,7 +494,8 @@ class OperatorTestHarness:
                 checkpoint, self.max_parallelism, {op.uid}).for_subtask(
                 op.uid, self.subtask, self.parallelism, self.key_group_range)
             if keyed_backend is not None and assigned.keyed_handles:
-                keyed_backend.restore(assigned.keyed_handles, checkpoint.job_dir)
+                keyed_backend.restore([h.to_json() for h in assigned.keyed_handles],
+                                      checkpoint.job_dir)
             if assigned.operator_state:
                 op.operator_state.restore(assigned.operator_state)
             self._next_checkpoint_id = restore_from.checkpoint_id + 1
@@ -820,7 +814,8 @@ class OperatorTestHarness:
             raise acks.declined
         assert acks.states is not None
         # the entry travels as checkpoint metadata does: as JSON
-        entry = json.loads(json.dumps(acks.states[op.uid]))
+        entry = OperatorSubtaskState.from_json(
+            json.loads(json.dumps(acks.states[op.uid].to_json())))
         return OperatorSnapshot(cid, self.max_parallelism, self.parallelism,
                                 self._storage.job_dir, {self.subtask: entry},
                                 tuple(self._keep_alive))

@@ -164,7 +164,7 @@ class _TestingSourceReader(SourceReader):
             return None
         return batch
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.position]
 
     def restore_state(self, entries: list[Any]) -> None:

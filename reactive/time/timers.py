@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ..state.api import MapState
 from ..state.backend import KeyedStateBackend
@@ -26,13 +26,60 @@ from ..state.descriptors import MapStateDescriptor
 from .clock import Cancellable, ProcessingClock
 from .mailbox import OperatorMailbox
 
-__all__ = ["InternalTimerService", "TimerService"]
+__all__ = ["InternalTimerService", "InternalTimers", "TimerService"]
 
 EVENT_TIMERS = "_timers/event"
 PROCESSING_TIMERS = "_timers/processing"
 
 Fire = Callable[[float, Any], list[Any]]
 """``fire(timestamp, namespace) -> outputs``, called with the timer's key as current key."""
+
+
+class InternalTimers(Protocol):
+    """What an operator uses of its timer service (Flink's ``InternalTimerService``
+    interface): :class:`InternalTimerService` here, Spark's state store in the Spark
+    runner (``reactive.connectors.spark``). An operator gets one from its
+    ``timer_service_factory`` (Flink's ``InternalTimeServiceManager``).
+
+    Attributes:
+        clock: the processing-time clock.
+        watermark: the operator's event time (seconds; -inf before the first watermark).
+    """
+
+    clock: ProcessingClock
+    watermark: float
+
+    def register_event_time_timer(self, timestamp: float, namespace: Any = None, *,
+                                  new: bool = False) -> None:
+        """Fire ``on_event_time(timestamp, namespace)`` for the current key once the
+        watermark is >= ``timestamp`` (``new``: the caller knows no such timer exists)."""
+        ...
+
+    def delete_event_time_timer(self, timestamp: float, namespace: Any = None) -> None:
+        """Cancel the current key's event-time timer ``(timestamp, namespace)``."""
+        ...
+
+    def register_processing_time_timer(self, timestamp: float, namespace: Any = None) -> None:
+        """Fire ``on_processing_time(timestamp, namespace)`` for the current key once
+        processing time reaches ``timestamp``."""
+        ...
+
+    def delete_processing_time_timer(self, timestamp: float, namespace: Any = None) -> None:
+        """Cancel the current key's processing-time timer ``(timestamp, namespace)``."""
+        ...
+
+    def advance_watermark(self, watermark: float) -> list[Any]:
+        """Event time advanced to ``watermark``: fire the due event-time timers; return
+        their outputs."""
+        ...
+
+    def fire_processing_timers(self) -> list[Any]:
+        """Fire the due processing-time timers; return their outputs."""
+        ...
+
+    def close(self) -> None:
+        """Stop scheduling processing-time timers."""
+        ...
 
 
 class _TimerQueue:
@@ -366,7 +413,7 @@ class TimerService:
 
     __slots__ = ("_internal",)
 
-    def __init__(self, internal: InternalTimerService) -> None:
+    def __init__(self, internal: InternalTimers) -> None:
         self._internal = internal
 
     @property

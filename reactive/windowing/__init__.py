@@ -1,11 +1,23 @@
-"""Windows: assigners, triggers, evictors, window functions, window operators and shared
-aggregation (Cutty).
+"""Windows: assigners, triggers, evictors, window functions and the built-in aggregations.
 
 The fluent entry points are ``KeyedStream.window``, ``KeyedStream.windows`` and
 ``KeyedStream.count_window`` (see :mod:`.stream`); ``.trigger(...)`` and ``.evictor(...)``
-on the windowed stream replace the assigner's default trigger and add an evictor.
+on the windowed stream replace the assigner's default trigger and add an evictor. The
+window operators and the shared aggregation of ``windows([...])`` (Cutty slicing over a
+FlatFAT, :mod:`.cutty` and :mod:`.flatfat`) are the implementation, not exported here.
 """
 
+from .aggregates import (
+    Aggregates,
+    BuiltinAggregate,
+    count,
+    first,
+    last,
+    max_of,
+    mean,
+    min_of,
+    sum_of,
+)
 from .assigners import (
     GLOBAL_WINDOW,
     CountWindows,
@@ -21,9 +33,7 @@ from .assigners import (
     TumblingProcessingTimeWindows,
     WindowAssigner,
 )
-from .cutty import CuttyAggregator, EventTimeCuttyAggregator
 from .evictors import CountEvictor, DeltaEvictor, Evictor, TimeEvictor, TimestampedValue
-from .flatfat import AggregateStats, FlatFAT
 from .functions import (
     AggregateFunction,
     ProcessWindowContext,
@@ -38,26 +48,25 @@ from .triggers import (
     ProcessingTimeTrigger,
     PurgingTrigger,
     Trigger,
+    TriggerContext,
     TriggerResult,
 )
 
 __all__ = [
     "GLOBAL_WINDOW",
     "AggregateFunction",
-    "AggregateStats",
+    "Aggregates",
+    "BuiltinAggregate",
     "ContinuousEventTimeTrigger",
     "CountEvictor",
     "CountTrigger",
     "CountWindows",
-    "CuttyAggregator",
     "DeltaEvictor",
     "DynamicEventTimeSessionWindows",
     "DynamicProcessingTimeSessionWindows",
-    "EventTimeCuttyAggregator",
     "EventTimeSessionWindows",
     "EventTimeTrigger",
     "Evictor",
-    "FlatFAT",
     "GlobalWindows",
     "NeverTrigger",
     "ProcessWindowContext",
@@ -71,9 +80,17 @@ __all__ = [
     "TimeWindow",
     "TimestampedValue",
     "Trigger",
+    "TriggerContext",
     "TriggerResult",
     "TumblingEventTimeWindows",
     "TumblingProcessingTimeWindows",
     "WindowAssigner",
     "WindowResult",
+    "count",
+    "first",
+    "last",
+    "max_of",
+    "mean",
+    "min_of",
+    "sum_of",
 ]

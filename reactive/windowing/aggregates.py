@@ -22,7 +22,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from .functions import AggregateFunction
 
@@ -33,6 +33,8 @@ KINDS = ("count", "sum", "mean", "min", "max", "first", "last")
 """The built-in aggregation kinds."""
 
 _Field = Callable[[Any], Any] | str
+Dtype = Literal["int", "float"]
+"""The type a built-in aggregation converts its field's values to."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class BuiltinAggregate:
 
     kind: str
     field: _Field | None = None
-    dtype: str = "float"
+    dtype: Dtype = "float"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -87,32 +89,32 @@ def count(field: _Field | None = None) -> BuiltinAggregate:
     return BuiltinAggregate("count", field, "int")
 
 
-def sum_of(field: _Field, dtype: str = "float") -> BuiltinAggregate:
+def sum_of(field: _Field, dtype: Dtype = "float") -> BuiltinAggregate:
     """SUM of a field's non-None values (None when there are none)."""
     return BuiltinAggregate("sum", field, dtype)
 
 
-def mean(field: _Field, dtype: str = "float") -> BuiltinAggregate:
+def mean(field: _Field, dtype: Dtype = "float") -> BuiltinAggregate:
     """AVG of a field's non-None values, a float (None when there are none)."""
     return BuiltinAggregate("mean", field, dtype)
 
 
-def min_of(field: _Field, dtype: str = "float") -> BuiltinAggregate:
+def min_of(field: _Field, dtype: Dtype = "float") -> BuiltinAggregate:
     """MIN of a field's non-None values (None when there are none)."""
     return BuiltinAggregate("min", field, dtype)
 
 
-def max_of(field: _Field, dtype: str = "float") -> BuiltinAggregate:
+def max_of(field: _Field, dtype: Dtype = "float") -> BuiltinAggregate:
     """MAX of a field's non-None values (None when there are none)."""
     return BuiltinAggregate("max", field, dtype)
 
 
-def first(field: _Field, dtype: str = "float") -> BuiltinAggregate:
+def first(field: _Field, dtype: Dtype = "float") -> BuiltinAggregate:
     """FIRST_VALUE: the first non-None value in arrival order (None when there is none)."""
     return BuiltinAggregate("first", field, dtype)
 
 
-def last(field: _Field, dtype: str = "float") -> BuiltinAggregate:
+def last(field: _Field, dtype: Dtype = "float") -> BuiltinAggregate:
     """LAST_VALUE: the last non-None value in arrival order (None when there is none)."""
     return BuiltinAggregate("last", field, dtype)
 

@@ -1,6 +1,6 @@
 """Cutty: shared aggregation of several periodic window definitions over one stream
-(Carbone et al., "Cutty: Aggregate Sharing for User-Defined Windows", CIKM 2016; thesis
-chapter 5, Algorithm 8, section 5.5).
+(Carbone et al., "Cutty: Aggregate Sharing for User-Defined Windows", CIKM 2016; Carbone
+2018 (PhD thesis), chapter 5: Algorithm 8 and section 5.5).
 
 Slices are cut only where *some* window begins. Every record is folded once into the
 current slice's partial aggregate; a finished slice is written to the aggregate store

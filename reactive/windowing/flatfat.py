@@ -1,6 +1,6 @@
 """FlatFAT: a flat, array-backed aggregate tree over a sliding sequence of partial
 aggregates (Tangwongsan et al., "General Incremental Sliding-Window Aggregation", VLDB
-2015; the aggregate store of Cutty, thesis chapter 5, section 5.5).
+2015; the aggregate store of Cutty, Carbone 2018 (PhD thesis), chapter 5, section 5.5).
 
 Leaves are addressed by an ever-increasing *absolute index*; the tree is a circular buffer
 of ``capacity`` leaves (a power of two) with internal node ``n`` holding

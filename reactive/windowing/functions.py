@@ -5,13 +5,22 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, overload
+
+from typing_extensions import TypeVar
 
 from .assigners import TimeWindow
 
 if TYPE_CHECKING:
     from ..functions import RuntimeContext
-    from ..state.descriptors import StateDescriptor
+    from ..state.api import ListState, MapState, ReducingState, State, ValueState
+    from ..state.descriptors import (
+        ListStateDescriptor,
+        MapStateDescriptor,
+        ReducingStateDescriptor,
+        StateDescriptor,
+        ValueStateDescriptor,
+    )
 
 __all__ = ["AggregateFunction", "ProcessWindowContext", "ProcessWindowFunction",
            "ReduceAggregate", "WindowResult"]
@@ -54,25 +63,36 @@ def window_result(key: Any, start: float, end: float, value: Any) -> WindowResul
     return r
 
 
-class AggregateFunction(ABC):
-    """An incremental aggregate (Flink's ``AggregateFunction``; the thesis's lift / combine /
-    lower). ``merge`` must be associative: windows share partial aggregates through it.
-    Accumulators are stored in keyed state (picklable values)."""
+# input, accumulator and result types; Any by default (PEP 696)
+T = TypeVar("T", default=Any)
+K = TypeVar("K", default=Any)
+V = TypeVar("V", default=Any)
+IN = TypeVar("IN", default=Any)
+ACC = TypeVar("ACC", default=Any)
+OUT = TypeVar("OUT", default=Any)
+
+
+class AggregateFunction(ABC, Generic[IN, ACC, OUT]):
+    """An incremental aggregate (Flink's ``AggregateFunction<IN, ACC, OUT>``; lift / combine /
+    lower in Carbone 2018 (PhD thesis), chapter 5): folds records of type ``IN`` into
+    accumulators of type ``ACC`` and reads a result of type ``OUT``. ``merge`` must be
+    associative: windows share partial aggregates through it. Accumulators are stored in
+    keyed state (picklable values)."""
 
     @abstractmethod
-    def create_accumulator(self) -> Any:
+    def create_accumulator(self) -> ACC:
         """A new, empty accumulator."""
 
     @abstractmethod
-    def add(self, value: Any, accumulator: Any) -> Any:
+    def add(self, value: IN, accumulator: ACC) -> ACC:
         """Fold one record into ``accumulator``; return the accumulator."""
 
     @abstractmethod
-    def get_result(self, accumulator: Any) -> Any:
+    def get_result(self, accumulator: ACC) -> OUT:
         """The window's value from its accumulator."""
 
     @abstractmethod
-    def merge(self, a: Any, b: Any) -> Any:
+    def merge(self, a: ACC, b: ACC) -> ACC:
         """Combine two accumulators (``a`` covers records before ``b``'s)."""
 
 
@@ -116,7 +136,19 @@ class ProcessWindowContext(Protocol):
         """Processing time now (seconds)."""
         ...
 
-    def window_state(self, descriptor: StateDescriptor) -> Any:
+    @overload
+    def window_state(self, descriptor: ValueStateDescriptor[T]) -> ValueState[T]: ...
+
+    @overload
+    def window_state(self, descriptor: ListStateDescriptor[T]) -> ListState[T]: ...
+
+    @overload
+    def window_state(self, descriptor: ReducingStateDescriptor[T]) -> ReducingState[T]: ...
+
+    @overload
+    def window_state(self, descriptor: StateDescriptor) -> State: ...
+
+    def window_state(self, descriptor: StateDescriptor) -> State:
         """Keyed state of the current key *and window* (value, list or reducing state):
         kept across the firings of one window; clear it in
         :meth:`ProcessWindowFunction.clear` (Flink's ``windowState()``).
@@ -126,7 +158,22 @@ class ProcessWindowContext(Protocol):
         """
         ...
 
-    def global_state(self, descriptor: StateDescriptor) -> Any:
+    @overload
+    def global_state(self, descriptor: ValueStateDescriptor[T]) -> ValueState[T]: ...
+
+    @overload
+    def global_state(self, descriptor: ListStateDescriptor[T]) -> ListState[T]: ...
+
+    @overload
+    def global_state(self, descriptor: MapStateDescriptor[K, V]) -> MapState[K, V]: ...
+
+    @overload
+    def global_state(self, descriptor: ReducingStateDescriptor[T]) -> ReducingState[T]: ...
+
+    @overload
+    def global_state(self, descriptor: StateDescriptor) -> State: ...
+
+    def global_state(self, descriptor: StateDescriptor) -> State:
         """Keyed state of the current key, shared by all its windows (``globalState()``)."""
         ...
 

@@ -18,17 +18,13 @@ from ..graph import Edge, GraphBuilder, Transformation
 from ..runtime import operators as ops
 from ..sinks import Sink
 from .assigners import CountWindows, PeriodicWindows, WindowAssigner
+from .count_window_operator import CountWindowOperator
 from .evictors import Evictor
 from .functions import AggregateFunction, ProcessWindowFunction, ReduceAggregate
+from .shared_window_operator import SharedWindowOperator
 from .triggers import Trigger
-from .window_operator import (
-    CountWindowOperator,
-    SharedWindowOperator,
-    WindowOperator,
-    is_window_output,
-    side_output_of,
-    unwrap_late,
-)
+from .window_operator import WindowOperator
+from .window_outputs import is_window_output, side_output_of, unwrap_late
 
 __all__ = ["KeyedInput", "WindowedStream", "find_timestamp_fn"]
 

@@ -1,21 +1,15 @@
-"""Window operators (Flink's ``WindowOperator`` / ``EvictingWindowOperator``, thesis ch. 5).
+"""The window operator (Flink's ``WindowOperator`` / ``EvictingWindowOperator``; Carbone
+2018 (PhD thesis), chapter 5): one assigner (event-time or processing-time tumbling,
+sliding, session with a fixed or dynamic gap; the global window) with a trigger and an
+optional evictor.
 
-- :class:`WindowOperator`: one assigner (event-time or processing-time tumbling, sliding,
-  session with a fixed or dynamic gap; the global window) with a trigger and an optional
-  evictor. Window contents (accumulators, or records for a ``ProcessWindowFunction`` or an
-  evictor) are a map state ``{window: contents}`` per key; the trigger (default: at the
-  window's end) fires it, and its state is cleared by a timer at ``end +
-  allowed_lateness``. Records for windows already fired but within the allowed lateness
-  update the window and fire it again (late firings, accumulating by default).
-- :class:`CountWindowOperator`: count windows (one or several definitions, shared through
-  :class:`~.cutty.CuttyAggregator`), per-key aggregator in a value state.
-- :class:`SharedWindowOperator`: several periodic event-time windows over one measure
-  (``KeyedStream.windows``), shared through :class:`~.cutty.EventTimeCuttyAggregator`.
-
-A record none of whose windows can still fire (``end + allowed_lateness <= watermark``) is
-*late*: it is emitted as a :class:`LateRecord` for the side output when the program asked
-for one (``late_data()`` / ``side_output_late_data``), else counted in ``late_records`` and
-reported with a warning -- never dropped without a trace.
+Window contents (accumulators, or records for a ``ProcessWindowFunction`` or an evictor) are
+a map state ``{window: contents}`` per key; the trigger (default: at the window's end) fires
+it, and its state is cleared by a timer at ``end + allowed_lateness``. Records for windows
+already fired but within the allowed lateness update the window and fire it again (late
+firings, accumulating by default); records later than that are late records
+(:mod:`.window_outputs`). Count windows are :mod:`.count_window_operator`'s, several periodic
+windows sharing slices :mod:`.shared_window_operator`'s.
 """
 
 from __future__ import annotations
@@ -26,92 +20,30 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigurationError, StateAccessError, UserFunctionError
-from ..runtime.operators import StreamOperator, checked_outputs
+from ..runtime.operators import checked_outputs
 from ..runtime.operators.base import instance_copy
-from ..runtime.operators.event_time import EventTimeOperator
-from ..state.api import MapState, ValueState
-from ..state.descriptors import MapStateDescriptor, StateDescriptor, ValueStateDescriptor
+from ..state.api import MapState
+from ..state.descriptors import MapStateDescriptor, StateDescriptor
 from ..time.clock import ProcessingClock
 from .assigners import (
     GLOBAL_WINDOW,
-    CountWindows,
-    PeriodicWindows,
     TimeWindow,
     TumblingEventTimeWindows,
     WindowAssigner,
 )
-from .cutty import CuttyAggregator, EventTimeCuttyAggregator, WindowEmission
 from .evictors import Evictor, TimestampedValue
-from .flatfat import AggregateStats
 from .functions import AggregateFunction, ProcessWindowFunction, WindowResult, window_result
 from .triggers import EventTimeTrigger, Trigger, TriggerResult, default_trigger
+from .window_outputs import EventTimeWindowOperatorBase, LateRecord, SideOutput
 from .window_state import WindowStates
 
-__all__ = ["CountWindowOperator", "LateRecord", "SharedWindowOperator", "SideOutput",
-           "WindowOperator"]
+__all__ = ["LateRecord", "SideOutput", "WindowOperator"]
 
 log = logging.getLogger(__name__)
 
 _MISSING = object()
 _INF = float("inf")
 _WINDOW_CACHE_SIZE = 4096  # window objects kept by start (tumbling windows, grouped path)
-
-
-class LateRecord:
-    """A late record on its way to the side output (unwrapped by ``late_data()``)."""
-
-    __slots__ = ("record",)
-
-    def __init__(self, record: Any) -> None:
-        self.record = record
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (LateRecord, (self.record,))
-
-
-class SideOutput:
-    """A record a process window function sent to side output ``tag`` (``ctx.output``), on
-    its way to ``WindowedStream.side_output(tag)``."""
-
-    __slots__ = ("tag", "value")
-
-    def __init__(self, tag: str, value: Any) -> None:
-        self.tag = tag
-        self.value = value
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (SideOutput, (self.tag, self.value))
-
-
-def is_window_output(record: Any) -> bool:
-    """True for a main-output record (not a late record or a side output)."""
-    t = type(record)
-    return t is not LateRecord and t is not SideOutput
-
-
-def side_output_of(tag: str) -> Callable[[Any], tuple[Any, ...] | None]:
-    """A flat-map function that unwraps the side outputs tagged ``tag`` (None otherwise)."""
-    def unwrap(record: Any) -> tuple[Any, ...] | None:
-        return (record.value,) if type(record) is SideOutput and record.tag == tag else None
-    return unwrap
-
-
-def unwrap_late(record: Any) -> tuple[Any, ...] | None:
-    """The late record inside ``record``, as a one-element tuple (None otherwise)."""
-    return (record.record,) if type(record) is LateRecord else None
-
-
-class _EventTimeOperatorBase(EventTimeOperator):
-    """A window operator's late records: wrapped for the late output, or counted."""
-
-    def _late(self, record: Any, out: list[Any]) -> None:
-        if self.emit_late:
-            out.append(LateRecord(record))
-            return
-        self._count_late(
-            "operator %r got a late record (beyond the allowed lateness) and has no side "
-            "output: add .side_output_late_data(sink) or use late_data() to receive late "
-            "records; counting them in late_records", self.name)
 
 
 class _WindowContext:
@@ -182,7 +114,7 @@ def _takes_context(fn: Any) -> bool:
     return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) >= 4
 
 
-class WindowOperator(_EventTimeOperatorBase):
+class WindowOperator(EventTimeWindowOperatorBase):
     """One window definition with a trigger, an optional evictor, and an aggregate or a
     process window function (Flink's ``WindowOperator`` / ``EvictingWindowOperator``).
 
@@ -700,212 +632,3 @@ class WindowOperator(_EventTimeOperatorBase):
         if self.event_time:
             return []
         return self.timers.fire_processing_timers()
-
-
-class SharedWindowOperator(_EventTimeOperatorBase):
-    """Several periodic event-time windows over one measure, sharing partial aggregates
-    (``KeyedStream.windows([...])``). Per key, an :class:`EventTimeCuttyAggregator` in a
-    value state; a timer at each new slice's end seals slices and emits windows.
-
-    Args:
-        name, uid: operator identity.
-        key_selector: record -> key.
-        queries: the periodic window definitions.
-        timestamp_fn: record -> event timestamp (seconds).
-        aggregate: the shared aggregate.
-        clock: processing-time clock.
-        late_side_output: returns True when late records go to a side output.
-    """
-
-    def __init__(self, name: str, uid: str, key_selector: Callable[[Any], Any],
-                 queries: list[PeriodicWindows], timestamp_fn: Callable[[Any], float],
-                 aggregate: AggregateFunction, clock: ProcessingClock,
-                 late_side_output: Callable[[], bool]) -> None:
-        super().__init__(name, uid, key_selector, clock, late_side_output)
-        self.queries = queries
-        self.timestamp_fn = timestamp_fn
-        self.agg = aggregate
-        self.stats = AggregateStats()
-        self.state: ValueState
-
-    def open(self) -> None:
-        state = self.ctx.get_state(ValueStateDescriptor("shared-windows"))
-        assert isinstance(state, ValueState)
-        self.state = state
-        self._open_timers()
-
-    def _aggregator(self) -> EventTimeCuttyAggregator:
-        aggr: EventTimeCuttyAggregator | None = self.state.value()
-        if aggr is None:
-            aggr = EventTimeCuttyAggregator(self.queries, self.agg, self.stats)
-        elif aggr.agg is None:
-            aggr.bind(self.agg, self.stats)
-        return aggr
-
-    def process_batch(self, batch: list[Any]) -> list[Any]:
-        assert self.keyed_backend is not None and self.key_selector is not None
-        key_of, ts_fn = self.key_selector, self.timestamp_fn
-        set_key = self.keyed_backend.set_current_key
-        timers = self.timers
-        update = self.state.update
-        out: list[Any] = []
-        r = None
-        try:
-            for r in batch:
-                set_key(key_of(r))
-                ts = ts_fn(r)
-                aggr = self._aggregator()
-                if aggr.slice_of(ts)[1] <= timers.watermark:
-                    self._late(r, out)
-                    continue
-                end = aggr.add(ts, r)
-                if end is not None:
-                    timers.register_event_time_timer(end)
-                update(aggr)
-        except Exception as exc:
-            raise self.fail(r, exc) from exc
-        return out
-
-    def on_event_time(self, timestamp: float, namespace: Any) -> list[Any]:
-        assert self.keyed_backend is not None
-        aggr = self._aggregator()
-        emitted = aggr.advance(self.timers.watermark)
-        if aggr.is_empty():
-            self.state.clear()
-        else:
-            self.state.update(aggr)
-        key = self.keyed_backend.current_key
-        get = self.agg.get_result
-        return [WindowResult(key, s, e, get(acc), q) for q, s, e, acc in emitted]
-
-
-class CountWindowOperator(StreamOperator):
-    """Count windows: ``count_window(size, slide)`` or several count definitions shared.
-
-    With an aggregate, each key has a :class:`CuttyAggregator` (in a value state) fed with
-    the key's records in order; with a process window function (one definition) each key
-    keeps its last ``size`` records. Only complete windows fire, except for definitions
-    with ``partial=True`` (Flink's ``countWindow(size, slide)``), whose partial initial
-    windows ``[0, k*slide)`` fire too (running prefix aggregates in a second value state
-    until the key has seen ``size`` records).
-
-    Args:
-        name, uid: operator identity.
-        key_selector: record -> key.
-        queries: count window definitions.
-        aggregate: the aggregate, or None.
-        process: a process window function (one definition), or None.
-    """
-
-    keyed = True
-
-    def __init__(self, name: str, uid: str, key_selector: Callable[[Any], Any],
-                 queries: list[CountWindows], *, aggregate: AggregateFunction | None,
-                 process: ProcessWindowFunction | None) -> None:
-        super().__init__(name, uid, key_selector)
-        assert (aggregate is None) != (process is None)
-        assert process is None or len(queries) == 1
-        self.queries = queries
-        self.agg = aggregate
-        self.fn = process
-        self.stats = AggregateStats()
-        self.state: ValueState
-
-    def open(self) -> None:
-        state = self.ctx.get_state(ValueStateDescriptor("count-windows"))
-        assert isinstance(state, ValueState)
-        self.state = state
-        prefix = self.ctx.get_state(ValueStateDescriptor("count-windows-prefix"))
-        assert isinstance(prefix, ValueState)
-        self.prefix = prefix
-        self.partial = any(q.partial for q in self.queries)
-
-    def process_batch(self, batch: list[Any]) -> list[Any]:
-        assert self.keyed_backend is not None and self.key_selector is not None
-        key_of = self.key_selector
-        groups: dict[Any, list[Any]] = {}
-        r = None
-        try:
-            for r in batch:
-                k = key_of(r)
-                g = groups.get(k)
-                if g is None:
-                    groups[k] = [r]
-                else:
-                    g.append(r)
-        except Exception as exc:
-            raise self.fail(r, exc) from exc
-        set_key = self.keyed_backend.set_current_key
-        out: list[Any] = []
-        for k, records in groups.items():
-            set_key(k)
-            try:
-                if self.agg is not None:
-                    self._aggregate(k, records, out)
-                else:
-                    self._process(k, records, out)
-            except Exception as exc:
-                raise self.fail(records[0], exc) from exc
-        return out
-
-    def _aggregate(self, key: Any, records: list[Any], out: list[Any]) -> None:
-        assert self.agg is not None
-        aggr: CuttyAggregator | None = self.state.value()
-        if aggr is None:
-            aggr = CuttyAggregator(self.queries, self.agg, self.stats)
-        elif aggr.agg is None:
-            aggr.bind(self.agg, self.stats)
-        if self.partial and aggr.position < max(q.size for q in self.queries):
-            self._partial_windows(key, int(aggr.position), records, out)
-        emitted: list[WindowEmission] = aggr.add_all(records)
-        self.state.update(aggr)
-        get = self.agg.get_result
-        out.extend(WindowResult(key, s, e, get(acc), q) for q, s, e, acc in emitted)
-
-    def _partial_windows(self, key: Any, position: int, records: list[Any],
-                         out: list[Any]) -> None:
-        """Fold the records of positions < size into each partial definition's prefix
-        aggregate; emit ``[0, p)`` at every multiple p of its slide below its size."""
-        agg = self.agg
-        assert agg is not None
-        accs: list[Any] = self.prefix.value() or [None] * len(self.queries)
-        for q, spec in enumerate(self.queries):
-            size, slide = int(spec.size), int(spec.slide)
-            if not spec.partial or position >= size:
-                continue
-            acc = accs[q] if accs[q] is not None else agg.create_accumulator()
-            pos = position
-            for r in records[: size - position]:
-                acc = agg.add(r, acc)
-                pos += 1
-                if pos % slide == 0 and pos < size:
-                    out.append(WindowResult(key, 0, pos, agg.get_result(acc), q))
-            accs[q] = acc if pos < size else None
-        if any(a is not None for a in accs):
-            self.prefix.update(accs)
-        else:
-            self.prefix.clear()
-
-    def _process(self, key: Any, records: list[Any], out: list[Any]) -> None:
-        assert self.fn is not None
-        spec = self.queries[0]
-        size, slide = int(spec.size), int(spec.slide)
-        cur = self.state.value()
-        position, recent = (0, []) if cur is None else cur
-        recent = list(recent)
-        for r in records:
-            recent.append(r)
-            position += 1
-            if spec.partial and position % slide == 0:
-                window = TimeWindow(max(0, position - size), position)
-                res = self.fn.process(key, window, recent[-size:])
-                if res is not None:
-                    out.extend(checked_outputs(res, "process"))
-            elif not spec.partial and position >= size and (position - size) % slide == 0:
-                window = TimeWindow(position - size, position)
-                res = self.fn.process(key, window, recent[-size:])
-                if res is not None:
-                    out.extend(checked_outputs(res, "process"))
-            if len(recent) > size:
-                del recent[: len(recent) - size]
-        self.state.update((position, recent))

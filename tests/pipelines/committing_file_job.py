@@ -126,12 +126,12 @@ class _WordReader(_CollectionReader):
             max_records = min(max_records, allowed)
         return await super().read_batch(max_records)
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         self.snapshots += 1
         if self.snapshots == _DECLINE_AT:
             _DECLINE["declined"] = True
             raise OSError(f"injected: the source declines its snapshot {self.snapshots}")
-        return super().snapshot_state()
+        return super().snapshot_state(checkpoint_id)
 
 
 class Count(KeyedProcessFunction):

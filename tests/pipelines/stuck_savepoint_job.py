@@ -36,7 +36,7 @@ class _EndlessReader(SourceReader):
         self.position += len(batch)
         return batch
 
-    def snapshot_state(self) -> list[Any]:
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         return [self.position]
 
     def restore_state(self, entries: list[Any]) -> None:

@@ -21,10 +21,10 @@ watermark are emitted before it, records after it after it).
   out attempts after a backoff. A call that fails for good fails the job with a
   :class:`~reactive.errors.UserFunctionError` naming the operator and the record, or, with
   ``on_failure="emit"``, is emitted in place of its result as an :class:`AsyncFailure`.
-- **End of input.** The calls still in flight are awaited in a mailbox action before the task
-  goes on to end its output. The task calls ``end_input`` and forwards the final watermark
-  synchronously, so those results follow the end-of-data event and the final watermark
-  downstream (see the limits in the README).
+- **End of input.** The task asks the operator to :meth:`~AsyncWaitOperator.drain` before it
+  forwards the final watermark: the calls still in flight are awaited and their results
+  emitted first, so an event-time operator downstream gets every result before its windows
+  close.
 
 The operator declares ``generates_watermarks`` so that its task stops the watermarks at it;
 it emits them again itself once the records before them are out (the final watermark, which

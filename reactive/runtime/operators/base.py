@@ -1,6 +1,8 @@
 """The operator base class and what every operator shares: the lifecycle and snapshot
-hooks, awaiting hooks that may be coroutines, per-instance copies of user functions, and the
-check of what a user function returns.
+hooks, the timer service of keyed operators (created by the operator's
+``timer_service_factory``, Flink's ``InternalTimeServiceManager``), awaiting hooks that may
+be coroutines, per-instance copies of user functions, and the check of what a user function
+returns.
 
 Each operator turns an input batch (``list``) into an output batch in a tight loop; a
 chain of operators in one task passes batches from one to the next without a queue. A user
@@ -21,11 +23,59 @@ from ...errors import UserFunctionError
 from ...functions import RuntimeContext
 from ...state.backend import KeyedStateBackend
 from ...state.operator_state import OperatorStateStore
+from ...time.clock import ProcessingClock
+from ...time.timers import Fire, InternalTimers, InternalTimerService
 
 if TYPE_CHECKING:
     from ...time.mailbox import OperatorMailbox
 
-__all__ = ["StreamOperator", "checked_outputs", "instance_copy", "maybe_await"]
+__all__ = ["StreamOperator", "TimerServiceFactory", "checked_outputs", "embedded_timer_service",
+           "instance_copy", "maybe_await", "restore_watermark", "snapshot_watermark"]
+
+WATERMARK_STATE = "operator-watermark"
+
+
+def restore_watermark(op: StreamOperator) -> float:
+    """The restored event time of an operator: the minimum of its union entries (-inf)."""
+    entries = op.operator_state.get_list_state(WATERMARK_STATE, "union").get()
+    return min((float(x) for x in entries), default=float("-inf"))
+
+
+def snapshot_watermark(op: StreamOperator, watermark: float) -> None:
+    """Keep ``watermark`` (seconds) in the operator's union state.
+
+    The final watermark of a bounded input (+inf, end of input, not event time) is not
+    kept: the entry stays at the last event time an earlier checkpoint recorded, so a run
+    that resumes the job's final checkpoint with more input (a source that continues after
+    its end, a file that grew) goes on from real event time instead of finding every record
+    late.
+    """
+    if watermark == float("inf"):
+        return
+    op.operator_state.get_list_state(WATERMARK_STATE, "union").update(
+        [watermark] if watermark > float("-inf") else [])
+
+
+TimerServiceFactory = Callable[["StreamOperator", ProcessingClock, Fire, Fire], InternalTimers]
+"""``factory(operator, clock, on_event_time, on_processing_time) -> timer service``: how a
+keyed operator gets its timers (Flink's ``InternalTimeServiceManager``), called in the
+operator's ``open`` after its state was restored."""
+
+
+def embedded_timer_service(op: StreamOperator, clock: ProcessingClock, on_event_time: Fire,
+                           on_processing_time: Fire) -> InternalTimerService:
+    """The runtime's timer service for ``op``: timers in its keyed state, processing-time
+    timers posted to its task's mailbox, event time and timers restored.
+
+    Raises:
+        AssertionError: for an operator without a keyed backend.
+    """
+    assert op.keyed_backend is not None, f"operator {op.name!r} has timers but is not keyed"
+    timers = InternalTimerService(op.keyed_backend, clock, op.mailbox, on_event_time,
+                                  on_processing_time)
+    timers.watermark = restore_watermark(op)
+    timers.restore()
+    return timers
 
 
 GENERATOR = types.GeneratorType
@@ -167,6 +217,8 @@ class StreamOperator:
         self.mailbox: OperatorMailbox | None = None
         self.records_in = 0
         self.records_out = 0
+        # replaced before ``open`` by a runner that keeps timers elsewhere (Spark)
+        self.timer_service_factory: TimerServiceFactory = embedded_timer_service
 
     def setup(
         self,
@@ -192,6 +244,19 @@ class StreamOperator:
 
     def open(self) -> None:
         """Called after restore, before the first record."""
+
+    def create_timer_service(self, clock: ProcessingClock, on_event_time: Fire,
+                             on_processing_time: Fire) -> InternalTimers:
+        """This keyed instance's timer service, from its ``timer_service_factory`` (in
+        ``open``): ``on_event_time`` / ``on_processing_time`` ``(timestamp, namespace) ->
+        outputs`` fire with the timer's key as the current key. Its event time is kept
+        with :meth:`snapshot_timers`."""
+        return self.timer_service_factory(self, clock, on_event_time, on_processing_time)
+
+    def snapshot_timers(self, timers: InternalTimers) -> None:
+        """Keep the event time of ``timers`` in operator state (the timers themselves are
+        keyed state): in ``snapshot_state``."""
+        snapshot_watermark(self, timers.watermark)
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
         """Process a batch; return the output batch."""

@@ -10,9 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ...time.clock import ProcessingClock
-from ...time.timers import InternalTimerService
+from ...time.timers import InternalTimers
 from .base import StreamOperator
-from .process import restore_watermark, snapshot_watermark
 
 __all__ = ["EventTimeOperator"]
 
@@ -39,16 +38,14 @@ class EventTimeOperator(StreamOperator):
         self.late_output = late_output
         self.emit_late = False
         self.late_records = 0
-        self.timers: InternalTimerService
+        self.timers: InternalTimers
 
     def _open_timers(self) -> None:
-        """Create the timer service, restore event time and the timers (in ``open``)."""
-        assert self.keyed_backend is not None
+        """Create the timer service, with its restored event time and timers (in
+        ``open``)."""
         self.emit_late = self.late_output()
-        self.timers = InternalTimerService(self.keyed_backend, self.clock, self.mailbox,
-                                           self.on_event_time, self.on_processing_time)
-        self.timers.watermark = restore_watermark(self)
-        self.timers.restore()
+        self.timers = self.create_timer_service(self.clock, self.on_event_time,
+                                                self.on_processing_time)
 
     def on_event_time(self, timestamp: float, namespace: Any) -> list[Any]:
         """An event-time timer of the current key fired; return the records to emit."""
@@ -73,7 +70,7 @@ class EventTimeOperator(StreamOperator):
             raise self.fail(f"watermark {timestamp}", exc) from exc
 
     def snapshot_state(self, checkpoint_id: int) -> None:
-        snapshot_watermark(self, self.timers.watermark)
+        self.snapshot_timers(self.timers)
 
     def close(self) -> None:
         if hasattr(self, "timers"):

@@ -1,6 +1,6 @@
 """The operators at the two ends of an iteration's loop: the head, which keeps the back-edge
 log of a checkpoint, and the tail, which passes the loop's feedback to the head (ABS paper,
-section 3.3, Algorithm 2; thesis section 3.4.4.4, Algorithm 7).
+section 3.3, Algorithm 2; Carbone 2018 (PhD thesis), section 3.4.4.4, Algorithm 7).
 
 Both pass records through unchanged; the protocol is run by the head's task
 (``reactive.runtime.iteration_head``).
@@ -75,4 +75,4 @@ class IterationTailOperator(StreamOperator):
     """The loop tail: the end of the step's feedback stream. Its task writes into the
     feedback channel of the head instance with the same index (the colocated head, as in
     Flink's ``StreamIterationTail``); the channel is unbounded, so the tail never blocks
-    (a bounded channel in a cycle can deadlock, thesis 6.4.3.2)."""
+    (a bounded channel in a cycle can deadlock, Carbone 2018 (PhD thesis), section 6.4.3.2)."""

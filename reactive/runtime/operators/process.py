@@ -16,8 +16,8 @@ from typing import Any
 
 from ...functions import ProcessFunction, TimeDomain
 from ...time.clock import ProcessingClock
-from ...time.timers import InternalTimerService, TimerService
-from .base import StreamOperator, instance_copy
+from ...time.timers import InternalTimers, TimerService
+from .base import StreamOperator, instance_copy, restore_watermark, snapshot_watermark
 from .record_calls import OutputConvention, call_once, call_per_record, output_convention
 
 __all__ = ["KeyedProcessOperator", "ProcessOperator", "TimedKeyedProcessOperator",
@@ -79,30 +79,6 @@ class KeyedProcessOperator(ProcessOperator):
                                "process_element", self.key_selector)
 
 
-WATERMARK_STATE = "operator-watermark"
-
-
-def restore_watermark(op: Any) -> float:
-    """The restored event time of an operator: the minimum of its union entries (-inf)."""
-    entries = op.operator_state.get_list_state(WATERMARK_STATE, "union").get()
-    return min((float(x) for x in entries), default=float("-inf"))
-
-
-def snapshot_watermark(op: Any, watermark: float) -> None:
-    """Keep ``watermark`` (seconds) in the operator's union state.
-
-    The final watermark of a bounded input (+inf, end of input, not event time) is not
-    kept: the entry stays at the last event time an earlier checkpoint recorded, so a run
-    that resumes the job's final checkpoint with more input (a source that continues after
-    its end, a file that grew) goes on from real event time instead of finding every record
-    late.
-    """
-    if watermark == float("inf"):
-        return
-    op.operator_state.get_list_state(WATERMARK_STATE, "union").update(
-        [watermark] if watermark > float("-inf") else [])
-
-
 class TimedKeyedProcessOperator(KeyedProcessOperator):
     """A :class:`KeyedProcessOperator` whose function may use ``ctx.timer_service``.
 
@@ -117,15 +93,12 @@ class TimedKeyedProcessOperator(KeyedProcessOperator):
                  key_selector: Callable[[Any], Any], clock: ProcessingClock) -> None:
         super().__init__(name, uid, fn, key_selector)
         self.clock = clock
-        self.timers: InternalTimerService
+        self.timers: InternalTimers
         self._timer_convention = OutputConvention.RETURNS
 
     def open(self) -> None:
-        assert self.keyed_backend is not None
-        self.timers = InternalTimerService(self.keyed_backend, self.clock, self.mailbox,
-                                           self._fire_event_time, self._fire_processing_time)
-        self.timers.watermark = restore_watermark(self)
-        self.timers.restore()
+        self.timers = self.create_timer_service(self.clock, self._fire_event_time,
+                                                self._fire_processing_time)
         self.ctx._timer_service = TimerService(self.timers)
         super().open()
         self._timer_convention = output_convention(getattr(self.fn, "on_timer", None), 2,
@@ -161,7 +134,7 @@ class TimedKeyedProcessOperator(KeyedProcessOperator):
         return out
 
     def snapshot_state(self, checkpoint_id: int) -> None:
-        snapshot_watermark(self, self.timers.watermark)
+        self.snapshot_timers(self.timers)
 
     def close(self) -> None:
         if hasattr(self, "timers"):

@@ -168,6 +168,9 @@ def call_per_record(
         else:
             assert op.keyed_backend is not None
             set_key = op.keyed_backend.set_current_key
+            clocks = op.ctx.ttl_clocks
+            for clock in clocks:
+                clock.freeze()
             if convention is OutputConvention.COLLECTS:
                 for r in batch:
                     set_key(key_of(r))
@@ -191,4 +194,8 @@ def call_per_record(
     except Exception as exc:
         where = None if side is None else f"input {side + 1} ({method})"
         raise op.fail(r, exc, where) from exc
+    finally:
+        if key_of is not None:
+            for clock in op.ctx.ttl_clocks:
+                clock.thaw()
     return out

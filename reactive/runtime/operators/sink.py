@@ -19,11 +19,10 @@ class SinkOperator(StreamOperator):
     """Hands batches to a :class:`~reactive.sinks.SinkWriter`; its ``snapshot_state`` entries
     are operator state (e.g. pre-committed transactions).
 
-    The entries are redistributed ``"split"`` when the parallelism changes, unless the
-    writer declares ``state_redistribution = "union"`` (two-phase-commit writers: every
-    instance must see every pending transaction, see ``reactive.two_phase_commit``). A
-    writer with an ``async start_fresh()`` method gets it called instead of
-    ``restore_state`` when there is nothing to restore, before the first record.
+    The entries are redistributed as the writer's ``state_redistribution`` says (``"union"``
+    for two-phase-commit writers: every instance must see every pending transaction, see
+    ``reactive.two_phase_commit``). Before the first record the writer gets
+    ``restore_state(entries)``, or ``start_fresh()`` when there is nothing to restore.
     """
 
     STATE = "sink-state"
@@ -39,7 +38,7 @@ class SinkOperator(StreamOperator):
         self.writer = self.sink.create_writer(subtask, parallelism)
 
     def _state(self) -> OperatorListState:
-        mode: RedistributionMode = getattr(self.writer, "state_redistribution", "split")
+        mode: RedistributionMode = self.writer.state_redistribution
         return self.operator_state.get_list_state(self.STATE, mode)
 
     async def restore(self) -> None:
@@ -49,9 +48,7 @@ class SinkOperator(StreamOperator):
         if entries:
             await maybe_await(self.writer.restore_state(entries))
             return
-        start_fresh = getattr(self.writer, "start_fresh", None)
-        if start_fresh is not None:
-            await maybe_await(start_fresh())
+        await maybe_await(self.writer.start_fresh())
 
     async def write(self, batch: list[Any]) -> None:
         """Write a batch, reporting a failure with the record the writer refused

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable
 
 from ...sources import Source, SourceReader
@@ -26,8 +25,6 @@ class SourceOperator(StreamOperator):
               keyed_backend: KeyedStateBackend | None) -> None:
         super().setup(subtask, parallelism, max_parallelism, keyed_backend)
         self.reader = self.source.create_reader(subtask, parallelism)
-        # snapshot_state(checkpoint_id) or snapshot_state() (see SourceReader.snapshot_state)
-        self._snapshot_takes_id = bool(inspect.signature(self.reader.snapshot_state).parameters)
 
     def open(self) -> None:
         restored = self.operator_state.get_list_state(
@@ -36,9 +33,7 @@ class SourceOperator(StreamOperator):
             self.reader.restore_state(restored.get())
 
     def snapshot_state(self, checkpoint_id: int) -> None:
-        reader = self.reader
-        entries = (reader.snapshot_state(checkpoint_id)  # type: ignore[call-arg]
-                   if self._snapshot_takes_id else reader.snapshot_state())
+        entries = self.reader.snapshot_state(checkpoint_id)
         self.operator_state.get_list_state(
             self.POSITION, self.source.state_redistribution).update(entries)
 

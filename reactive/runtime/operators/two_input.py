@@ -1,6 +1,6 @@
 """Two-input operators over connected streams: co-map, co-flat-map, co-process and keyed
 co-process (Flink's ``CoStreamMap``, ``CoStreamFlatMap``, ``CoProcessOperator`` and
-``KeyedCoProcessOperator``; the thesis's n-ary operators, section 3.3.1.1).
+``KeyedCoProcessOperator``; n-ary operators in Carbone 2018 (PhD thesis), section 3.3.1.1).
 
 A two-input operator is the head of its task's chain. The task reads both inputs' channels
 through one input gate, so barrier alignment covers the channels of both inputs as for any
