@@ -10,6 +10,11 @@ module level, inside functions, and under ``TYPE_CHECKING``).
 - A backend never imports another backend (cross-backend restore goes through the neutral
   key-group stream format in ``reactive.state``); backends never import reactive.connectors.
 - The time layer (timers, mailbox, watermarks) does not reach up into the task.
+- Packages are layered: each package of ``reactive`` (and each top-level module, and the
+  backends and connectors) imports only lower layers (``LAYERS``), except the imports
+  ``UPWARD`` lists with their reasons; those are the package cycles that remain
+  (checkpoint, embedding, time and graph with the runtime, state with time, two-phase-commit
+  sinks with the runtime's operators).
 """
 
 from __future__ import annotations
@@ -149,6 +154,99 @@ def test_the_time_layer_does_not_reach_into_the_task():
            if name.startswith("reactive.time") for target, _ in deps
            if target.startswith("reactive.runtime.task")]
     assert bad == []
+
+
+# ---------------------------------------------------------------- the layer rule
+# The units of the layer rule: each package of ``reactive`` (``reactive.checkpoint``), each
+# top-level module (``reactive.graph``), and the backends and connectors. A unit imports
+# only units of lower layers; the few imports against the layers are listed in UPWARD with
+# the reason each one is there.
+LAYERS: list[set[str]] = [
+    # errors, value serializers, the sink protocol
+    {"reactive.errors", "reactive.serialization", "reactive.sinks"},
+    # the source protocol, optional imports, the canonical key bytes, two-phase-commit sinks
+    {"reactive.sources", "reactive.extras", "reactive.key_encoding",
+     "reactive.two_phase_commit"},
+    {"reactive.keygroups"},
+    # keyed and operator state
+    {"reactive.state"},
+    # event time (clocks, watermarks, timers kept as keyed state), run options, the
+    # defaults named by string
+    {"reactive.time", "reactive.config", "reactive.defaults"},
+    # checkpoints (storage, metadata, lineage, the coordinator), user function interfaces,
+    # the logical graph the runtime expands
+    {"reactive.checkpoint", "reactive.functions", "reactive.graph"},
+    {"reactive.two_input_functions", "reactive.spi"},
+    # tasks, channels, operators, the execution graph, the job
+    {"reactive.runtime"},
+    # what is built on the runtime: embedding, windows, metrics, two-input streams
+    {"reactive.embedding", "reactive.windowing", "reactive.metrics_exporter",
+     "reactive.connected_streams"},
+    # columnar execution (its windows use windowing's assigners), joins, the test toolkit
+    {"reactive.columnar", "reactive.joined_streams", "reactive.testing"},
+    # the backends (they register the columnar state's reader), the fluent API
+    {"reactive.backends", "reactive.dataflow"},
+    # the entry points and the connectors
+    {"reactive", "reactive.cli", "reactive.connectors"},
+    {"reactive.__main__"},
+]
+RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
+
+# (importing module or package, imported module or package, why): imports against the
+# layers. Each one makes a cycle between two units; they are the package cycles left.
+UPWARD: list[tuple[str, str, str]] = [
+    ("reactive.checkpoint.coordinator", "reactive.runtime",
+     "the coordinator drives the tasks: it posts barrier injections and notifications "
+     "into their mailboxes (Flink keeps both in flink-runtime); a task protocol in "
+     "reactive.checkpoint would remove it"),
+    ("reactive.checkpoint.synchronous_snapshots", "reactive.runtime.task",
+     "the synchronous baseline suspends the source tasks' input (type only)"),
+    ("reactive.runtime.job", "reactive.embedding",
+     "the job handle is the application's entry to embedding: it makes results "
+     "iterators and answers state queries"),
+    ("reactive.runtime.job_runner", "reactive.embedding.state_query",
+     "an attempt that ends fails the live state queries still waiting"),
+    ("reactive.time.timestamps", "reactive.runtime.operators",
+     "assign_timestamps is an operator: it subclasses the runtime's StreamOperator"),
+    ("reactive.state.ttl_config", "reactive.time.clock",
+     "state time-to-live reads the processing-time clock"),
+    ("reactive.graph", "reactive.runtime.operators",
+     "a transformation's factory makes a runtime operator (type only)"),
+    ("reactive.two_phase_commit", "reactive.runtime.operators",
+     "awaits the user's sync-or-async hooks with the operators' maybe_await"),
+]
+
+
+def _unit(module: str) -> str:
+    """The unit of the layer rule that ``module`` belongs to."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _upward(name: str, target: str) -> bool:
+    return any(_within(name, a) and _within(target, b) for a, b, _ in UPWARD)
+
+
+def test_every_package_has_a_layer():
+    assert sorted({_unit(name) for name in MODULES} - set(RANK)) == []
+
+
+def test_packages_import_only_lower_layers():
+    bad = [f"{name} -> {target}" for name, deps in GRAPH.items() for target, _ in deps
+           if _unit(target) != _unit(name) and RANK[_unit(target)] >= RANK[_unit(name)]
+           and not _upward(name, target)]
+    assert bad == []
+
+
+def test_every_allowed_upward_import_is_used():
+    """An exception no module needs any more goes (the layering got better)."""
+    used = {(a, b) for a, b, _ in UPWARD for name, deps in GRAPH.items()
+            for target, _ in deps if _within(name, a) and _within(target, b)}
+    assert sorted({(a, b) for a, b, _ in UPWARD} - used) == []
 
 
 def test_the_module_map_lists_every_module():

@@ -64,7 +64,7 @@ def test_chunks_are_bounded_and_complete():
         list(chunks([1], 0))
 
 
-class _Gate:
+class _Mailbox:
     def __init__(self) -> None:
         self.posted: list[Any] = []
 
@@ -87,7 +87,8 @@ async def test_a_checkpoint_completes_only_once_its_metadata_is_durable(
     coordinator = CheckpointCoordinator(
         CheckpointConfig(interval=None, directory=tmp_path, max_concurrent=1), storage, "j",
         16, [OperatorInfo("op", "op", 1, False)], 1, [])
-    task = SimpleNamespace(task_id="op (1/1)", subtask=0, source=None, gate=_Gate(),
+    mailbox = _Mailbox()
+    task = SimpleNamespace(task_id="op (1/1)", subtask=0, source=None, post=mailbox.post,
                            checkpointing=SimpleNamespace(synchronous=False))
     coordinator.attach([task])  # type: ignore[list-item]
     runner = asyncio.create_task(coordinator.run())
@@ -102,14 +103,14 @@ async def test_a_checkpoint_completes_only_once_its_metadata_is_durable(
         await asyncio.sleep(0)
     # the metadata is being written: not completed, nobody notified, and the slot is held
     assert coordinator.latest_completed is None and not first.done()
-    assert task.gate.posted == []
+    assert mailbox.posted == []
     assert coordinator.next_id == 2 and not second.done()
     release.set()
     await ack
     assert (await first).checkpoint_id == 1
     assert coordinator.latest_completed is not None
     assert (storage.checkpoint_dir(1) / "_metadata").exists()
-    assert len(task.gate.posted) == 1  # the completion notification
+    assert len(mailbox.posted) == 1  # the completion notification
     while coordinator.next_id == 2:
         await asyncio.sleep(0)  # the freed slot lets checkpoint 2 trigger
     coordinator.shutdown("test over")

@@ -140,7 +140,7 @@ async def test_a_task_waiting_for_room_downstream_keeps_its_batches_whole() -> N
     job = await flow.start()
     slices: list[int] = []
     while job.status in ("created", "running"):  # sample the cheap task's slice meanwhile
-        slices += [task._slice for task in job._tasks if task.name == "map"]
+        slices += [task._slice for task in job._runner.tasks if task.name == "map"]
         await asyncio.sleep(0)
     await job.wait()
     assert sorted(sink.records) == list(range(1, n + 1))

@@ -144,9 +144,14 @@ class CheckpointCoordinator:
         self._slot_free.set()
         self.synchronous = config.mode == "synchronous"
 
-    def attach(self, tasks: list[StreamTask]) -> None:
-        """Register the job's tasks (sources are those with a source operator); in the
-        synchronous mode, tell each task to write its snapshots before it goes on."""
+    def attach(self, tasks: list[StreamTask],
+               operators: Sequence[OperatorInfo] | None = None) -> None:
+        """Register the job's tasks (sources are those with a source operator) and, when
+        given, its operators (known once the execution graph made their instances; None
+        keeps those given to the constructor); in the synchronous mode, tell each task to
+        write its snapshots before it goes on."""
+        if operators is not None:
+            self.operators = {op.uid: op for op in operators}
         self.tasks = tasks
         self.sources = [t for t in tasks if t.source is not None]
         if self.config.unaligned and any(t.is_iteration_head for t in tasks):
@@ -236,7 +241,7 @@ class CheckpointCoordinator:
         barrier = CheckpointBarrier(cid, stats.trigger_time, "savepoint" if kind == "savepoint"
                                     else "checkpoint", unaligned)
         for task in self.sources:
-            task.gate.post(functools.partial(task.trigger_checkpoint, barrier))
+            task.post(functools.partial(task.trigger_checkpoint, barrier))
         if self.synchronous:
             # halted right behind the barrier until the checkpoint completes or is aborted
             halt_sources(self.sources, pending.done)
@@ -365,7 +370,7 @@ class CheckpointCoordinator:
             self._committing[p.checkpoint_id] = p
             waiting = {t.task_id for t in self.tasks}
             for task in self.tasks:
-                task.gate.post(functools.partial(self._notify_complete, task, p, waiting))
+                task.post(functools.partial(self._notify_complete, task, p, waiting))
         # resolved after the notifications are queued, so whoever waits for this checkpoint
         # (e.g. the final one) acts after every task was told to commit
         p.complete(completed)
@@ -441,7 +446,7 @@ class CheckpointCoordinator:
         self._discard_in_background(p.checkpoint_id)
         self._free_slot()
         for task in self.tasks:
-            task.gate.post(functools.partial(task.notify_checkpoint_aborted, p.checkpoint_id))
+            task.post(functools.partial(task.notify_checkpoint_aborted, p.checkpoint_id))
         log.warning("checkpoint %d aborted: %s", p.checkpoint_id, reason)
         if why.counts_as_failure:
             self.consecutive_failures += 1

@@ -24,8 +24,6 @@ cost the asynchronous barrier snapshots avoid, which is what this mode is for (c
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -40,30 +38,19 @@ def halt_sources(sources: Sequence[StreamTask], until: asyncio.Future[Any]) -> N
     is done (the pending checkpoint completed, was aborted, or the attempt ended).
 
     A held source runs the mailbox actions posted to it meanwhile (checkpoint completion or
-    abort notifications, state queries) but reads no input. Post it right behind the
-    barrier-injection actions, so the sources halt right after injecting the barrier.
+    abort notifications, state queries) but reads no input
+    (:meth:`~reactive.runtime.task_mailbox.TaskMailbox.suspend_default_action`). Post it
+    right behind the barrier-injection actions, so the sources halt right after injecting
+    the barrier.
 
     Args:
         sources: the job's source tasks.
         until: resolved (with a result or an exception) when the sources may read again.
     """
-    for task in sources:
-        task.gate.post(functools.partial(_hold, task, until))
+    suspensions = [task.mailbox.suspend_default_action() for task in sources]
 
-    def wake(_: asyncio.Future[Any]) -> None:
-        for task in sources:
-            task.gate.post(_no_op)  # a held task waits in its mailbox: let it see ``until``
+    def resume(_: asyncio.Future[Any]) -> None:
+        for suspension in suspensions:
+            suspension.resume()
 
-    until.add_done_callback(wake)
-
-
-async def _hold(task: StreamTask, until: asyncio.Future[Any]) -> None:
-    while not until.done():
-        _, action = await task.gate.get()
-        result = action()
-        if inspect.isawaitable(result):
-            await result
-
-
-def _no_op() -> None:
-    return None
+    until.add_done_callback(resume)

@@ -5,7 +5,8 @@ batches (``list``) and control events in order. Its capacity is counted in items
 events): a producer awaiting ``put`` on a full channel is backpressure, as with anyio's
 ``create_memory_object_stream(max_buffer_size)``. The :class:`InputGate` multiplexes a task's
 input channels, can *block* a channel (barrier alignment keeps its items queued, in order),
-and carries the task's mailbox (actions posted by the coordinator, run between batches).
+and delivers the task's mail (:class:`~.task_mailbox.TaskMailbox`) before any input, so a task
+waiting for input wakes for mail too.
 
 An unaligned checkpoint's barrier is put *ahead* of the items queued in a channel
 (:meth:`Channel.put_overtaking`; Flink's priority events): the gate delivers it before any
@@ -19,6 +20,8 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+from .task_mailbox import TaskMailbox
 
 __all__ = ["Channel", "InputGate", "OvertakingBarrier"]
 
@@ -147,21 +150,28 @@ class Channel:
 
 
 class InputGate:
-    """A task's input channels plus its mailbox.
+    """A task's input channels, read together with its mailbox.
 
     ``get()`` returns ``(channel_index, item)`` from an unblocked channel with data (round
     robin, so no channel starves) or ``(-1, action)`` for a mailbox action, which takes
     precedence. Blocking a channel leaves its queued items in place, in order.
+
+    Args:
+        channels: the input channels, in the order of their indices.
+        mailbox: the task's mailbox (a fresh one when omitted, e.g. a gate read alone).
     """
 
-    def __init__(self, channels: list[Channel]) -> None:
+    def __init__(self, channels: list[Channel], mailbox: TaskMailbox | None = None) -> None:
         self.channels = channels
         for i, ch in enumerate(channels):
             ch.index = i
             ch._gate = self
         self._next = 0
         self._waiter: asyncio.Future[None] | None = None
-        self._mail: deque[Callable[[], Any]] = deque()
+        self.mailbox = mailbox if mailbox is not None else TaskMailbox()
+        self.mailbox.bind(self._wake)
+        # the mailbox's queue, read first by get()
+        self._mail = self.mailbox.queue
         self._priority: Channel | None = None
         self._priority_threshold = 0
         # overtaking barriers queued in the channels (delivered before anything else)
@@ -180,11 +190,6 @@ class InputGate:
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
-
-    def post(self, action: Callable[[], Any]) -> None:
-        """Queue a mailbox action; it runs in the task between two batches."""
-        self._mail.append(action)
-        self._wake()
 
     def block(self, index: int) -> None:
         """Stop delivering items of channel ``index`` (alignment)."""

@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import sys
 from dataclasses import dataclass
+from typing import cast
 
+from ..checkpoint.coordinator import OperatorInfo
 from ..checkpoint.off_loop import in_thread
 from ..checkpoint.state_assignment_operation import StateAssignmentOperation
 from ..errors import ConfigurationError, RestoreError
@@ -36,6 +38,7 @@ from .partitioner import (
 )
 from .record_writer import RecordWriter
 from .task import StreamTask, TaskEnvironment
+from .task_mailbox import TaskMailbox
 
 __all__ = ["ExecutionGraph", "validate"]
 
@@ -105,6 +108,56 @@ def validate(transformations: list[Transformation], default_parallelism: int,
             )
 
 
+def _parallelisms(transformations: list[Transformation],
+                  default_parallelism: int) -> dict[int, int]:
+    """Each transformation's parallelism, by id; a loop's tail gets its head's (tail
+    instance i feeds head instance i)."""
+    par = {t.id: _parallelism(t, default_parallelism) for t in transformations}
+    for t in transformations:
+        if t.loop_head is not None:
+            par[t.id] = par[t.loop_head.id]
+    return par
+
+
+def _chain(transformations: list[Transformation],
+           par: dict[int, int]) -> tuple[list[_Chain], dict[int, _Chain]]:
+    """Chain operators: a transformation joins its input's chain when the edge is forward,
+    the parallelisms are equal and it is that input's only consumer. Returns the chains in
+    construction order and each transformation's chain, by id."""
+    consumers: dict[int, list[tuple[Transformation, Edge]]] = {t.id: [] for t in transformations}
+    for t in transformations:
+        for e in t.inputs:
+            consumers[e.upstream.id].append((t, e))
+    chain_of: dict[int, _Chain] = {}
+    chains: list[_Chain] = []
+    for t in transformations:
+        if len(t.inputs) == 1:
+            e = t.inputs[0]
+            up = e.upstream
+            # an iteration head runs alone in its task: the operators after it must
+            # snapshot when the barrier passes them, the head when it comes back
+            if (e.partitioning == "forward" and par[up.id] == par[t.id]
+                    and len(consumers[up.id]) == 1 and chain_of[up.id].tail is up
+                    and t.kind != "iteration_head" and up.kind != "iteration_head"):
+                chain = chain_of[up.id]
+                chain.transformations.append(t)
+                chain_of[t.id] = chain
+                continue
+        chain = _Chain([t], par[t.id])
+        chains.append(chain)
+        chain_of[t.id] = chain
+    return chains, chain_of
+
+
+def _task_names(chains: list[_Chain]) -> dict[int, str]:
+    """Task names by ``id(chain)``. They identify tasks (checkpoint acknowledgements,
+    statistics, logs): two chains with the same display name (two sources called
+    "collection") get their head's uid, which is unique, added."""
+    names = [c.name for c in chains]
+    return {id(c): c.name if names.count(c.name) == 1
+            else f"{c.name} [{c.head.resolved_uid}]" for c in chains}
+
+
 class ExecutionGraph:
     """Tasks and channels of one job attempt.
 
@@ -130,38 +183,9 @@ class ExecutionGraph:
     ) -> None:
         validate(transformations, default_parallelism, max_parallelism)
         self.max_parallelism = max_parallelism
-        par = {t.id: _parallelism(t, default_parallelism) for t in transformations}
-        for t in transformations:
-            if t.loop_head is not None:
-                # a tail instance feeds the head instance with its index
-                par[t.id] = par[t.loop_head.id]
-        consumers: dict[int, list[tuple[Transformation, Edge]]] = {t.id: [] for t in transformations}
-        for t in transformations:
-            for e in t.inputs:
-                consumers[e.upstream.id].append((t, e))
-
-        # chaining
-        chain_of: dict[int, _Chain] = {}
-        chains: list[_Chain] = []
-        for t in transformations:
-            if len(t.inputs) == 1:
-                e = t.inputs[0]
-                up = e.upstream
-                # an iteration head runs alone in its task: the operators after it must
-                # snapshot when the barrier passes them, the head when it comes back
-                if (e.partitioning == "forward" and par[up.id] == par[t.id]
-                        and len(consumers[up.id]) == 1 and chain_of[up.id].tail is up
-                        and t.kind != "iteration_head" and up.kind != "iteration_head"):
-                    chain = chain_of[up.id]
-                    chain.transformations.append(t)
-                    chain_of[t.id] = chain
-                    continue
-            chain = _Chain([t], par[t.id])
-            chains.append(chain)
-            chain_of[t.id] = chain
-        self.parallelism = par
+        self.parallelism = _parallelisms(transformations, default_parallelism)
         self.operator_transformations = transformations
-
+        chains, chain_of = _chain(transformations, self.parallelism)
         # channels: inputs[chain head id][subtask] -> channels, writers[tail id][subtask]
         inputs: dict[int, list[list[Channel]]] = {
             c.head.id: [[] for _ in range(c.parallelism)] for c in chains
@@ -170,96 +194,17 @@ class ExecutionGraph:
             c.tail.id: [[] for _ in range(c.parallelism)] for c in chains
         }
         for c in chains:
-            for e in c.head.inputs:
-                up, p_up, p_down = e.upstream, par[e.upstream.id], c.parallelism
-                kind = e.partitioning
-                if kind == "forward" and p_up != p_down:
-                    kind = "rebalance"
-                for i in range(p_up):
-                    targets = [i] if kind == "forward" else list(range(p_down))
-                    channels = []
-                    for j in targets:
-                        ch = Channel(channel_capacity, f"{up.name}#{i}->{c.head.name}#{j}",
-                                     e.side)
-                        inputs[c.head.id][j].append(ch)
-                        channels.append(ch)
-                    partitioner: Partitioner
-                    if kind == "forward":
-                        partitioner = ForwardPartitioner(1)
-                    elif kind == "rebalance":
-                        partitioner = RebalancePartitioner(p_down, start=i)
-                    elif kind == "broadcast":
-                        partitioner = BroadcastPartitioner(p_down)
-                    else:
-                        assert e.key_selector is not None
-                        # a columnar key_by's selector makes its own (vectorized) partitioner
-                        create = getattr(e.key_selector, "create_partitioner", None)
-                        partitioner = create(p_down, max_parallelism, c.head.resolved_uid) \
-                            if create is not None else KeyGroupPartitioner(
-                                p_down, e.key_selector, max_parallelism,
-                                key_serializer=e.key_serializer, operator=c.head.resolved_uid)
-                    # what an unaligned checkpoint's in-flight records need to be handed
-                    # out again at another parallelism
-                    for ch in channels:
-                        ch.broadcast = kind == "broadcast"
-                        if isinstance(partitioner, KeyGroupPartitioner):
-                            ch.key_group_of = partitioner.key_group_of
-                    writers[up.id][i].append(
-                        RecordWriter(partitioner, channels, up.batch_size or batch_size))
-
-        # feedback channels of iterations: tail instance i -> head instance i, unbounded
-        # (a bounded channel in a cycle can deadlock), last in the head's gate
-        quiescence: dict[int, LoopQuiescence] = {}
-        for t in transformations:
-            head = t.loop_head
-            if head is None:
-                continue
-            quiescence[head.id] = LoopQuiescence(par[head.id])
-            for i in range(par[head.id]):
-                ch = Channel(sys.maxsize, f"{t.name}#{i}->{head.name}#{i} (feedback)")
-                inputs[head.id][i].append(ch)
-                writers[chain_of[t.id].tail.id][i].append(
-                    RecordWriter(ForwardPartitioner(1), [ch], batch_size))
-
-        # task names identify tasks (checkpoint acknowledgements, statistics, logs): two
-        # chains with the same display name (two sources called "collection") get their
-        # head's uid, which is unique, added
-        names = [c.name for c in chains]
-        task_names = {id(c): c.name if names.count(c.name) == 1
-                      else f"{c.name} [{c.head.resolved_uid}]" for c in chains}
-
-        # tasks
+            self._connect_inputs(c, inputs, writers, batch_size, channel_capacity)
+        quiescence = self._connect_feedback(chain_of, inputs, writers, batch_size)
         self.tasks: list[StreamTask] = []
         self.channels: list[Channel] = []
         self._instances: list[_InstanceRestore] = []
+        task_names = _task_names(chains)
         for c in chains:
             for i in range(c.parallelism):
-                operators = []
-                for t in c.transformations:
-                    op = t.factory()
-                    keyed_backend = None
-                    kgr = None
-                    if op.keyed:
-                        kgr = key_group_range_for_operator(i, c.parallelism, max_parallelism)
-                        # an operator with its own kind of keyed state (columnar
-                        # aggregates) names the state backend that holds it
-                        factory = getattr(op, "keyed_state_backend", None)
-                        backend = factory(state_backend) if factory is not None \
-                            else state_backend
-                        keyed_backend = backend.create_keyed_backend(
-                            job_name=env.job_name, operator_uid=op.uid, subtask=i,
-                            key_group_range=kgr, max_parallelism=max_parallelism,
-                        )
-                        # the backend computes key groups from the same bytes as the partitioner
-                        key_serializer = next((e.key_serializer for e in t.inputs
-                                               if e.key_serializer is not None), None)
-                        if key_serializer is not None:
-                            bind_key_serializer(keyed_backend, key_serializer, op.uid)
-                    op.setup(i, c.parallelism, max_parallelism, keyed_backend)
-                    self._instances.append(
-                        _InstanceRestore(op, keyed_backend, i, c.parallelism, kgr))
-                    operators.append(op)
-                gate = InputGate(inputs[c.head.id][i])
+                operators = [self._create_operator(t, i, c.parallelism, env, state_backend)
+                             for t in c.transformations]
+                gate = InputGate(inputs[c.head.id][i], TaskMailbox())
                 self.channels.extend(gate.channels)
                 task_name = task_names[id(c)]
                 if c.head.kind == "iteration_head":
@@ -269,6 +214,112 @@ class ExecutionGraph:
                 else:
                     self.tasks.append(StreamTask(env, task_name, i, c.parallelism,
                                                  operators, gate, writers[c.tail.id][i]))
+
+    def _connect_inputs(self, c: _Chain, inputs: dict[int, list[list[Channel]]],
+                        writers: dict[int, list[list[RecordWriter]]], batch_size: int,
+                        channel_capacity: int) -> None:
+        """The channels of chain ``c``'s input edges: point-wise for forward edges,
+        all-to-all for the others; each producer instance gets a record writer per edge."""
+        par = self.parallelism
+        for e in c.head.inputs:
+            up, p_up, p_down = e.upstream, par[e.upstream.id], c.parallelism
+            kind = e.partitioning
+            if kind == "forward" and p_up != p_down:
+                kind = "rebalance"
+            for i in range(p_up):
+                targets = [i] if kind == "forward" else list(range(p_down))
+                channels = []
+                for j in targets:
+                    ch = Channel(channel_capacity, f"{up.name}#{i}->{c.head.name}#{j}",
+                                 e.side)
+                    inputs[c.head.id][j].append(ch)
+                    channels.append(ch)
+                partitioner = self._partitioner(e, kind, i, p_down, c.head)
+                # what an unaligned checkpoint's in-flight records need to be handed
+                # out again at another parallelism
+                for ch in channels:
+                    ch.broadcast = kind == "broadcast"
+                    if isinstance(partitioner, KeyGroupPartitioner):
+                        ch.key_group_of = partitioner.key_group_of
+                writers[up.id][i].append(
+                    RecordWriter(partitioner, channels, up.batch_size or batch_size))
+
+    def _partitioner(self, e: Edge, kind: str, producer: int, p_down: int,
+                     consumer: Transformation) -> Partitioner:
+        """The partitioner of producer instance ``producer`` on edge ``e`` (``kind`` is
+        the edge's partitioning, forward turned rebalance between unequal parallelisms)."""
+        if kind == "forward":
+            return ForwardPartitioner(1)
+        if kind == "rebalance":
+            return RebalancePartitioner(p_down, start=producer)
+        if kind == "broadcast":
+            return BroadcastPartitioner(p_down)
+        assert e.key_selector is not None
+        # a columnar key_by's selector makes its own (vectorized) partitioner
+        create = getattr(e.key_selector, "create_partitioner", None)
+        if create is not None:
+            return cast(Partitioner, create(p_down, self.max_parallelism, consumer.resolved_uid))
+        return KeyGroupPartitioner(p_down, e.key_selector, self.max_parallelism,
+                                   key_serializer=e.key_serializer,
+                                   operator=consumer.resolved_uid)
+
+    def _connect_feedback(self, chain_of: dict[int, _Chain],
+                          inputs: dict[int, list[list[Channel]]],
+                          writers: dict[int, list[list[RecordWriter]]],
+                          batch_size: int) -> dict[int, LoopQuiescence]:
+        """The feedback channels of iterations: tail instance i -> head instance i,
+        unbounded (a bounded channel in a cycle can deadlock), last in the head's gate.
+        Returns each loop head's quiescence detection, by the head's id."""
+        par = self.parallelism
+        quiescence: dict[int, LoopQuiescence] = {}
+        for t in self.operator_transformations:
+            head = t.loop_head
+            if head is None:
+                continue
+            quiescence[head.id] = LoopQuiescence(par[head.id])
+            for i in range(par[head.id]):
+                ch = Channel(sys.maxsize, f"{t.name}#{i}->{head.name}#{i} (feedback)")
+                inputs[head.id][i].append(ch)
+                writers[chain_of[t.id].tail.id][i].append(
+                    RecordWriter(ForwardPartitioner(1), [ch], batch_size))
+        return quiescence
+
+    def _create_operator(self, t: Transformation, subtask: int, parallelism: int,
+                         env: TaskEnvironment, state_backend: StateBackend) -> StreamOperator:
+        """Instance ``subtask`` of ``t``'s operator, set up with its keyed state backend
+        (for a keyed operator) and remembered for :meth:`restore`."""
+        max_parallelism = self.max_parallelism
+        op = t.factory()
+        keyed_backend = None
+        kgr = None
+        if op.keyed:
+            kgr = key_group_range_for_operator(subtask, parallelism, max_parallelism)
+            # an operator with its own kind of keyed state (columnar
+            # aggregates) names the state backend that holds it
+            factory = getattr(op, "keyed_state_backend", None)
+            backend = factory(state_backend) if factory is not None \
+                else state_backend
+            keyed_backend = backend.create_keyed_backend(
+                job_name=env.job_name, operator_uid=op.uid, subtask=subtask,
+                key_group_range=kgr, max_parallelism=max_parallelism,
+            )
+            # the backend computes key groups from the same bytes as the partitioner
+            key_serializer = next((e.key_serializer for e in t.inputs
+                                   if e.key_serializer is not None), None)
+            if key_serializer is not None:
+                bind_key_serializer(keyed_backend, key_serializer, op.uid)
+        op.setup(subtask, parallelism, max_parallelism, keyed_backend)
+        self._instances.append(
+            _InstanceRestore(op, keyed_backend, subtask, parallelism, kgr))
+        return op
+
+    def operator_infos(self) -> list[OperatorInfo]:
+        """What the checkpoint metadata records of each operator besides its state: uid,
+        name, parallelism, and whether its instances are keyed."""
+        keyed = {inst.operator.uid for inst in self._instances if inst.operator.keyed}
+        return [OperatorInfo(t.resolved_uid, t.name, self.parallelism[t.id],
+                             t.resolved_uid in keyed)
+                for t in self.operator_transformations]
 
     async def restore(self, assignment: StateAssignmentOperation) -> None:
         """Install a checkpoint's state into every operator instance, before the tasks run.

@@ -53,9 +53,8 @@ from .events import (
     EndOfInput,
     LoopProbe,
 )
-from .operators import maybe_await
 from .operators.iteration import IterationHeadOperator
-from .task import TIME_SLICE, StreamTask
+from .task import StreamTask
 
 __all__ = ["IterationHeadTask", "LoopQuiescence"]
 
@@ -118,6 +117,8 @@ class IterationHeadTask(StreamTask):
         self._round = -1
         self._round_feedback = 0
         self._loop_ended = False
+        # regular inputs whose EndOfInput has not come yet
+        self._external_open = 0
 
     async def _broadcast(self, event: Any) -> None:
         # the head forwards a barrier when it is aligned, before the loop sees it; the
@@ -133,70 +134,60 @@ class IterationHeadTask(StreamTask):
                 f"iteration {self.head.name!r}: a loop needs aligned exactly-once "
                 "checkpoints (CheckpointConfig(mode='exactly_once')); at-least-once and "
                 "synchronous snapshots cannot snapshot a cycle")
-        gate = self.gate
-        channels = gate.channels
-        feedback = self.feedback
-        external = len(channels) - 1
-        live = external
-        feedback_open = True
-        data_ended: set[int] = set()
         restored = self.head.take_restored_log()
         if restored:
             # Algorithm 7: the records inside the loop at the checkpoint go around again
             # before any new input
             self.records_in += len(restored)
             await self._push(restored, 0)
-        last_flush = time.monotonic()
-        timeout = self.env.buffer_timeout
-        while live or feedback_open:
-            if gate.is_idle():
-                await self._flush()
-                last_flush = self._last_yield = time.monotonic()
-            idx, item = await gate.get()
-            if idx < 0:
-                await maybe_await(item())
-                continue
-            if type(item) is list:
-                self.records_in += len(item)
-                if idx == feedback:
-                    if self._loop_ended:
-                        raise ReactiveError(
-                            f"iteration {self.head.name!r}: feedback record {item[0]!r} after "
-                            "the loop had ended (an operator in the loop emitted it at the "
-                            "end of input; loops cannot produce records then)")
-                    self.head.log_feedback(item)
-                    self._round_feedback += len(item)
-                now = await self._push_input(item, False)
-                if now - last_flush >= timeout:
-                    await self._flush()
-                    last_flush = now
-                if now - self._last_yield >= TIME_SLICE:
-                    await self.share_loop()
-            elif idx == feedback:
-                if isinstance(item, CheckpointBarrier):
-                    await self._barrier_returned(item)
-                elif isinstance(item, LoopProbe):
-                    if item.loop == self.head.uid and item.round == self._round:
-                        self.quiescence.report(self.subtask, item.round, self._round_feedback)
-                elif isinstance(item, EndOfInput):
-                    channels[idx].finished = True
-                    feedback_open = False
-                # watermarks and statuses coming back around are dropped (module docstring)
-            elif isinstance(item, CheckpointBarrier):
-                await self._on_barrier(idx, item)
-            elif isinstance(item, EndOfData):
-                data_ended.add(idx)
-                if len(data_ended) == external:
-                    self._start_round()
+        # the regular inputs and the feedback channel; the output ends when the regular
+        # inputs have (_on_head_event), the loop when the feedback channel has
+        self._external_open = self.feedback
+        self._open_inputs = self.feedback + 1
+        await self._process_input(self._on_head_event, self._on_batch)
+
+    def _on_batch(self, idx: int, batch: list[Any]) -> None:
+        """A record batch: one from the feedback channel is logged (Algorithm 2) and
+        counted for the quiescence round."""
+        if idx != self.feedback:
+            return
+        if self._loop_ended:
+            raise ReactiveError(
+                f"iteration {self.head.name!r}: feedback record {batch[0]!r} after "
+                "the loop had ended (an operator in the loop emitted it at the "
+                "end of input; loops cannot produce records then)")
+        self.head.log_feedback(batch)
+        self._round_feedback += len(batch)
+
+    async def _on_head_event(self, idx: int, item: Any) -> None:
+        """A control event: regular inputs' barriers are aligned here, the feedback
+        channel brings barriers and probes back; watermarks and statuses are dropped (the
+        module's docstring: regular inputs' watermarks are held back until the loop ends,
+        what comes back around is ignored)."""
+        if idx == self.feedback:
+            if isinstance(item, CheckpointBarrier):
+                await self._barrier_returned(item)
+            elif isinstance(item, LoopProbe):
+                if item.loop == self.head.uid and item.round == self._round:
+                    self.quiescence.report(self.subtask, item.round, self._round_feedback)
             elif isinstance(item, EndOfInput):
-                channels[idx].finished = True
-                live -= 1
-                if self._aligning is not None:
-                    await self._maybe_aligned()
-                if not live:
-                    # the loop's tasks end their input, then the tail ends the feedback
-                    await self._end_input()
-            # regular inputs' watermarks are held back until the loop ends
+                self.gate.channels[idx].finished = True
+                self._open_inputs -= 1
+        elif isinstance(item, CheckpointBarrier):
+            await self._on_barrier(idx, item)
+        elif isinstance(item, EndOfData):
+            self._data_ended.add(idx)
+            if len(self._data_ended) == self.feedback:
+                self._start_round()
+        elif isinstance(item, EndOfInput):
+            self.gate.channels[idx].finished = True
+            self._open_inputs -= 1
+            self._external_open -= 1
+            if self._aligning is not None:
+                await self._maybe_aligned()
+            if not self._external_open:
+                # the loop's tasks end their input, then the tail ends the feedback
+                await self._end_input()
 
     # ------------------------------------------------------------------ checkpoints
     async def _on_barrier(self, idx: int, barrier: CheckpointBarrier) -> None:

@@ -1,11 +1,10 @@
-"""Running a dataflow: the job handle, attempts, and the restart strategy.
+"""The job handle: what ``Dataflow.start`` returns to the application (Flink's
+``JobClient``): wait, cancel, stop, checkpoints and savepoints, committed results, state
+queries and metrics.
 
-A :class:`Job` runs attempts until one finishes. Each attempt builds the execution graph,
-restores the latest completed checkpoint (or the one asked for), and runs every task, the
-checkpoint coordinator and the asynchronous snapshot parts in one ``asyncio.TaskGroup``:
-the first failure cancels everything else in the attempt (structured concurrency). The
-restart strategy then decides whether a new attempt starts from the latest completed
-checkpoint or the failure reaches the caller as :class:`~reactive.errors.JobFailedError`.
+The handle owns the run's one asyncio task and the locks of its directories; the attempts
+themselves (wiring, restore selection, restarts, the final checkpoint) are the
+:class:`~reactive.runtime.job_runner.JobRunner`'s.
 
 Savepoints (Flink's savepoints and stop-with-savepoint; Carbone 2018 (PhD thesis), section 4.2):
 ``job.savepoint(path)`` takes a self-contained checkpoint of kind ``savepoint`` and moves it to
@@ -24,151 +23,57 @@ import functools
 import logging
 import os
 import uuid
-from collections.abc import Coroutine
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from ..checkpoint.completed_checkpoint_store import CompletedCheckpointStore
-from ..checkpoint.coordinator import CheckpointCoordinator, OperatorInfo
 from ..checkpoint.durable_files import sync_created
-from ..checkpoint.lineage import (
-    ReplayPolicy,
-    committed_output,
-    lineage_candidates,
-    resume_candidates,
-    select_restore,
-)
+from ..checkpoint.lineage import committed_output
 from ..checkpoint.metadata import CompletedCheckpoint
 from ..checkpoint.off_loop import in_thread
 from ..checkpoint.savepoints import move_savepoint
 from ..checkpoint.state_assignment_operation import StateAssignmentOperation
 from ..checkpoint.stats import DEFAULT_HISTORY, CheckpointHistory
 from ..checkpoint.storage import CheckpointStorage
-from ..config import CheckpointConfig, RestartStrategy
 from ..embedding.committed_results import DEFAULT_CAPACITY, CommittedResults
 from ..embedding.state_query import CommittedStateCache, StateQueryError, query_live
 from ..errors import (
     CheckpointError,
-    CheckpointProgressError,
     ConfigurationError,
     JobCancelledError,
-    JobFailedError,
     ReactiveError,
     RestoreError,
     StateNotReadyError,
-    StateSerializationError,
 )
 from ..sinks import Sink
-from ..state.backend import StateBackend
-from ..two_phase_commit import TwoPhaseCommitSink
 from .directory_lock import DirectoryLock
-from .execution_graph import ExecutionGraph, validate
+from .execution_graph import validate
+from .job_runner import JobOptions, JobRunner, JobStatus
 from .metrics import JobMetrics
-from .operators import maybe_await
+from .operators import SinkOperator
 from .source_lifecycle import describe_end, read_accepted_input, tell_end, tell_start
 from .switch_interval import short_switch_interval
-from .task import StreamTask, TaskEnvironment
+from .task import StreamTask
+from .task_mailbox import Suspension
 
 if TYPE_CHECKING:
+    from ..checkpoint.coordinator import CheckpointCoordinator
     from ..graph import LogicalGraph
 
 __all__ = ["Job", "JobOptions", "JobStatus"]
 
 log = logging.getLogger(__name__)
 
-JobStatus = Literal["created", "running", "restarting", "finished", "failed", "cancelled",
-                    "stopped"]
 
-
-@dataclass(frozen=True)
-class JobOptions:
-    """The options of ``Dataflow.start`` (see there)."""
-
-    checkpoints: CheckpointConfig | None
-    restart: RestartStrategy
-    state_backend: StateBackend | None
-    resume: bool
-    restore_from: Path | None
-    allow_non_restored_state: bool = False
-    allow_replayed_output: bool = False
-
-
-# Failures that a restart would only repeat: the job fails at once with the reason (a
-# restore that cannot be honoured must never turn into a fresh start or a retry loop).
-_NOT_RESTARTABLE = (RestoreError, StateSerializationError, ConfigurationError,
-                    CheckpointProgressError)
-
-
-def _not_restartable(exc: BaseException) -> bool:
-    """True when ``exc``, or what it wraps (a user-function error around a key that has no
-    canonical encoding, say), is a failure a restart would only repeat."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, _NOT_RESTARTABLE):
-            return True
-        seen.add(id(cur))
-        cur = cur.__cause__
-    return False
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
-    return [exc]
-
-
-def _root_cause(exc: BaseException) -> BaseException:
-    """The failure that ended an attempt, out of (nested) exception groups.
-
-    A failure that no restart can fix wins over the errors it caused elsewhere (e.g. the
-    final checkpoint failing because the coordinator stopped on that failure).
-    """
-    leaves = _leaves(exc)
-    real = [e for e in leaves if not isinstance(e, asyncio.CancelledError)]
-    for e in real:
-        if _not_restartable(e):
-            return e
-    return real[0] if real else leaves[0]
-
-
-class _SourceHold:
-    """Parks source tasks after a stop-with-savepoint barrier (Flink's synchronous savepoint).
-
-    ``park`` posts one mailbox action per source task, right behind the barrier-injection
-    action; it runs the task's later mailbox actions (checkpoint notifications) but reads no
-    more input until ``release``. So nothing after the savepoint reaches an operator, and an
-    at-least-once sink does not see records that a restore of the savepoint replays.
-    """
-
-    def __init__(self, sources: list[StreamTask]) -> None:
-        self.sources = sources
-        self.released = False
-
-    def park(self) -> None:
-        for task in self.sources:
-            task.gate.post(functools.partial(self._hold, task))
-
-    async def _hold(self, task: StreamTask) -> None:
-        while not self.released:
-            _, action = await task.gate.get()
-            await maybe_await(action())
-
-    def release(self) -> None:
-        """Let the sources read again (the savepoint failed)."""
-        self.released = True
-        for task in self.sources:
-            task.gate.post(_no_op)  # wakes the parked loop so it sees ``released``
+def _tap(sink: SinkOperator, iterator: CommittedResults) -> None:
+    """Copy what ``sink``'s writer writes to ``iterator`` (in the sink's task, or before
+    it runs)."""
+    if not iterator.closed:
+        sink.writer = iterator.wrap(sink.writer)
 
 
 def _occupied(target: Path) -> bool:
     """Blocking: ``target`` exists and is not an empty directory."""
     return target.exists() and (not target.is_dir() or any(target.iterdir()))
-
-
-def _no_op() -> None:
-    return None
 
 
 class Job:
@@ -188,34 +93,23 @@ class Job:
         self.flow = flow
         self.options = options
         self.name = flow.name
-        self.status: JobStatus = "created"
         self.metrics = JobMetrics(CheckpointHistory(
             options.checkpoints.history if options.checkpoints is not None else DEFAULT_HISTORY))
-        self.restored_from: CompletedCheckpoint | None = None
         self.run_id = uuid.uuid4().hex[:16]
-        # where this run's lineage starts, and the first checkpoint id it may use
-        self._initial: CompletedCheckpoint | None = None
-        self._first_id = 1
-        self._next_id = 1
         self.storage = (
             CheckpointStorage(options.checkpoints.directory, flow.name)
             if options.checkpoints is not None else None
         )
-        self._coordinator: CheckpointCoordinator | None = None
+        self._runner = JobRunner(flow, options, self.storage, self.run_id, self.metrics,
+                                 self._tap_sinks, self._recover_results)
         self._task: asyncio.Task[None] | None = None
-        self._tasks: list[StreamTask] = []  # the running attempt's tasks
         self._results: dict[str, list[CommittedResults]] = {}  # by sink uid
         self._committed_state = CommittedStateCache()
         # savepoints of this run moved out of checkpoint storage (the store lists them at
         # their old directory), by checkpoint id
         self._moved: dict[int, CompletedCheckpoint] = {}
-        # set once the run knows the checkpoint it starts from (or that it starts fresh)
-        self._restore_chosen = asyncio.Event()
-        self._live_queries: set[asyncio.Future[Any]] = set()
-        self._running = asyncio.Event()
         self._stopping = False
         self._locks: list[DirectoryLock] = []
-        self._cancel_requested = False  # cancel() (or stop()) was called
         # how _main ended (None: finished); stays unset for a task cancelled before it began
         self._end_error: BaseException | None = None
         self._main_ended = False
@@ -227,6 +121,21 @@ class Job:
                             flow.max_parallelism,
                             {t.resolved_uid for t in flow.transformations},
                             options.allow_non_restored_state)
+
+    @property
+    def status(self) -> JobStatus:
+        """``created``, ``running``, ``restarting``, ``finished``, ``failed``,
+        ``cancelled`` or ``stopped``."""
+        return self._runner.status
+
+    @status.setter
+    def status(self, value: JobStatus) -> None:
+        self._runner.status = value
+
+    @property
+    def restored_from(self) -> CompletedCheckpoint | None:
+        """The checkpoint the latest attempt restored, if any."""
+        return self._runner.restored_from
 
     def start(self) -> None:
         """Start the job's main coroutine on the running loop (called by ``Dataflow.start``).
@@ -306,7 +215,7 @@ class Job:
         """
         if self._task is None or self._task.done():
             return
-        self._cancel_requested = True
+        self._runner.cancel_requested = True
         self._task.cancel()
         try:
             await self._task
@@ -356,9 +265,11 @@ class Job:
         registered.append(iterator)
         # closed by the application: the next attempts no longer tap the sink for it
         iterator._on_close = functools.partial(registered.remove, iterator)
-        for task in self._tasks:  # an attempt already running: tap it now
+        # an attempt already running: each instance taps its writer itself, between two
+        # batches (a mailbox action), never while a call into the writer is in flight
+        for task in self._runner.tasks:
             if task.sink is not None and task.sink.uid == uid:
-                task.sink.writer = iterator.wrap(task.sink.writer)
+                task.post(functools.partial(_tap, task.sink, iterator))
         return iterator
 
     def _sink_uid(self, sink: str | Sink) -> str:
@@ -373,10 +284,11 @@ class Job:
         raise ConfigurationError(f"job {self.name!r} has no sink {sink!r}; its sinks: {sinks}")
 
     def _tap_sinks(self, tasks: list[StreamTask]) -> None:
+        """Tap the sinks of an attempt's tasks before they run."""
         for task in tasks:
             if task.sink is not None:
                 for iterator in self._results.get(task.sink.uid, ()):
-                    task.sink.writer = iterator.wrap(task.sink.writer)
+                    _tap(task.sink, iterator)
 
     async def query_state(self, uid: str, state: str, key: Any, committed: bool = True) -> Any:
         """The value of keyed state ``state`` of operator ``uid`` for ``key`` (queryable
@@ -407,26 +319,26 @@ class Job:
         await self._wait_attempt()
         if self.status != "running":
             raise StateQueryError(f"job {self.name!r} is {self.status}: no live state to query")
-        return await query_live(self._tasks, uid, state, key, self.flow.max_parallelism,
-                                self._live_queries)
+        return await query_live(self._runner.tasks, uid, state, key, self.flow.max_parallelism,
+                                self._runner.live_queries)
 
     async def _query_committed(self, uid: str, state: str, key: Any) -> Any:
         assert self._task is not None
-        if not self._restore_chosen.is_set():
+        if not self._runner.restore_chosen.is_set():
             # a resume or restore_from is still reading the candidates' files: the run's
             # committed state is that checkpoint's, not "nothing"
-            chosen = asyncio.ensure_future(self._restore_chosen.wait())
+            chosen = asyncio.ensure_future(self._runner.restore_chosen.wait())
             try:
                 await asyncio.wait({chosen, self._task}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 chosen.cancel()
-            if not self._restore_chosen.is_set():
+            if not self._runner.restore_chosen.is_set():
                 raise StateQueryError(f"job {self.name!r} is {self.status}: it ended before "
                                       "choosing the checkpoint to start from")
         while True:
             latest = self._latest_committed()
             if latest is None:
-                if self.options.checkpoints is None and self._restore_chosen.is_set():
+                if self.options.checkpoints is None and self._runner.restore_chosen.is_set():
                     raise StateQueryError(
                         f"job {self.name!r} runs without checkpointing and restored nothing: "
                         "it has no committed state; query with committed=False")
@@ -445,19 +357,19 @@ class Job:
         """The newest checkpoint of this run that committed output (an intermediate
         savepoint does not: failover never restores one), at its current directory; else
         the checkpoint the run started from."""
-        coordinator = self._coordinator
+        coordinator = self._runner.coordinator
         if coordinator is not None:
             for checkpoint in reversed(coordinator.store.checkpoints):
                 if (checkpoint.metadata.run_id == self.run_id
                         and committed_output(checkpoint.metadata)):
                     return self._moved.get(checkpoint.checkpoint_id, checkpoint)
-        return self._initial
+        return self._runner.initial
 
     async def _wait_attempt(self) -> None:
         """Wait until an attempt runs or the job ended."""
         assert self._task is not None
-        if not self._running.is_set():
-            running = asyncio.ensure_future(self._running.wait())
+        if not self._runner.running.is_set():
+            running = asyncio.ensure_future(self._runner.running.wait())
             try:
                 await asyncio.wait({running, self._task}, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -467,7 +379,7 @@ class Job:
         """Wait until an attempt runs; raise CheckpointError if the job ended first."""
         await self._wait_attempt()
         assert self._task is not None
-        coordinator = self._coordinator
+        coordinator = self._runner.coordinator
         if coordinator is None or self.status != "running" or self._task.done():
             raise CheckpointError(f"job {self.name!r} is {self.status}: cannot checkpoint")
         return coordinator
@@ -561,10 +473,18 @@ class Job:
                                   "empty directory")
         await read_accepted_input(self.flow.transformations)
         coordinator = await self._wait_running()
-        hold = _SourceHold(coordinator.sources) if stop else None
+        # stop: the sources are parked right behind the savepoint's barrier (Flink's
+        # synchronous savepoint): they run their mail (checkpoint notifications) but read
+        # no more input, so nothing after the savepoint reaches an operator, and an
+        # at-least-once sink does not see records that a restore of the savepoint replays
+        parked: list[Suspension] = []
+
+        def park() -> None:
+            parked.extend(task.mailbox.suspend_default_action() for task in coordinator.sources)
+
         try:
             completed = await coordinator.checkpoint(
-                "savepoint", commit=stop, on_trigger=hold.park if hold else None,
+                "savepoint", commit=stop, on_trigger=park if stop else None,
                 await_commit=stop)
             if path is not None:
                 completed = await in_thread(move_savepoint, completed, Path(path))
@@ -576,62 +496,13 @@ class Job:
             # any failure of the stop (the checkpoint, the move, the caller's cancellation)
             # leaves the job running: parked sources would keep it "running" with no record
             # moving while checkpoints still complete
-            if hold is not None:
-                hold.release()
+            for suspension in parked:
+                suspension.resume()
             raise
         log.info("savepoint %d written to %s", completed.checkpoint_id, completed.path)
         return completed
 
-    # ------------------------------------------------------------------ attempts
-    def _replay_policy(self) -> ReplayPolicy:
-        """What the job's sinks allow when a restore falls back past committed output."""
-        exactly_once, dedup = [], []
-        for t in self.flow.transformations:
-            sink = t.sink
-            if sink is None or not getattr(sink, "exactly_once", False):
-                continue
-            label = f"{t.name} (uid {t.resolved_uid!r})"
-            if getattr(sink, "deduplicates_by_checkpoint_id", False):
-                dedup.append(label)
-            else:
-                exactly_once.append(label)
-        return ReplayPolicy(self.options.allow_replayed_output, exactly_once, dedup)
 
-    def _initial_restore(self) -> CompletedCheckpoint | None:
-        """The checkpoint this run starts from (see ``reactive.checkpoint.lineage``)."""
-        o = self.options
-        if o.restore_from is not None:
-            return CheckpointStorage.load(o.restore_from)
-        if o.resume and self.storage is not None:
-            return select_restore(resume_candidates(self.storage), self._replay_policy(),
-                                  "resume")
-        return None
-
-    def _failover_restore(self) -> CompletedCheckpoint | None:
-        """The newest checkpoint of this run's lineage that can be restored, if any."""
-        if self.storage is None:
-            return None
-        return select_restore(
-            lineage_candidates(self.storage, self.run_id, self._first_id, self._initial),
-            self._replay_policy(), "failover")
-
-    def _resumable(self) -> bool:
-        """Whether ``resume=True`` has a completed checkpoint to continue from: one this run
-        completed, or the one a resume started it from (a run that completed none leaves the
-        run before it to resume)."""
-        return self.storage is not None and (
-            bool(self.metrics.completed_checkpoints)
-            or (self._initial is not None and self.options.restore_from is None))
-
-    async def _forget_if_nothing_completed(self) -> None:
-        """A run that failed (was not killed) before completing any checkpoint committed no
-        output: drop its run record, so ``resume`` continues the run before it (e.g. after
-        a fresh run refused to start over the committed output of that run)."""
-        if self.storage is not None and not self.metrics.totals.completed:
-            try:
-                await in_thread(self.storage.forget_run, self.run_id)
-            except OSError as exc:
-                log.warning("could not remove the record of run %s: %s", self.run_id, exc)
 
     async def _main(self) -> None:
         """Run the job; then end every results iterator (with the job's error, if any)."""
@@ -642,7 +513,7 @@ class Job:
             if created:
                 await in_thread(sync_created, created)
             with short_switch_interval():  # worker threads get the GIL from a busy loop
-                await self._run_all_attempts()
+                await self._runner.run_all_attempts()
         except asyncio.CancelledError:
             error = JobCancelledError(f"job {self.name!r} was cancelled")
             raise
@@ -674,224 +545,3 @@ class Job:
         # a task cancelled before its first step never ran _main
         error = self._end_error if self._main_ended else asyncio.CancelledError()
         tell_end(self.flow.transformations, describe_end(self.name, error, self._stopping))
-
-    async def _run_all_attempts(self) -> None:
-        # the file work of choosing a restore (reading metadata, hashing every file it
-        # references), of the run record (write, fsync) and of listing the directory runs in
-        # worker threads: the loop may be the application's, and it keeps running meanwhile
-        o = self.options
-        try:
-            # a hop only when there is file work: a job without one reaches its sources in
-            # the same loop turn as before
-            restore = await in_thread(self._initial_restore) \
-                if o.restore_from is not None or (o.resume and self.storage is not None) \
-                else None
-        except ReactiveError as exc:
-            self.status = "failed"
-            raise JobFailedError(self.name, 1, exc) from exc
-        self._initial = restore
-        self._restore_chosen.set()
-        # checkpoint ids continue after the restored one and after every id on disk, so
-        # no id (and no file named after one, like a sink's part-<subtask>-<id>) repeats
-        on_disk = await in_thread(self.storage.latest_id) if self.storage is not None else 0
-        self._first_id = self._next_id = max(
-            on_disk, restore.checkpoint_id if restore is not None else 0) + 1
-        if self.storage is not None:
-            try:
-                # before any checkpoint: a later resume must find where this run started
-                await in_thread(self.storage.record_run, self.run_id, self._first_id, restore)
-            except OSError as exc:
-                self.status = "failed"
-                raise JobFailedError(self.name, 1, exc) from exc
-        attempt = 0
-        strategy = self.options.restart
-        while True:
-            attempt += 1
-            try:
-                await self._run_attempt(restore)
-                self.status = "finished"
-                return
-            except asyncio.CancelledError:
-                self.status = "cancelled"
-                raise
-            except BaseException as exc:
-                cause = _root_cause(exc)
-                if isinstance(cause, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
-                    raise
-                if self._cancel_requested:
-                    # the job was cancelled and a task failed while the attempt wound down
-                    # (e.g. a source's clean-up, or an asynchronous snapshot part spawned
-                    # into the closing task group): Python 3.11's TaskGroup raises that
-                    # error instead of the cancellation, but a cancel must never turn into a
-                    # restart. A flag, not Task.cancelling(): on 3.11 a TaskGroup whose child
-                    # fails while it waits in __aexit__ leaves its own cancel request on the
-                    # job's task, so cancelling() counts failures too.
-                    log.debug("job %r: %s: %s while cancelling", self.name,
-                              type(cause).__name__, cause)
-                    self.status = "cancelled"
-                    raise asyncio.CancelledError from exc
-                if attempt > strategy.attempts or _not_restartable(cause):
-                    self.status = "failed"
-                    await self._forget_if_nothing_completed()
-                    raise JobFailedError(self.name, attempt, cause,
-                                         resumable=self._resumable()) from cause
-                self.metrics.restarts += 1
-                self.status = "restarting"
-                log.warning("job %r failed (%s: %s); restart %d of %d in %.2f s", self.name,
-                            type(cause).__name__, cause, attempt, strategy.attempts,
-                            strategy.delay)
-                await asyncio.sleep(strategy.delay)
-                try:
-                    restore = await in_thread(self._failover_restore)
-                except RestoreError as restore_exc:
-                    self.status = "failed"
-                    await self._forget_if_nothing_completed()
-                    raise JobFailedError(self.name, attempt, restore_exc,
-                                         resumable=self._resumable()) from restore_exc
-                self._recover_results(restore.checkpoint_id if restore is not None else None)
-
-    async def _run_attempt(self, restore: CompletedCheckpoint | None) -> None:
-        flow = self.flow
-        options = self.options
-        config = options.checkpoints
-        self.restored_from = restore
-        if restore is not None:
-            self.metrics.restored_checkpoints.append(restore.checkpoint_id)
-        from ..defaults import default_state_backend, register_builtin_key_group_readers
-
-        backend = options.state_backend or default_state_backend()
-        if restore is not None:
-            # the restored snapshots may be of another backend than the one restoring them
-            register_builtin_key_group_readers()
-        assignment = None
-        uids = {t.resolved_uid for t in flow.transformations}
-        if restore is not None:
-            assignment = StateAssignmentOperation(restore, flow.max_parallelism, uids,
-                                         options.allow_non_restored_state)
-        if self.storage is not None:
-            # pending transactions of retained checkpoints and savepoints stay (see
-            # TwoPhaseCommitSink.abort_lingering): the sinks learn which before they start
-            bound = await in_thread(self.storage.highest_completed_id)
-            for t in flow.transformations:
-                if isinstance(t.sink, TwoPhaseCommitSink):
-                    t.sink.highest_completed_checkpoint_id = bound
-        coordinator: CheckpointCoordinator | None = None
-        if config is not None and self.storage is not None:
-            # read in worker threads: the retained checkpoints' metadata and the directory
-            store = await CompletedCheckpointStore.open(self.storage, config.retained)
-            # this run's own record reserved _first_id: only directories count here
-            on_disk = await in_thread(self.storage.latest_id, False)
-            coordinator = CheckpointCoordinator(
-                config, self.storage, flow.name, flow.max_parallelism,
-                [], max(self._next_id, on_disk + 1),
-                self.metrics.checkpoints,
-                self.run_id,
-                store,
-            )
-        try:
-            await self._run_tasks(flow, options, config, backend, assignment, coordinator)
-        except BaseException as exc:
-            if coordinator is not None:
-                coordinator.shutdown(f"job {self.name!r} attempt ended before the checkpoint "
-                                     f"completed: {type(_root_cause(exc)).__name__}: "
-                                     f"{_root_cause(exc)}")
-            raise
-        finally:
-            if coordinator is not None:
-                self._next_id = coordinator.next_id
-                coordinator.shutdown(f"job {self.name!r} ended")
-            self._tasks = []
-            for waiting in list(self._live_queries):
-                if not waiting.done():
-                    waiting.set_exception(StateQueryError(
-                        f"job {self.name!r}: the attempt ended before the live state query "
-                        "was answered; ask again after the restart"))
-
-    async def _run_tasks(self, flow: LogicalGraph, options: JobOptions,
-                         config: CheckpointConfig | None, backend: StateBackend,
-                         assignment: StateAssignmentOperation | None,
-                         coordinator: CheckpointCoordinator | None) -> None:
-        # by identity: task ids are display names, and two sources may share one
-        sources_left: set[int] = set()
-        all_sources_done = asyncio.Event()
-        async with asyncio.TaskGroup() as tg:
-
-            def spawn(coro: Coroutine[Any, Any, None]) -> None:
-                tg.create_task(coro)
-
-            def on_source_finished(task: StreamTask) -> None:
-                sources_left.discard(id(task))
-                if not sources_left:
-                    all_sources_done.set()
-
-            env = TaskEnvironment(
-                job_name=flow.name,
-                max_parallelism=flow.max_parallelism,
-                batch_size=flow.batch_size,
-                buffer_timeout=flow.buffer_timeout,
-                exactly_once=config is None or config.mode != "at_least_once",
-                unaligned=config is not None and config.unaligned,
-                storage=self.storage,
-                coordinator=coordinator,
-                spawn=spawn,
-                on_source_finished=on_source_finished,
-            )
-            graph = ExecutionGraph(
-                flow.transformations, flow.parallelism, flow.max_parallelism, flow.batch_size,
-                flow.channel_capacity, env, backend,
-            )
-            if assignment is not None:
-                # off the loop, one operator instance per worker-thread step, before any
-                # task runs (so nothing else touches the backends meanwhile)
-                await graph.restore(assignment)
-            tasks = graph.tasks
-            self._tasks = tasks
-            self._tap_sinks(tasks)
-            sources = [t for t in tasks if t.source is not None]
-            # an iteration's loop ends after its input, like a source: the final
-            # checkpoint waits for it
-            sources_left.update(id(t) for t in tasks
-                                if t.source is not None or t.is_iteration_head)
-            self.metrics.attach(tasks)
-            if coordinator is not None:
-                coordinator.operators = {
-                    t.resolved_uid: OperatorInfo(
-                        t.resolved_uid, t.name, graph.parallelism[t.id],
-                        any(op.keyed and op.uid == t.resolved_uid
-                            for task in tasks for op in task.operators),
-                    )
-                    for t in flow.transformations
-                }
-                coordinator.attach(tasks)
-                tg.create_task(coordinator.run())
-            self._coordinator = coordinator
-            for task in tasks:
-                tg.create_task(task.run(), name=task.task_id)
-            tg.create_task(self._finish(all_sources_done, sources, coordinator))
-            self.status = "running"
-            self._running.set()
-        self.metrics.attach([])
-
-    async def _finish(self, all_sources_done: asyncio.Event, sources: list[StreamTask],
-                      coordinator: CheckpointCoordinator | None) -> None:
-        """When every source has ended: take the final checkpoint (so two-phase-commit sinks
-        commit the last epoch), then let end-of-input flow through the graph."""
-        await all_sources_done.wait()
-        if coordinator is not None:
-            coordinator.stop_periodic()
-            for attempt in range(3):
-                try:
-                    # wait for the commits too: end-of-input must not overtake them, and a
-                    # commit still running must not be cancelled when the tasks end
-                    await coordinator.checkpoint(await_commit=True)
-                    break
-                except CheckpointError as exc:
-                    if coordinator.failure is not None:
-                        # the coordinator failed the job: that is the reason, whichever
-                        # of the two tasks reports it first
-                        raise coordinator.failure  # noqa: B904 - its own __cause__ stays
-                    if attempt == 2:
-                        raise CheckpointError(f"the final checkpoint failed: {exc}") from exc
-            coordinator.stop()
-        for task in sources:
-            task.gate.post(task.end)

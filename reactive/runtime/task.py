@@ -38,6 +38,7 @@ from .operators import SinkOperator, SourceOperator, StreamOperator, maybe_await
 from .partitioner import KeySelectorError
 from .record_writer import RecordWriter
 from .subtask_checkpoint_coordinator import CheckpointAcknowledger, SubtaskCheckpointCoordinator
+from .task_mailbox import MailboxAction
 from .unaligned import UnalignedCheckpointBarrierHandler
 from .watermark_valve import StatusWatermarkValve
 
@@ -108,13 +109,20 @@ class StreamTask:
         subtask: instance index; ``parallelism``: number of instances.
         operators: the chain, head first; a source chain starts with a SourceOperator, a sink
             chain ends with a SinkOperator.
-        gate: input channels and mailbox (a source task's gate has no channels).
+        gate: input channels (a source task's gate has none), read with the task's
+            mailbox (``gate.mailbox``).
         writers: one per outgoing edge.
+
+    Attributes:
+        mailbox: actions run in the task between two batches (:class:`~.task_mailbox.TaskMailbox`).
     """
 
     #: whether the task is an iteration's head (the job waits for its loop to end as for a
     #: source, before the final checkpoint)
     is_iteration_head = False
+
+    #: the barrier handler of the input loop (set when the loop starts)
+    _barriers: BarrierHandler
 
     def __init__(
         self,
@@ -133,6 +141,7 @@ class StreamTask:
         self.task_id = f"{name} ({subtask + 1}/{parallelism})"
         self.operators = operators
         self.gate = gate
+        self.mailbox = gate.mailbox
         self.writers = writers
         self.source = operators[0] if isinstance(operators[0], SourceOperator) else None
         self.sink = operators[-1] if isinstance(operators[-1], SinkOperator) else None
@@ -152,6 +161,11 @@ class StreamTask:
         self._waited = 0.0
         self._ended = False
         self._closed = False
+        # input channels whose EndOfInput has not come yet (see _process_input)
+        self._open_inputs = 0
+        # channels whose data ended, and loop probes waiting for the other channels
+        self._data_ended: set[int] = set()
+        self._probes: dict[LoopProbe, set[int]] = {}
         self.watermark = float("-inf")
         # event time (reactive.time): the valve combines the input channels' watermarks and
         # idle/active statuses; chained operators reach the task (timers, watermark
@@ -188,14 +202,14 @@ class StreamTask:
 
     async def _run_source(self, source: SourceOperator) -> None:
         reader = source.reader
-        gate = self.gate
         batch_size = self.env.batch_size
         timeout = self.env.buffer_timeout
         last_flush = time.monotonic()
         generates_watermarks = source.source.timestamp_fn is not None
+        mail = self.mailbox
         while True:
-            while gate._mail:
-                await maybe_await(gate._mail.popleft()())
+            if mail.queue:
+                await mail.run_pending()
             try:
                 batch = await reader.read_batch(batch_size)
             except ReactiveError:
@@ -220,9 +234,10 @@ class StreamTask:
         self.env.on_source_finished(self)
         # A finished source keeps injecting barriers, so the job can end with a final
         # checkpoint that commits every two-phase-commit sink (Flink FLIP-147).
-        while not self._ended:
-            _, action = await gate.get()
-            await maybe_await(action())
+        await mail.run_until(self._has_ended)
+
+    def _has_ended(self) -> bool:
+        return self._ended
 
     async def _source_watermark(self, reader: SourceReader) -> None:
         """Forward the watermark and idle status of a reader that generates them (per-split
@@ -248,6 +263,15 @@ class StreamTask:
             await self._push_input(records, side == 1)
 
     async def _run_inputs(self) -> None:
+        """Process the input channels until every one has ended, then end the output."""
+        self._barriers = self._create_barrier_handler()
+        self._open_inputs = len(self.gate.channels)
+        await self._process_input(self._on_event, None)
+        await self._end_input()
+
+    def _create_barrier_handler(self) -> BarrierHandler:
+        """The barrier handler of the checkpointing mode: aligned, unaligned (FLIP-76) or
+        at-least-once tracking."""
         gate = self.gate
         coordinator = self.env.coordinator
         # a checkpoint subsumed by a newer barrier during alignment is declined at once;
@@ -255,28 +279,40 @@ class StreamTask:
         on_decline = None if coordinator is None else (
             lambda cid, reason: coordinator.decline(
                 cid, self, reason, CheckpointFailureReason.CHECKPOINT_DECLINED_SUBSUMED))
-        handler: BarrierHandler
-        unaligned = None
         if self.env.exactly_once and self.env.unaligned:
-            handler = unaligned = self._unaligned = UnalignedCheckpointBarrierHandler(
+            self._unaligned = UnalignedCheckpointBarrierHandler(
                 gate, self.operators[0].uid, self.checkpointing.checkpoint_state,
                 lambda barrier, in_flight: self.checkpointing.checkpoint_state(
                     barrier, 0.0, in_flight),
                 on_decline)
-        elif self.env.exactly_once:
-            handler = SingleCheckpointBarrierHandler(
+            return self._unaligned
+        if self.env.exactly_once:
+            return SingleCheckpointBarrierHandler(
                 gate, self.checkpointing.checkpoint_state, on_decline)
-        else:
-            handler = CheckpointBarrierTracker(gate, self.checkpointing.checkpoint_state)
+        return CheckpointBarrierTracker(gate, self.checkpointing.checkpoint_state)
+
+    async def _process_input(self, on_event: Callable[[int, Any], Awaitable[None]],
+                             on_batch: Callable[[int, list[Any]], None] | None) -> None:
+        """The input loop, the default action of the task's mailbox: until
+        ``_open_inputs`` drops to zero, run the mail, push each record batch through the
+        chain (flushing the output after ``buffer_timeout`` and sharing the loop after each
+        :data:`TIME_SLICE`), and hand every other item of channel ``idx`` to
+        ``on_event(idx, item)``.
+
+        Args:
+            on_event: handles a control event (barriers, watermarks, ends of input...);
+                it decrements ``_open_inputs`` when an input ends for good.
+            on_batch: sees each record batch before it is processed (an iteration head
+                logs its feedback), or None.
+        """
+        gate = self.gate
+        unaligned = self._unaligned
         timeout = self.env.buffer_timeout
-        live = len(gate.channels)
         # batches of a two-input operator's second input go to its process_batch2
         second = [ch.side == 1 for ch in gate.channels]
         two_input = any(second)
-        data_ended: set[int] = set()
-        probes: dict[LoopProbe, set[int]] = {}
         last_flush = time.monotonic()
-        while live:
+        while self._open_inputs:
             if gate.is_idle():
                 await self._flush()
                 # get() waits for input now: the loop runs everything else meanwhile
@@ -290,37 +326,44 @@ class StreamTask:
                 await maybe_await(item())
             elif type(item) is list:
                 self.records_in += len(item)
+                if on_batch is not None:
+                    on_batch(idx, item)
                 now = await self._push_input(item, two_input and second[idx])
                 if now - last_flush >= timeout:
                     await self._flush()
                     last_flush = now
                 if now - self._last_yield >= TIME_SLICE:
                     await self.share_loop()
-            elif isinstance(item, CheckpointBarrier):
-                await handler.on_barrier(idx, item)
-            elif type(item) is OvertakingBarrier:
-                assert unaligned is not None
-                await unaligned.on_overtaking(idx, item)
-            elif isinstance(item, Watermark):
-                await self._on_watermark(idx, item.timestamp)
-            elif isinstance(item, WatermarkStatus):
-                await self._on_watermark_status(idx, item.idle)
-            elif isinstance(item, EndOfData):
-                data_ended.add(idx)
-                if len(data_ended) == len(gate.channels):
-                    await self._end_data()
-                if probes:
-                    await self._forward_probes(probes, data_ended)
-            elif isinstance(item, LoopProbe):
-                probes.setdefault(item, set()).add(idx)
-                await self._forward_probes(probes, data_ended)
-            elif isinstance(item, EndOfInput):
-                gate.channels[idx].finished = True
-                live -= 1
-                await handler.on_end_of_input(idx)
-                if live:
-                    await self._on_watermark(idx, MAX_WATERMARK)
-        await self._end_input()
+            else:
+                await on_event(idx, item)
+
+    async def _on_event(self, idx: int, item: Any) -> None:
+        """A control event from input channel ``idx``."""
+        if isinstance(item, CheckpointBarrier):
+            await self._barriers.on_barrier(idx, item)
+        elif type(item) is OvertakingBarrier:
+            assert self._unaligned is not None
+            await self._unaligned.on_overtaking(idx, item)
+        elif isinstance(item, Watermark):
+            await self._on_watermark(idx, item.timestamp)
+        elif isinstance(item, WatermarkStatus):
+            await self._on_watermark_status(idx, item.idle)
+        elif isinstance(item, EndOfData):
+            data_ended = self._data_ended
+            data_ended.add(idx)
+            if len(data_ended) == len(self.gate.channels):
+                await self._end_data()
+            if self._probes:
+                await self._forward_probes(self._probes, data_ended)
+        elif isinstance(item, LoopProbe):
+            self._probes.setdefault(item, set()).add(idx)
+            await self._forward_probes(self._probes, self._data_ended)
+        elif isinstance(item, EndOfInput):
+            self.gate.channels[idx].finished = True
+            self._open_inputs -= 1
+            await self._barriers.on_end_of_input(idx)
+            if self._open_inputs:
+                await self._on_watermark(idx, MAX_WATERMARK)
 
     async def _forward_probes(self, probes: dict[LoopProbe, set[int]],
                               data_ended: set[int]) -> None:
@@ -520,9 +563,9 @@ class StreamTask:
         for w in self.writers:
             await w.broadcast_event(status)
 
-    def post(self, action: Callable[[], Awaitable[None] | None]) -> None:
+    def post(self, action: MailboxAction) -> None:
         """Run ``action`` in this task between two batches (its mailbox)."""
-        self.gate.post(action)
+        self.mailbox.post(action)
 
     def push_from(self, start: int, batch: list[Any]) -> Awaitable[None]:
         """Send ``batch`` through the chain from operator ``start`` (mailbox actions)."""

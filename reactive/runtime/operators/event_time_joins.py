@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, cast
 
 from ...state.api import MapState
 from ...state.descriptors import MapStateDescriptor
@@ -30,9 +30,6 @@ from ...two_input_functions import JoinContext, ProcessJoinFunction
 from .base import GENERATOR, checked_outputs, instance_copy
 from .event_time import EventTimeOperator
 from .two_input import TwoInputOperator
-
-if TYPE_CHECKING:
-    from ...windowing.assigners import WindowAssigner
 
 __all__ = [
     "IntervalJoinOperator",
@@ -45,6 +42,26 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _SIDES = ("left", "right")
+
+
+class JoinWindow(Protocol):
+    """A window ``[start, end)`` in seconds (``reactive.windowing.TimeWindow`` is one)."""
+
+    @property
+    def start(self) -> float: ...
+
+    @property
+    def end(self) -> float: ...
+
+
+class JoinWindowAssigner(Protocol):
+    """What the window join needs of a window assigner: the windows of a timestamp
+    (``reactive.windowing``'s event-time assigners are ones; the operators stay below the
+    windowing layer, which builds on them)."""
+
+    def assign_windows(self, timestamp: float) -> Sequence[JoinWindow]:
+        """The windows an element with event time ``timestamp`` (seconds) belongs to."""
+        ...
 
 
 class LateJoinInput:
@@ -277,7 +294,7 @@ class WindowJoinOperator(_JoinBase):
     def __init__(self, name: str, uid: str, fn: Callable[[Any, Any], Any],
                  key_selectors: tuple[Callable[[Any], Any], Callable[[Any], Any]],
                  timestamp_fns: tuple[Callable[[Any], float], Callable[[Any], float]],
-                 assigner: WindowAssigner, clock: ProcessingClock,
+                 assigner: JoinWindowAssigner, clock: ProcessingClock,
                  late_output: Callable[[], bool]) -> None:
         super().__init__(name, uid, key_selectors, timestamp_fns, clock, late_output)
         self.fn = fn

@@ -1,0 +1,442 @@
+"""Running a job's attempts: wiring each one, choosing what it restores, and the final
+checkpoint (the runner behind the :class:`~reactive.runtime.job.Job` handle).
+
+A :class:`JobRunner` runs attempts until one finishes. Each attempt builds the execution
+graph, restores the latest completed checkpoint (or the one asked for), and runs every task,
+the checkpoint coordinator and the asynchronous snapshot parts in one ``asyncio.TaskGroup``:
+the first failure cancels everything else in the attempt (structured concurrency). The
+restart strategy then decides whether a new attempt starts from the latest completed
+checkpoint (:mod:`reactive.checkpoint.lineage` selects it) or the failure reaches the caller
+as :class:`~reactive.errors.JobFailedError`. When every source has ended, the runner takes
+the final checkpoint (Flink's FLIP-147) and lets end-of-input flow through the graph.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..checkpoint.completed_checkpoint_store import CompletedCheckpointStore
+from ..checkpoint.coordinator import CheckpointCoordinator
+from ..checkpoint.lineage import (
+    ReplayPolicy,
+    lineage_candidates,
+    resume_candidates,
+    select_restore,
+)
+from ..checkpoint.metadata import CompletedCheckpoint
+from ..checkpoint.off_loop import in_thread
+from ..checkpoint.state_assignment_operation import StateAssignmentOperation
+from ..checkpoint.storage import CheckpointStorage
+from ..config import CheckpointConfig, RestartStrategy
+from ..embedding.state_query import StateQueryError
+from ..errors import (
+    CheckpointError,
+    CheckpointProgressError,
+    ConfigurationError,
+    JobFailedError,
+    ReactiveError,
+    RestoreError,
+    StateSerializationError,
+)
+from ..state.backend import StateBackend
+from ..two_phase_commit import TwoPhaseCommitSink
+from .execution_graph import ExecutionGraph
+from .metrics import JobMetrics
+from .task import StreamTask, TaskEnvironment
+
+if TYPE_CHECKING:
+    from ..graph import LogicalGraph
+
+__all__ = ["JobOptions", "JobRunner", "JobStatus"]
+
+log = logging.getLogger(__name__)
+
+JobStatus = Literal["created", "running", "restarting", "finished", "failed", "cancelled",
+                    "stopped"]
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """The options of ``Dataflow.start`` (see there)."""
+
+    checkpoints: CheckpointConfig | None
+    restart: RestartStrategy
+    state_backend: StateBackend | None
+    resume: bool
+    restore_from: Path | None
+    allow_non_restored_state: bool = False
+    allow_replayed_output: bool = False
+
+
+
+# Failures that a restart would only repeat: the job fails at once with the reason (a
+# restore that cannot be honoured must never turn into a fresh start or a retry loop).
+_NOT_RESTARTABLE = (RestoreError, StateSerializationError, ConfigurationError,
+                    CheckpointProgressError)
+
+
+def _not_restartable(exc: BaseException) -> bool:
+    """True when ``exc``, or what it wraps (a user-function error around a key that has no
+    canonical encoding, say), is a failure a restart would only repeat."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, _NOT_RESTARTABLE):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__
+    return False
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The failure that ended an attempt, out of (nested) exception groups.
+
+    A failure that no restart can fix wins over the errors it caused elsewhere (e.g. the
+    final checkpoint failing because the coordinator stopped on that failure).
+    """
+    leaves = _leaves(exc)
+    real = [e for e in leaves if not isinstance(e, asyncio.CancelledError)]
+    for e in real:
+        if _not_restartable(e):
+            return e
+    return real[0] if real else leaves[0]
+
+
+class JobRunner:
+    """The attempts of one run (one ``Dataflow.start``), behind its :class:`Job` handle.
+
+    Args:
+        flow: the logical graph.
+        options: the run's options.
+        storage: checkpoint storage, None without checkpointing.
+        run_id: the run's id (see ``Job.run_id``).
+        metrics: the job's metrics, updated as attempts run.
+        tap_sinks: called with an attempt's tasks before they run (the handle taps the
+            sinks its results iterators read).
+        recover_results: called with the checkpoint id a restart restores (None: from the
+            start of the input), see ``CommittedResults.recover``.
+
+    Attributes:
+        status: the job's status (``JobStatus``).
+        restored_from: the checkpoint the latest attempt restored, if any.
+        initial: the checkpoint this run's lineage starts from, once ``restore_chosen`` is
+            set.
+        coordinator: the running attempt's checkpoint coordinator, if any.
+        tasks: the running attempt's tasks.
+        running: set once an attempt runs.
+        restore_chosen: set once the run knows the checkpoint it starts from (or that it
+            starts fresh).
+        live_queries: live state lookups waiting for a task's answer; failed when the
+            attempt ends.
+        cancel_requested: ``cancel()`` (or ``stop()``) was called: a failure while the
+            attempt winds down ends the run as cancelled, never restarts it.
+    """
+
+    def __init__(self, flow: LogicalGraph, options: JobOptions,
+                 storage: CheckpointStorage | None, run_id: str, metrics: JobMetrics,
+                 tap_sinks: Callable[[list[StreamTask]], None],
+                 recover_results: Callable[[int | None], None]) -> None:
+        self.flow = flow
+        self.options = options
+        self.name = flow.name
+        self.storage = storage
+        self.run_id = run_id
+        self.metrics = metrics
+        self.status: JobStatus = "created"
+        self.restored_from: CompletedCheckpoint | None = None
+        # where this run's lineage starts, and the first checkpoint id it may use
+        self.initial: CompletedCheckpoint | None = None
+        self._first_id = 1
+        self._next_id = 1
+        self.coordinator: CheckpointCoordinator | None = None
+        self.tasks: list[StreamTask] = []  # the running attempt's tasks
+        self.restore_chosen = asyncio.Event()
+        self.running = asyncio.Event()
+        self.live_queries: set[asyncio.Future[Any]] = set()
+        self.cancel_requested = False
+        self._tap_sinks = tap_sinks
+        self._recover_results = recover_results
+
+    # ------------------------------------------------------------------ restore selection
+    def _replay_policy(self) -> ReplayPolicy:
+        """What the job's sinks allow when a restore falls back past committed output."""
+        exactly_once, dedup = [], []
+        for t in self.flow.transformations:
+            sink = t.sink
+            if sink is None or not getattr(sink, "exactly_once", False):
+                continue
+            label = f"{t.name} (uid {t.resolved_uid!r})"
+            if getattr(sink, "deduplicates_by_checkpoint_id", False):
+                dedup.append(label)
+            else:
+                exactly_once.append(label)
+        return ReplayPolicy(self.options.allow_replayed_output, exactly_once, dedup)
+
+    def _initial_restore(self) -> CompletedCheckpoint | None:
+        """The checkpoint this run starts from (see ``reactive.checkpoint.lineage``)."""
+        o = self.options
+        if o.restore_from is not None:
+            return CheckpointStorage.load(o.restore_from)
+        if o.resume and self.storage is not None:
+            return select_restore(resume_candidates(self.storage), self._replay_policy(),
+                                  "resume")
+        return None
+
+    def _failover_restore(self) -> CompletedCheckpoint | None:
+        """The newest checkpoint of this run's lineage that can be restored, if any."""
+        if self.storage is None:
+            return None
+        return select_restore(
+            lineage_candidates(self.storage, self.run_id, self._first_id, self.initial),
+            self._replay_policy(), "failover")
+
+    def _resumable(self) -> bool:
+        """Whether ``resume=True`` has a completed checkpoint to continue from: one this run
+        completed, or the one a resume started it from (a run that completed none leaves the
+        run before it to resume)."""
+        return self.storage is not None and (
+            bool(self.metrics.completed_checkpoints)
+            or (self.initial is not None and self.options.restore_from is None))
+
+    async def _forget_if_nothing_completed(self) -> None:
+        """A run that failed (was not killed) before completing any checkpoint committed no
+        output: drop its run record, so ``resume`` continues the run before it (e.g. after
+        a fresh run refused to start over the committed output of that run)."""
+        if self.storage is not None and not self.metrics.totals.completed:
+            try:
+                await in_thread(self.storage.forget_run, self.run_id)
+            except OSError as exc:
+                log.warning("could not remove the record of run %s: %s", self.run_id, exc)
+
+    # ------------------------------------------------------------------ attempts
+    async def run_all_attempts(self) -> None:
+        """Choose the checkpoint the run starts from, then run attempts until one finishes
+        or the restart strategy gives up.
+
+        Raises:
+            JobFailedError: the run failed for good (``__cause__`` is the failure).
+            asyncio.CancelledError: the run was cancelled (also for a failure while it wound
+                down after ``cancel_requested``).
+        """
+        # the file work of choosing a restore (reading metadata, hashing every file it
+        # references), of the run record (write, fsync) and of listing the directory runs in
+        # worker threads: the loop may be the application's, and it keeps running meanwhile
+        o = self.options
+        try:
+            # a hop only when there is file work: a job without one reaches its sources in
+            # the same loop turn as before
+            restore = await in_thread(self._initial_restore) \
+                if o.restore_from is not None or (o.resume and self.storage is not None) \
+                else None
+        except ReactiveError as exc:
+            self.status = "failed"
+            raise JobFailedError(self.name, 1, exc) from exc
+        self.initial = restore
+        self.restore_chosen.set()
+        # checkpoint ids continue after the restored one and after every id on disk, so
+        # no id (and no file named after one, like a sink's part-<subtask>-<id>) repeats
+        on_disk = await in_thread(self.storage.latest_id) if self.storage is not None else 0
+        self._first_id = self._next_id = max(
+            on_disk, restore.checkpoint_id if restore is not None else 0) + 1
+        if self.storage is not None:
+            try:
+                # before any checkpoint: a later resume must find where this run started
+                await in_thread(self.storage.record_run, self.run_id, self._first_id, restore)
+            except OSError as exc:
+                self.status = "failed"
+                raise JobFailedError(self.name, 1, exc) from exc
+        attempt = 0
+        strategy = self.options.restart
+        while True:
+            attempt += 1
+            try:
+                await self._run_attempt(restore)
+                self.status = "finished"
+                return
+            except asyncio.CancelledError:
+                self.status = "cancelled"
+                raise
+            except BaseException as exc:
+                cause = _root_cause(exc)
+                if isinstance(cause, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+                    raise
+                if self.cancel_requested:
+                    # the job was cancelled and a task failed while the attempt wound down
+                    # (e.g. a source's clean-up, or an asynchronous snapshot part spawned
+                    # into the closing task group): Python 3.11's TaskGroup raises that
+                    # error instead of the cancellation, but a cancel must never turn into a
+                    # restart. A flag, not Task.cancelling(): on 3.11 a TaskGroup whose child
+                    # fails while it waits in __aexit__ leaves its own cancel request on the
+                    # job's task, so cancelling() counts failures too.
+                    log.debug("job %r: %s: %s while cancelling", self.name,
+                              type(cause).__name__, cause)
+                    self.status = "cancelled"
+                    raise asyncio.CancelledError from exc
+                if attempt > strategy.attempts or _not_restartable(cause):
+                    self.status = "failed"
+                    await self._forget_if_nothing_completed()
+                    raise JobFailedError(self.name, attempt, cause,
+                                         resumable=self._resumable()) from cause
+                self.metrics.restarts += 1
+                self.status = "restarting"
+                log.warning("job %r failed (%s: %s); restart %d of %d in %.2f s", self.name,
+                            type(cause).__name__, cause, attempt, strategy.attempts,
+                            strategy.delay)
+                await asyncio.sleep(strategy.delay)
+                try:
+                    restore = await in_thread(self._failover_restore)
+                except RestoreError as restore_exc:
+                    self.status = "failed"
+                    await self._forget_if_nothing_completed()
+                    raise JobFailedError(self.name, attempt, restore_exc,
+                                         resumable=self._resumable()) from restore_exc
+                self._recover_results(restore.checkpoint_id if restore is not None else None)
+
+    async def _run_attempt(self, restore: CompletedCheckpoint | None) -> None:
+        flow = self.flow
+        options = self.options
+        config = options.checkpoints
+        self.restored_from = restore
+        if restore is not None:
+            self.metrics.restored_checkpoints.append(restore.checkpoint_id)
+        from ..defaults import default_state_backend, register_builtin_key_group_readers
+
+        backend = options.state_backend or default_state_backend()
+        if restore is not None:
+            # the restored snapshots may be of another backend than the one restoring them
+            register_builtin_key_group_readers()
+        assignment = None
+        uids = {t.resolved_uid for t in flow.transformations}
+        if restore is not None:
+            assignment = StateAssignmentOperation(restore, flow.max_parallelism, uids,
+                                         options.allow_non_restored_state)
+        if self.storage is not None:
+            # pending transactions of retained checkpoints and savepoints stay (see
+            # TwoPhaseCommitSink.abort_lingering): the sinks learn which before they start
+            bound = await in_thread(self.storage.highest_completed_id)
+            for t in flow.transformations:
+                if isinstance(t.sink, TwoPhaseCommitSink):
+                    t.sink.highest_completed_checkpoint_id = bound
+        coordinator: CheckpointCoordinator | None = None
+        if config is not None and self.storage is not None:
+            # read in worker threads: the retained checkpoints' metadata and the directory
+            store = await CompletedCheckpointStore.open(self.storage, config.retained)
+            # this run's own record reserved _first_id: only directories count here
+            on_disk = await in_thread(self.storage.latest_id, False)
+            coordinator = CheckpointCoordinator(
+                config, self.storage, flow.name, flow.max_parallelism,
+                [], max(self._next_id, on_disk + 1),
+                self.metrics.checkpoints,
+                self.run_id,
+                store,
+            )
+        try:
+            await self._run_tasks(flow, options, config, backend, assignment, coordinator)
+        except BaseException as exc:
+            if coordinator is not None:
+                coordinator.shutdown(f"job {self.name!r} attempt ended before the checkpoint "
+                                     f"completed: {type(_root_cause(exc)).__name__}: "
+                                     f"{_root_cause(exc)}")
+            raise
+        finally:
+            if coordinator is not None:
+                self._next_id = coordinator.next_id
+                coordinator.shutdown(f"job {self.name!r} ended")
+            self.tasks = []
+            for waiting in list(self.live_queries):
+                if not waiting.done():
+                    waiting.set_exception(StateQueryError(
+                        f"job {self.name!r}: the attempt ended before the live state query "
+                        "was answered; ask again after the restart"))
+
+    async def _run_tasks(self, flow: LogicalGraph, options: JobOptions,
+                         config: CheckpointConfig | None, backend: StateBackend,
+                         assignment: StateAssignmentOperation | None,
+                         coordinator: CheckpointCoordinator | None) -> None:
+        # by identity: task ids are display names, and two sources may share one
+        sources_left: set[int] = set()
+        all_sources_done = asyncio.Event()
+        async with asyncio.TaskGroup() as tg:
+
+            def spawn(coro: Coroutine[Any, Any, None]) -> None:
+                tg.create_task(coro)
+
+            def on_source_finished(task: StreamTask) -> None:
+                sources_left.discard(id(task))
+                if not sources_left:
+                    all_sources_done.set()
+
+            env = TaskEnvironment(
+                job_name=flow.name,
+                max_parallelism=flow.max_parallelism,
+                batch_size=flow.batch_size,
+                buffer_timeout=flow.buffer_timeout,
+                exactly_once=config is None or config.mode != "at_least_once",
+                unaligned=config is not None and config.unaligned,
+                storage=self.storage,
+                coordinator=coordinator,
+                spawn=spawn,
+                on_source_finished=on_source_finished,
+            )
+            graph = ExecutionGraph(
+                flow.transformations, flow.parallelism, flow.max_parallelism, flow.batch_size,
+                flow.channel_capacity, env, backend,
+            )
+            if assignment is not None:
+                # off the loop, one operator instance per worker-thread step, before any
+                # task runs (so nothing else touches the backends meanwhile)
+                await graph.restore(assignment)
+            tasks = graph.tasks
+            self.tasks = tasks
+            self._tap_sinks(tasks)
+            sources = [t for t in tasks if t.source is not None]
+            # an iteration's loop ends after its input, like a source: the final
+            # checkpoint waits for it
+            sources_left.update(id(t) for t in tasks
+                                if t.source is not None or t.is_iteration_head)
+            self.metrics.attach(tasks)
+            if coordinator is not None:
+                coordinator.attach(tasks, graph.operator_infos())
+                tg.create_task(coordinator.run())
+            self.coordinator = coordinator
+            for task in tasks:
+                tg.create_task(task.run(), name=task.task_id)
+            tg.create_task(self._finish(all_sources_done, sources, coordinator))
+            self.status = "running"
+            self.running.set()
+        self.metrics.attach([])
+
+    async def _finish(self, all_sources_done: asyncio.Event, sources: list[StreamTask],
+                      coordinator: CheckpointCoordinator | None) -> None:
+        """When every source has ended: take the final checkpoint (so two-phase-commit sinks
+        commit the last epoch), then let end-of-input flow through the graph."""
+        await all_sources_done.wait()
+        if coordinator is not None:
+            coordinator.stop_periodic()
+            for attempt in range(3):
+                try:
+                    # wait for the commits too: end-of-input must not overtake them, and a
+                    # commit still running must not be cancelled when the tasks end
+                    await coordinator.checkpoint(await_commit=True)
+                    break
+                except CheckpointError as exc:
+                    if coordinator.failure is not None:
+                        # the coordinator failed the job: that is the reason, whichever
+                        # of the two tasks reports it first
+                        raise coordinator.failure  # noqa: B904 - its own __cause__ stays
+                    if attempt == 2:
+                        raise CheckpointError(f"the final checkpoint failed: {exc}") from exc
+            coordinator.stop()
+        for task in sources:
+            task.post(task.end)
