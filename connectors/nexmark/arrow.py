@@ -36,8 +36,8 @@ from .model import AUCTION_COLUMNS, BID_COLUMNS, PERSON_COLUMNS, Auction, Bid, P
 from .source import NexmarkReader, NexmarkSource
 
 if TYPE_CHECKING:
-    from reactive import Dataflow
     from reactive.columnar import ColumnarStream
+    from reactive.dataflow import Dataflow
 
 __all__ = ["NexmarkArrowSource", "event_schema", "nexmark_columnar", "record_batches",
            "to_record_batch"]
@@ -217,8 +217,8 @@ def nexmark_columnar(flow: Dataflow, source: NexmarkArrowSource, name: str | Non
     Returns:
         the :class:`~reactive.columnar.ColumnarStream` of the events.
     """
-    from reactive import Stream
     from reactive.columnar import ColumnarStream
+    from reactive.dataflow import Stream
 
     stream = flow.source(source, name=name or "nexmark", uid=uid)
     return ColumnarStream(flow, stream.transformation, source.schema,
