@@ -3,7 +3,7 @@ records/s with Spark's start-up excluded (and reported apart), local[2] against 
 
     python -m bench.spark_speed [--data CSV] [--limit N] [--repeats 3] [--batch N]
                                 [--masters local[2],local[1]] [--read-partitions 1,2]
-                                [--python-plan]
+                                [--python-plan] [--one-query]
 
 The input (``--data``, else written once to ``data/flights-3y.csv`` by :func:`three_years`)
 is the 2013 table and copies shifted by one and two years: 1,010,328 flights in event-time
@@ -14,7 +14,9 @@ committed file, on fresh output and checkpoint directories:
 - embedded (the baseline): heap backend, checkpoints every second, parallelism 2, the
   vectorized CSV reader of the main job, and the line reader Spark translates;
 - on Spark, in a child process per master (a SparkContext's master is fixed): the JVM and
-  session are started once and timed apart; each repeat is ``SparkRunner.run`` alone.
+  session are started once and timed apart; each repeat is ``SparkRunner.run`` alone;
+  with ``--one-query``, the first master also runs the dataflow as one query for both
+  sinks (``SparkRunner(one_query=True)``) beside the default of one query per sink.
 
 Every Spark run's committed results and dead letters are compared with the embedded run's,
 row for row. Records/s counts the input lines. Ratios are to the embedded CSV run's median.
@@ -123,7 +125,8 @@ def spark_child(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         job = SparkRunner(spark, out / "chk", max_records_per_batch=args.batch,
                           native=not args.python_plan,
-                          read_partitions=int(args.read_partitions)).run(
+                          read_partitions=int(args.read_partitions),
+                          one_query=args.one_query).run(
             flights.build_flow(Path(args.data), out / "out"))
         runs.append(time.perf_counter() - started)
         shapes = job.shapes
@@ -148,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="comma-separated SparkRunner(read_partitions=) values to run")
     p.add_argument("--python-plan", action="store_true",
                    help="Spark runs the window in Python (transformWithState), not natively")
+    p.add_argument("--one-query", action="store_true",
+                   help="also run both sinks as one Spark query (SparkRunner(one_query=True))")
     p.add_argument("--spark-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--master", default="local[2]", help=argparse.SUPPRESS)
     p.add_argument("--work", default=None, help=argparse.SUPPRESS)
@@ -182,19 +187,25 @@ def main(argv: list[str] | None = None) -> None:
         base = statistics.median(embedded["csv"])
         row("embedded, CSV reader (p=2, heap)", embedded["csv"], None)
         row("embedded, line reader (p=2, heap)", embedded["lines"], base)
-        for master, parts in [(m, n) for n in args.read_partitions.split(",")
-                              for m in args.masters.split(",")]:
+        for master, parts, one in [(m, n, o) for n in args.read_partitions.split(",")
+                                   for m in args.masters.split(",")
+                                   for o in ([False, True] if args.one_query
+                                             and m == args.masters.split(",")[0]
+                                             else [False])]:
             cmd = [sys.executable, "-m", "bench.spark_speed", "--spark-child", "--master",
                    master, "--data", str(data), "--repeats", str(args.repeats), "--batch",
                    str(args.batch), "--work", str(work), "--embedded",
                    str(work / "embedded-lines"), "--read-partitions", parts]
             if args.python_plan:
                 cmd.append("--python-plan")
+            if one:
+                cmd.append("--one-query")
             done = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"the Spark run on {master} failed:\n{done.stderr[-4000:]}")
             result = json.loads(done.stdout.strip().splitlines()[-1])
-            row(f"Spark {master}, read partitions {parts}, queries only", result["runs"], base,
+            queries = "one query" if one else "a query per sink"
+            row(f"Spark {master}, read partitions {parts}, {queries}", result["runs"], base,
                 f"start-up {result['startup']:.1f} s; equal: {result['equal']}; "
                 f"{', '.join(sorted(set(result['shapes'].values())))}")
         print(f"flights job, {records - 1:,} flights ({data.name}), {args.repeats} repeats, "

@@ -57,14 +57,15 @@ def committed(directory: Path) -> list[Any]:
     return sorted(rows, key=json.dumps)
 
 
-async def run_both(build: Any, tmp_path: Path, spark: Any, batch: int = 300) -> tuple[Path, Path]:
+async def run_both(build: Any, tmp_path: Path, spark: Any, batch: int = 300,
+                   one_query: bool = False) -> tuple[Path, Path]:
     """Run the program ``build(name, out_dir)`` embedded and on Spark; returns both output
     directories."""
     embedded, on_spark = tmp_path / "embedded", tmp_path / "spark"
     await build("embedded", embedded).run(
         checkpoints=CheckpointConfig(interval=0.05, directory=tmp_path / "chk"))
-    SparkRunner(spark, tmp_path / "spark-chk", max_records_per_batch=batch).run(
-        build("spark", on_spark))
+    SparkRunner(spark, tmp_path / "spark-chk", max_records_per_batch=batch,
+                one_query=one_query).run(build("spark", on_spark))
     return embedded, on_spark
 
 
@@ -261,8 +262,13 @@ def with_dead_letters(name: str, out: Path) -> Dataflow:
     return flow
 
 
-async def test_dead_letter_side_path_equals_embedded(spark: Any, tmp_path: Path) -> None:
-    embedded, on_spark = await run_both(with_dead_letters, tmp_path, spark, batch=225)
+@pytest.mark.parametrize("one_query", [False, True])
+async def test_dead_letter_side_path_equals_embedded(
+        spark: Any, tmp_path: Path, one_query: bool) -> None:
+    # one_query: the parse runs once, the reduce (transformWithState) and the dead letters
+    # are two branches of one query
+    embedded, on_spark = await run_both(with_dead_letters, tmp_path, spark, batch=225,
+                                        one_query=one_query)
     dead = committed(on_spark / "dead")
     assert dead == committed(embedded / "dead")
     assert [d["line"] for d in sorted(dead, key=lambda d: d["line"])] == sorted(

@@ -26,8 +26,9 @@ def rows(spark: Any, directory: Path) -> list[tuple[Any, ...]]:
     return sorted(tuple(r) for r in df.collect())
 
 
+@pytest.mark.parametrize("one_query", [False, True])
 async def test_flights_on_spark_equal_the_embedded_run_row_for_row(
-        spark: Any, tmp_path: Path) -> None:
+        spark: Any, tmp_path: Path, one_query: bool) -> None:
     sys.path.insert(0, str(EXAMPLES))
     try:
         import flights
@@ -39,11 +40,13 @@ async def test_flights_on_spark_equal_the_embedded_run_row_for_row(
     embedded, on_spark = tmp_path / "embedded", tmp_path / "spark"
     await flights.build_flow(data, embedded).run(
         checkpoints=CheckpointConfig(interval=0.1, directory=tmp_path / "chk"))
-    job = SparkRunner(spark, tmp_path / "spark-chk", max_records_per_batch=1_000).run(
-        flights.build_flow(data, on_spark))
+    job = SparkRunner(spark, tmp_path / "spark-chk", max_records_per_batch=1_000,
+                      one_query=one_query).run(flights.build_flow(data, on_spark))
     # the hourly windows (built-in aggregations) run as Spark SQL
     assert job.shapes == {"dead-letter-sink": "per-record",
                           "results-sink": "native window aggregation"}
+    # one query reads and parses the input once and writes both sinks
+    assert (job.queries["dead-letter-sink"] is job.queries["results-sink"]) == one_query
     results = rows(spark, on_spark)
     assert results == rows(spark, embedded)
     assert sum(r[4] for r in results) == 3_000 - 3_000 // 400  # every valid flight counted

@@ -21,6 +21,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 #: the environment variable naming the commit-log entry after which the driver crashes
 KILL_ENV = "REACTIVE_TEST_KILL_AFTER_COMMIT"
+#: the environment variable naming a micro-batch after whose first sink's commit (of two
+#: sinks written by one query) the driver crashes, before the second sink's
+KILL_BETWEEN_ENV = "REACTIVE_TEST_KILL_BETWEEN_SINKS"
 LINES = 3000
 BATCH = 500
 
@@ -43,7 +46,9 @@ def write_input(path: Path, seed: int) -> list[tuple[str, float, int]]:
 
 def build(data: Path, out: Path, shape: str = "python") -> Any:
     """The dataflow; ``shape`` ``"native"`` aggregates with built-in aggregations (a native
-    Spark SQL plan), ``"python"`` with a user function (``transformWithState``)."""
+    Spark SQL plan), ``"python"`` with a user function (``transformWithState``), and
+    ``"two-sinks"`` as ``"native"`` with the malformed lines written to a dead-letter sink
+    (``out/_dead_letters``) too: both sinks from one query."""
     from reactive import AggregateFunction, Dataflow, TumblingEventTimeWindows
     from reactive.connectors.files import CommittingFileSink
     from reactive.windowing.aggregates import Aggregates, count, sum_of
@@ -72,11 +77,18 @@ def build(data: Path, out: Path, shape: str = "python") -> Any:
             os.killpg(driver_group, signal.SIGKILL)
             os.killpg(os.getpgrp(), signal.SIGKILL)
         parts = line.split(",")
-        return [(parts[0], float(parts[1]), int(parts[2]))] if len(parts) == 3 else []
+        if len(parts) == 3:
+            return [(parts[0], float(parts[1]), int(parts[2]))]
+        return [("malformed", line)] if shape == "two-sinks" else []
 
     flow = Dataflow("restart")
-    (flow.read_text_file(data).flat_map(parse, name="parse")
-         .assign_timestamps(lambda r: r[1], max_out_of_orderness=2)
+    parsed = flow.read_text_file(data).flat_map(parse, name="parse")
+    if shape == "two-sinks":
+        (parsed.filter(lambda r: len(r) == 2, name="malformed")
+               .map(lambda r: {"line": r[1]}, name="dead-letter")
+               .sink(CommittingFileSink(out / "_dead_letters")).uid("dead"))
+        parsed = parsed.filter(lambda r: len(r) == 3, name="valid")
+    (parsed.assign_timestamps(lambda r: r[1], max_out_of_orderness=2)
          .key_by(lambda r: r[0]).window(TumblingEventTimeWindows.of(60))
          .aggregate(Total() if shape == "python"
                     else Aggregates(count(), sum_of(lambda r: r[2], dtype="int"))).uid("totals")
@@ -95,19 +107,56 @@ def driver(data: Path, out: Path, checkpoints: Path, shape: str) -> None:
     every batch had committed on a fast run."""
     from reactive.connectors.spark import SparkRunner, local_session
 
+    between = os.environ.get(KILL_BETWEEN_ENV)
+    if between is not None:
+        kill_between_sinks(int(between))
     spark = local_session("local[2]", app_name="reactive-restart", shuffle_partitions=2)
-    job = SparkRunner(spark, checkpoints, max_records_per_batch=BATCH).run(
-        build(data, out, shape))
-    wanted = "native window aggregation" if shape == "native" else "transformWithState"
+    job = SparkRunner(spark, checkpoints, max_records_per_batch=BATCH,
+                      one_query=shape == "two-sinks").run(build(data, out, shape))
+    wanted = "transformWithState" if shape == "python" else "native window aggregation"
     assert job.shapes["out"] == wanted, job.shapes
+    if shape == "two-sinks":
+        assert job.queries["out"] is job.queries["dead"], "the sinks ran as two queries"
+
+
+def kill_between_sinks(batch_id: int) -> None:
+    """Make the one query's writer SIGKILL the driver's process group once the first sink
+    committed micro-batch ``batch_id``, before the second sink writes it."""
+    from reactive.connectors.spark import one_query
+
+    class Killing:
+        def __init__(self, sink: Any) -> None:
+            self.sink = sink
+
+        def addBatch(self, n: int, rows: Any) -> None:
+            self.sink.addBatch(n, rows)
+            if n == batch_id:
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    file_sinks = one_query._SinkWriter._file_sinks
+
+    def first_killing(self: Any, spark: Any) -> list[Any]:
+        first, *rest = file_sinks(self, spark)
+        return [Killing(first), *rest]
+
+    one_query._SinkWriter._file_sinks = first_killing  # type: ignore[method-assign]
+
+
+def query_location(checkpoints: Path, shape: str) -> Path:
+    """The Spark checkpoint location of the dataflow's (one) query."""
+    return checkpoints / "restart" / ("dead+out" if shape == "two-sinks" else "out")
 
 
 def start_driver(data: Path, out: Path, checkpoints: Path, shape: str,
-                 kill_after: int | None = None) -> subprocess.Popen[bytes]:
+                 kill_after: int | None = None, kill_between: int | None = None
+                 ) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop(KILL_ENV, None)
+    env.pop(KILL_BETWEEN_ENV, None)
+    if kill_between is not None:
+        env[KILL_BETWEEN_ENV] = str(kill_between)
     if kill_after is not None:
-        env[KILL_ENV] = str(checkpoints / "restart" / "out" / "commits" / str(kill_after))
+        env[KILL_ENV] = str(query_location(checkpoints, shape) / "commits" / str(kill_after))
     # a process group of its own: the kill takes the driver's JVM down with it
     return subprocess.Popen([sys.executable, __file__, str(data), str(out), str(checkpoints),
                              shape],
@@ -121,18 +170,23 @@ def committed_batches(commits: Path) -> int:
     return sum(1 for p in commits.iterdir() if p.name.isdigit())
 
 
-def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int,
-                  shape: str = "python") -> None:
+def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int | None,
+                  shape: str = "python", kill_between: int | None = None) -> None:
     from reactive.connectors.spark import ResultLog, validate_exactly_once
 
     data, out, chk = tmp_path / "input.csv", tmp_path / "out", tmp_path / "chk"
     rows = write_input(data, seed)
-    commits = chk / "restart" / "out" / "commits"
-    first = start_driver(data, out, chk, shape, kill_after)
+    commits = query_location(chk, shape) / "commits"
+    first = start_driver(data, out, chk, shape, kill_after, kill_between)
     code = first.wait(timeout=600)
     assert code == -signal.SIGKILL, f"the driver ended (exit code {code}) instead of being killed"
     batches_before = committed_batches(commits)
     assert batches_before < LINES // BATCH, "the kill came after the input was consumed"
+    if kill_between is not None:  # one sink committed the batch Spark had not
+        dead_log = out / "_dead_letters" / "_spark_metadata"
+        assert (dead_log / str(kill_between)).exists()
+        assert not (out / "_spark_metadata" / str(kill_between)).exists()
+        assert batches_before == kill_between
     second = start_driver(data, out, chk, shape)
     assert second.wait(timeout=600) == 0
     # the restarted driver continued after the committed batches, it did not start over
@@ -149,6 +203,9 @@ def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int,
     actual = ResultLog(spark, out).read()
     report = validate_exactly_once(actual, expected_df, key=["key", "start"])
     assert report.ok, str(report)
+    if shape == "two-sinks":  # every malformed line committed once
+        dead = [r["line"] for r in ResultLog(spark, out / "_dead_letters").read().collect()]
+        assert sorted(dead) == sorted(f"malformed {i}" for i in range(LINES) if i % 997 == 5)
 
 
 @pytest.fixture(scope="module")
@@ -158,14 +215,22 @@ def spark() -> Any:
     return local_session("local[2]", app_name="reactive-spark-restart", shuffle_partitions=2)
 
 
-@pytest.mark.parametrize("shape", ["python", "native"])
+@pytest.mark.parametrize("shape", ["python", "native", "two-sinks"])
 def test_driver_killed_mid_way_resumes_exactly_once(
         tmp_path: Path, spark: Any, shape: str) -> None:
     check_restart(tmp_path, spark, seed=19, kill_after=1, shape=shape)
 
 
+def test_driver_killed_between_two_sinks_commits_resumes_exactly_once(
+        tmp_path: Path, spark: Any) -> None:
+    # the dead-letter sink committed micro-batch 2, the results sink and Spark's commit log
+    # had not: the replayed batch is skipped by the one and written by the other
+    check_restart(tmp_path, spark, seed=23, kill_after=None, shape="two-sinks",
+                  kill_between=2)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", ["python", "native"])
+@pytest.mark.parametrize("shape", ["python", "native", "two-sinks"])
 @pytest.mark.parametrize("seed", range(4))
 def test_driver_killed_at_seeded_batches_resumes_exactly_once(
         tmp_path: Path, spark: Any, seed: int, shape: str) -> None:

@@ -49,7 +49,8 @@ from .translation import QueryPlan
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["NativeWindow", "native_query", "native_window"]
+__all__ = ["NativeWindow", "native_aggregate", "native_query", "native_row_fields",
+           "native_window"]
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,20 @@ def time_shift(window: NativeWindow) -> int:
     return -(-10**16 // size) * size
 
 
+def native_row_fields(window: NativeWindow) -> list[tuple[str, Any]]:
+    """The columns of the rows a native window's aggregation reads, as ``(name,
+    pyarrow type)``: ``key`` (the key's canonical bytes), ``ts`` (the shifted event time,
+    :func:`time_shift`), ``seq`` and ``sub`` (the source position and the output's rank
+    among that record's outputs: the order of ``first`` and ``last``) and one value column
+    ``v<i>`` per aggregation."""
+    import pyarrow as pa
+
+    return [("key", pa.binary()), ("ts", pa.timestamp("us", tz="UTC")), ("seq", pa.int64()),
+            ("sub", pa.int32()),
+            *[(f"v{i}", pa.int64() if a.dtype == "int" else pa.float64())
+              for i, a in enumerate(window.aggregations)]]
+
+
 def _spark_type(dtype: str) -> str:
     return "bigint" if dtype == "int" else "double"
 
@@ -148,12 +163,30 @@ def native_query(frame: DataFrame, plan: QueryPlan, window: NativeWindow,
     Returns:
         the DataFrame to write with the sink's format, in append mode.
     """
-    from pyspark.sql import functions as F
-
     values = ", ".join(f"v{i} {_spark_type(a.dtype)}"
                        for i, a in enumerate(window.aggregations))
     schema = f"key binary, ts timestamp, seq bigint, sub int, {values}"
     rows = frame.mapInArrow(_records_to_columns(plan, window), schema)
+    return native_aggregate(rows, plan, window, encoder)
+
+
+def native_aggregate(rows: DataFrame, plan: QueryPlan, window: NativeWindow,
+                     encoder: Any) -> DataFrame:
+    """The aggregation of a native window plan, from the rows its first ``mapInArrow``
+    makes (``key, ts, seq, sub, v0, v1, ...``: :func:`native_row_fields`), to the sink's
+    rows.
+
+    Args:
+        rows: the streaming DataFrame of those rows.
+        plan: the plan (its keyed step is the window).
+        window: its native form (:func:`native_window`).
+        encoder: the sink's :class:`~.record_chain.SinkEncoder`.
+
+    Returns:
+        the DataFrame of the sink's rows, in append mode.
+    """
+    from pyspark.sql import functions as F
+
     delay_ms = round(window.delay * 1000)
     grouped = (rows.withWatermark("ts", f"{delay_ms} milliseconds")
                .groupBy(F.window("ts", _duration(window.size), _duration(window.size),

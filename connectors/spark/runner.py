@@ -1,7 +1,8 @@
 """The Spark runner: the same :class:`~reactive.Dataflow` run as Spark Structured Streaming
-queries, one per sink, each with its checkpoint location (Spark's offset and commit logs and
-its RocksDB state store) and Spark's file sink (exactly once through its ``_spark_metadata``
-log, readable by :class:`~.result_log.ResultLog`).
+queries with their checkpoint locations (Spark's offset and commit logs and its RocksDB
+state store) and Spark's file sink (exactly once through its ``_spark_metadata`` log,
+readable by :class:`~.result_log.ResultLog`): one query for the whole dataflow where its
+sinks allow it (:mod:`.one_query`), else one per sink.
 
 ```python
 from reactive.connectors.spark import SparkRunner, local_session
@@ -55,7 +56,8 @@ class SparkJob:
     """The running (or finished) queries of a dataflow on Spark.
 
     Attributes:
-        queries: one streaming query per sink, by the sink's uid.
+        queries: the streaming query of each sink, by the sink's uid (sinks written by one
+            query share it).
         plans: the translated plans, in the same order.
         settings: the Spark SQL settings the runner gave the queries (by configuration key),
             which differ from the session's; the session itself is left as it was.
@@ -128,8 +130,9 @@ class SparkRunner:
 
     Args:
         spark: the session (``local_session()`` for one machine, or a cluster's).
-        checkpoint_location: a directory; query ``q`` of a dataflow ``job`` keeps its Spark
-            checkpoint in ``<checkpoint_location>/<job>/<sink uid>``.
+        checkpoint_location: a directory; the query of a sink of dataflow ``job`` keeps its
+            Spark checkpoint in ``<checkpoint_location>/<job>/<sink uid>``, the one query of
+            several sinks in ``<checkpoint_location>/<job>/<uid>+<uid>...`` (in sink order).
         max_records_per_batch: source records per micro-batch at most.
         state_store: ``"rocksdb"`` (Spark's RocksDB state store provider) or ``"default"``
             (the session's, HDFS-backed unless configured otherwise).
@@ -144,6 +147,13 @@ class SparkRunner:
             source order). More use more cores for parsing; a keyed operator still sees
             each key's records in source order, but late records are judged as embedded
             only with 1 (see :mod:`.native_plan`).
+        one_query: run a dataflow with several sinks as one query (:mod:`.one_query`: the
+            source read and the shared steps run once, every sink written from each
+            micro-batch) where it has one source and at most one keyed operator; False (the
+            default): one query per sink, each reading the source. One query does half the
+            Python work of two, but in one chain of stages (its extra shuffle, per-branch
+            tasks and one write job per sink cost seconds per micro-batch), where two
+            queries run side by side on two cores: measure both (``bench.spark_speed``).
 
     Sizing: a stateful streaming query runs one task per shuffle partition in every
     micro-batch, and fixes that number in its checkpoint for good. Spark's default of 200
@@ -163,7 +173,7 @@ class SparkRunner:
     def __init__(self, spark: SparkSession, checkpoint_location: str | Path,
                  max_records_per_batch: int = 100_000, state_store: str = "rocksdb",
                  shuffle_partitions: int | None = None, native: bool = True,
-                 read_partitions: int = 1) -> None:
+                 read_partitions: int = 1, one_query: bool = False) -> None:
         if max_records_per_batch < 1:
             raise ValueError(f"max_records_per_batch must be >= 1, got {max_records_per_batch}")
         if state_store not in ("rocksdb", "default"):
@@ -176,6 +186,7 @@ class SparkRunner:
         self.state_store = state_store
         self.shuffle_partitions = shuffle_partitions
         self.native = native
+        self.one_query = one_query
         if read_partitions < 1:
             raise ValueError(f"read_partitions must be >= 1, got {read_partitions}")
         self.read_partitions = read_partitions
@@ -204,7 +215,18 @@ class SparkRunner:
         settings = self.query_settings(flow)
         queries: dict[str, StreamingQuery] = {}
         shapes: dict[str, str] = {}
+        from .one_query import one_query_refusal
+
+        why_not = one_query_refusal(plans) if self.one_query else "one_query=False"
         with _session_conf(self.spark, settings):
+            if why_not is None:
+                names = [p.sink.uid for p in plans if p.sink is not None]
+                query, shapes = self._start_one_query(
+                    plans, self.checkpoint_location / flow.name / "+".join(names))
+                return SparkJob(dict.fromkeys(names, query), plans, settings, shapes)
+            if len(plans) > 1:
+                log.info("the sinks of dataflow %r run as one query each: %s", flow.name,
+                         why_not)
             try:
                 for plan in plans:
                     assert plan.sink is not None
@@ -257,6 +279,26 @@ class SparkRunner:
         return job
 
     # ------------------------------------------------------------------ one query
+    def _source_frame(self, plan: QueryPlan) -> DataFrame:
+        from .stream_source import SOURCE_FORMAT, source_options
+
+        return (self.spark.readStream.format(getattr(self, "_source_format", SOURCE_FORMAT))
+                .options(**source_options(plan.source.kind, plan.source.source,
+                                          self.max_records_per_batch, self.read_partitions))
+                .load())
+
+    def _start_one_query(self, plans: list[QueryPlan], location: Path
+                         ) -> tuple[StreamingQuery, dict[str, str]]:
+        from .one_query import start_one_query
+
+        partitions = int(self.spark.conf.get(SHUFFLE_PARTITIONS, "200") or 200)
+        query, shapes = start_one_query(self.spark, self._source_frame(plans[0]), plans,
+                                        location, self.native, partitions)
+        log.info("starting the one Spark query of sinks %s (%s; checkpoint location %s)",
+                 ", ".join(shapes), ", ".join(f"{u}: {s}" for u, s in shapes.items()),
+                 location)
+        return query, shapes
+
     def _start_query(self, plan: QueryPlan, location: Path) -> tuple[StreamingQuery, str]:
         from .native_plan import native_query, native_window
         from .record_chain import SinkEncoder
@@ -293,21 +335,29 @@ class SparkRunner:
         return writer.start(), shape
 
     def _keyed(self, frame: DataFrame, plan: QueryPlan, encoder: Any) -> DataFrame:
-        from .keyed_processor import KeyedOperatorProcessor
+        return keyed_from(frame.mapInArrow(_records_to_keyed(plan), _PRE_SCHEMA), plan,
+                          encoder)
 
-        assert plan.keyed is not None and plan.sink is not None
-        delay = plan.watermark_delay or 0.0
-        keyed = (frame.mapInArrow(_records_to_keyed(plan), _PRE_SCHEMA)
-                 # the marker's event time passes the watermark beyond every timer; the
-                 # records' event time is dropped before the operator, which judges lateness
-                 # itself, as embedded (Spark would drop late rows before it). The marker
-                 # reaches the operator (with a null key, skipped there): a filter here would
-                 # be pushed below the watermark, which would then never see it
-                 .withWatermark("ts", f"{int(delay * 1000)} milliseconds")
-                 .select("key", "record", "seq"))
-        processor = KeyedOperatorProcessor(plan.keyed, plan.after_key, plan.sink)
-        return keyed.groupBy("key").transformWithState(
-            processor, encoder.spark_schema(), "Append", "EventTime")
+
+def keyed_from(pre: DataFrame, plan: QueryPlan, encoder: Any) -> DataFrame:
+    """The sink's rows of a keyed operator run in Python (``transformWithState``), from its
+    input rows ``record, ts, seq, key`` (the records pickled, their event time and the
+    canonical bytes of their key; the end-of-input marker with a null record and key)."""
+    from .keyed_processor import KeyedOperatorProcessor
+
+    assert plan.keyed is not None and plan.sink is not None
+    delay = plan.watermark_delay or 0.0
+    keyed = (pre
+             # the marker's event time passes the watermark beyond every timer; the
+             # records' event time is dropped before the operator, which judges lateness
+             # itself, as embedded (Spark would drop late rows before it). The marker
+             # reaches the operator (with a null key, skipped there): a filter here would
+             # be pushed below the watermark, which would then never see it
+             .withWatermark("ts", f"{int(delay * 1000)} milliseconds")
+             .select("key", "record", "seq"))
+    processor = KeyedOperatorProcessor(plan.keyed, plan.after_key, plan.sink)
+    return keyed.groupBy("key").transformWithState(
+        processor, encoder.spark_schema(), "Append", "EventTime")
 
 
 def shuffle_partitions_for(flow: LogicalGraph) -> int:
