@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import pickle
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import (
@@ -34,9 +34,12 @@ from reactive.time.timers import Fire
 
 from .record_chain import SinkEncoder, run_steps
 from .state_adapter import SparkKeyedStateBackend, SparkTimerService
-from .translation import KeyedStep, RecordStep, SinkStep
+from .translation import KeyedStep, QueryPlan, RecordStep, SinkStep
 
-__all__ = ["KeyedOperatorProcessor", "watermark_seconds"]
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["KeyedOperatorProcessor", "keyed_from", "watermark_seconds"]
 
 
 def watermark_seconds(millis: int) -> float:
@@ -141,3 +144,22 @@ class KeyedOperatorProcessor(StatefulProcessor):
         op = getattr(self, "op", None)
         if op is not None and isinstance(op, ProcessOperator):
             op.fn.close()
+
+
+def keyed_from(pre: DataFrame, plan: QueryPlan, encoder: Any) -> DataFrame:
+    """The sink's rows of a keyed operator run in Python (``transformWithState``), from its
+    input rows ``record, ts, seq, key`` (the records pickled, their event time and the
+    canonical bytes of their key; the end-of-input marker with a null record and key)."""
+    assert plan.keyed is not None and plan.sink is not None
+    delay = plan.watermark_delay or 0.0
+    keyed = (pre
+             # the marker's event time passes the watermark beyond every timer; the
+             # records' event time is dropped before the operator, which judges lateness
+             # itself, as embedded (Spark would drop late rows before it). The marker
+             # reaches the operator (with a null key, skipped there): a filter here would
+             # be pushed below the watermark, which would then never see it
+             .withWatermark("ts", f"{int(delay * 1000)} milliseconds")
+             .select("key", "record", "seq"))
+    processor = KeyedOperatorProcessor(plan.keyed, plan.after_key, plan.sink)
+    return keyed.groupBy("key").transformWithState(
+        processor, encoder.spark_schema(), "Append", "EventTime")

@@ -451,9 +451,9 @@ def start_one_query(spark: SparkSession, frame: DataFrame, plans: list[QueryPlan
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    from .keyed_processor import keyed_from
     from .native_plan import native_aggregate, native_window
     from .record_chain import SinkEncoder
-    from .runner import keyed_from
 
     branches: list[_Branch] = []
     shapes: dict[str, str] = {}

@@ -335,29 +335,10 @@ class SparkRunner:
         return writer.start(), shape
 
     def _keyed(self, frame: DataFrame, plan: QueryPlan, encoder: Any) -> DataFrame:
+        from .keyed_processor import keyed_from
+
         return keyed_from(frame.mapInArrow(_records_to_keyed(plan), _PRE_SCHEMA), plan,
                           encoder)
-
-
-def keyed_from(pre: DataFrame, plan: QueryPlan, encoder: Any) -> DataFrame:
-    """The sink's rows of a keyed operator run in Python (``transformWithState``), from its
-    input rows ``record, ts, seq, key`` (the records pickled, their event time and the
-    canonical bytes of their key; the end-of-input marker with a null record and key)."""
-    from .keyed_processor import KeyedOperatorProcessor
-
-    assert plan.keyed is not None and plan.sink is not None
-    delay = plan.watermark_delay or 0.0
-    keyed = (pre
-             # the marker's event time passes the watermark beyond every timer; the
-             # records' event time is dropped before the operator, which judges lateness
-             # itself, as embedded (Spark would drop late rows before it). The marker
-             # reaches the operator (with a null key, skipped there): a filter here would
-             # be pushed below the watermark, which would then never see it
-             .withWatermark("ts", f"{int(delay * 1000)} milliseconds")
-             .select("key", "record", "seq"))
-    processor = KeyedOperatorProcessor(plan.keyed, plan.after_key, plan.sink)
-    return keyed.groupBy("key").transformWithState(
-        processor, encoder.spark_schema(), "Append", "EventTime")
 
 
 def shuffle_partitions_for(flow: LogicalGraph) -> int:
