@@ -14,7 +14,7 @@ from bench.window_sharing import NaiveWindows, SlicingWindows
 from bench.windows import Sum
 from reactive.windowing import CountWindows, CuttyAggregator
 
-from .conftest import checkpoint_state
+from .support import checkpoint_state
 
 
 def brute_force(records, queries):

@@ -66,6 +66,7 @@ def test_the_readme_has_python_blocks():
     assert len(BLOCKS) >= 4
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"line{b.line}" for b in BLOCKS])
 def test_readme_block_runs(block: Block, tmp_path: Path) -> None:
     if block.skip is not None:

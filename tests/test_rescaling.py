@@ -35,7 +35,7 @@ from reactive.sinks import SinkWriter
 from reactive.sources import Source, SourceReader
 from reactive.state.backend import StateBackend
 
-from .conftest import Count
+from .support import Count
 
 MAXP = 8
 BACKENDS = ["heap", "rocksdb"]

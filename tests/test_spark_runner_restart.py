@@ -151,13 +151,6 @@ def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int,
     assert report.ok, str(report)
 
 
-@pytest.fixture(scope="module")
-def spark() -> Any:
-    from reactive.connectors.spark import local_session
-
-    return local_session("local[2]", app_name="reactive-spark-restart", shuffle_partitions=2)
-
-
 @pytest.mark.parametrize("shape", ["python", "native"])
 def test_driver_killed_mid_way_resumes_exactly_once(
         tmp_path: Path, spark: Any, shape: str) -> None:
