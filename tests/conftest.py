@@ -1,124 +1,17 @@
-"""Shared fixtures and pipeline pieces for the tests."""
+"""The tests' fixtures, and the ``e2e`` marker's rules (pipeline pieces: tests/support.py)."""
 
 from __future__ import annotations
 
 import collections
-import importlib.util
-import random
-import sys
-from collections.abc import Iterable
-from pathlib import Path
-from types import ModuleType
+import os
+import subprocess
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from reactive import KeyedProcessFunction, ValueStateDescriptor
-from reactive.testing import TestingSource
-
-
-class Count(KeyedProcessFunction):
-    """Keyed count: emits ``(key, n)`` after each record of ``key``."""
-
-    def open(self, ctx: Any) -> None:
-        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
-
-    def process_element(self, value: Any, ctx: Any) -> Iterable[Any]:
-        n = self.count.value() + 1
-        self.count.update(n)
-        yield (ctx.current_key, n)
-
-
-class FailureInjector:
-    """Raises once at each of the given global record numbers (shared by all instances and
-    all attempts: the job copies functions per instance, not this object's owner class)."""
-
-    def __init__(self, fail_at: Iterable[int]) -> None:
-        self.fail_at = sorted(fail_at)
-        self.seen = 0
-        self.failures = 0
-
-    def tick(self) -> None:
-        self.seen += 1
-        if self.fail_at and self.seen >= self.fail_at[0]:
-            self.fail_at.pop(0)
-            self.failures += 1
-            raise RuntimeError(f"injected failure #{self.failures} at record {self.seen}")
-
-
-def paced(items: Iterable[Any], every: int) -> TestingSource:
-    """A :class:`TestingSource` over ``items`` that waits for a completed checkpoint every
-    ``every`` records (:data:`TestingSource.CHECKPOINT` markers).
-
-    Failure-injection tests need checkpoints to complete *between* their injected failures.
-    With a plain collection source that depended on how long checkpoints took compared with
-    how fast the records flowed (a job could fail at record 150,000 before its first
-    checkpoint completed, then find nothing to restore); pacing the source by completed
-    checkpoints makes it hold on any machine.
-    """
-    out: list[Any] = []
-    for i, item in enumerate(items):
-        if i and i % every == 0:
-            out.append(TestingSource.CHECKPOINT)
-        out.append(item)
-    return TestingSource(out)
-
-
-def failing_count(injector: FailureInjector) -> KeyedProcessFunction:
-    """A :class:`Count` that calls ``injector.tick()`` before each record."""
-
-    class FailingCount(Count):
-        inj = injector  # a class attribute: shared, not deep-copied per instance
-
-        def process_element(self, value: Any, ctx: Any) -> Iterable[Any]:
-            self.inj.tick()
-            return super().process_element(value, ctx)
-
-    return FailingCount()
-
-
-def final_counts(records: Iterable[tuple[Any, int]]) -> dict[Any, int]:
-    """The largest count emitted per key (what the keyed state ended with)."""
-    out: dict[Any, int] = {}
-    for key, n in records:
-        if n > out.get(key, 0):
-            out[key] = n
-    return out
-
-
-def checkpoint_state(directory: Any, job: str, uid: str, state: str) -> dict[Any, Any]:
-    """The keyed state ``state`` of operator ``uid`` in the job's latest completed checkpoint
-    (heap backend), merged over all instances."""
-    from reactive import CheckpointStorage
-    from reactive.backends.heap import read_heap_snapshot
-
-    chk = CheckpointStorage(directory, job).completed()[-1]
-    out: dict[Any, Any] = {}
-    for sub in chk.metadata.operators[uid].subtasks.values():
-        if sub.keyed_state is not None:
-            out.update(read_heap_snapshot(sub.keyed_state.to_json(), chk.job_dir)
-                       .get(state, {}))
-    return out
-
-
-def operator_state_entry(chk: Any, uid: str, name: str, default: Any) -> Any:
-    """Entry ``name`` of operator ``uid``'s state (subtask 0) in completed checkpoint
-    ``chk`` (``default`` when the checkpoint holds no state for the operator)."""
-    import pickle
-
-    operator = chk.metadata.operators.get(uid)
-    if operator is None:
-        return default
-    handle = operator.subtasks[0].operator_state
-    states = pickle.loads((chk.job_dir / handle.files[0].path).read_bytes())
-    return states[name][1] if name in states else default
-
-
-def zipf_words(n: int, vocabulary: int, seed: int) -> list[str]:
-    """``n`` words drawn with a skewed (Zipf-like) distribution, deterministic per seed."""
-    rnd = random.Random(seed)
-    weights = [1.0 / (i + 1) ** 1.1 for i in range(vocabulary)]
-    return [f"w{i}" for i in rnd.choices(range(vocabulary), weights=weights, k=n)]
+from tests.kafka_cluster import kafka_cluster  # noqa: F401 - the Kafka tests' fixture
+from tests.support import zipf_words
 
 
 @pytest.fixture
@@ -131,22 +24,52 @@ def truth(words: list[str]) -> dict[str, int]:
     return dict(collections.Counter(words))
 
 
-from tests.kafka_cluster import kafka_cluster  # noqa: E402, F401 - the Kafka tests' fixture
+# ---------------------------------------------------------------- end-to-end tests (e2e)
+#: fixtures that start Kafka (the mock cluster) or Spark: a test using one is end-to-end
+E2E_FIXTURES = frozenset({"kafka_cluster", "spark"})
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``e2e`` every test that uses a fixture of :data:`E2E_FIXTURES`; leave out the
+    ``slow`` tests unless the ``-m`` expression names them (``-m slow`` runs them, and
+    ``-m "not e2e"`` is the fast run without them)."""
+    for item in items:
+        if E2E_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+    if "slow" in (config.option.markexpr or ""):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]
 
 
-def load_example(name: str) -> ModuleType:
-    """Import ``examples/<name>.py`` (once per process; registered under ``name`` so that
-    pickled objects of its classes can be loaded again, and with ``examples/`` on the path
-    for the examples' imports of each other)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(autouse=True)
+def _processes_only_in_e2e_tests(request: pytest.FixtureRequest,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail a test that starts a process (a subprocess, a venv's pip, a fork) without the
+    ``e2e`` marker, so that ``pytest -m "not e2e"`` runs in-process tests only."""
+    if request.node.get_closest_marker("e2e") is not None:
+        return
+    name = request.node.nodeid
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"{name} starts a process: mark it @pytest.mark.e2e")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The one SparkSession (local[2], 2 shuffle partitions) of the test session: starting
+    the JVM costs ~10 s, each query then ~0.1-1 s. A test that changes its configuration
+    sets it back; a module whose functions Spark's workers must unpickle by value overrides
+    this fixture with :func:`tests.support.pickled_by_value`."""
+    pytest.importorskip("pyspark", reason="the Spark tests need pyspark (the spark extra)")
+    from reactive.connectors.spark import local_session
+
+    session = local_session("local[2]", app_name="reactive-tests", shuffle_partitions=2)
+    yield session
+    session.stop()

@@ -17,7 +17,7 @@ from reactive.runtime.barrier_handler import CheckpointBarrierTracker, SingleChe
 from reactive.runtime.channel import Channel, InputGate
 from reactive.runtime.events import CheckpointBarrier
 
-from .conftest import Count
+from .support import Count
 
 
 class SlowSource(Source):

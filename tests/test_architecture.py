@@ -22,6 +22,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 # folder -> the package it installs as (pyproject.toml's package-dir)
 PACKAGES = {"reactive": "reactive", "backends": "reactive.backends",
@@ -125,6 +127,7 @@ def test_the_runtime_does_not_import_backends_or_connectors():
     assert bad == []
 
 
+@pytest.mark.e2e
 def test_importing_reactive_imports_no_backend_or_connector():
     import subprocess
     import sys

@@ -17,8 +17,8 @@ from reactive import CheckpointConfig, Dataflow, JobFailedError, RestartStrategy
 from reactive.connectors.collections import ListSink
 from reactive.testing import TestingSource
 
-from .conftest import Count
 from .faulty_backends import FlakyRestoreStateBackend, ThreadBoundStateBackend
+from .support import Count
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -63,6 +63,7 @@ def run_contract_suite(tmp_path: Path, source: str,
     return out
 
 
+@pytest.mark.e2e
 def test_the_suite_fails_a_backend_that_works_on_the_loops_thread_only(tmp_path):
     results = run_contract_suite(tmp_path, SUITE)
     assert set(results["TestControl"].values()) == {"passed"}, results["TestControl"]
@@ -148,6 +149,7 @@ class TestDotDotPath(StateBackendContract):
 '''
 
 
+@pytest.mark.e2e
 def test_the_suite_fails_a_backend_whose_handles_misstate_their_files(tmp_path):
     results = run_contract_suite(
         tmp_path, TAMPERED, "round_trip or savepoint or value_state or while_the_asynchronous")

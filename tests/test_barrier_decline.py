@@ -12,7 +12,6 @@ that by feeding the task's channels directly.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -135,13 +134,11 @@ async def test_task_declines_subsumed_checkpoint_without_waiting_for_the_timeout
     for item in (["x"], CheckpointBarrier(2, 0.0)):
         await ch1.put(item)
 
-    started = time.monotonic()
     runner = asyncio.create_task(task.run())
     # checkpoint 2 is still aligning (channel 0 has not delivered its barrier), so nothing
-    # but the decline can end checkpoint 1 before its 60 s timeout
+    # but the decline can end checkpoint 1 before its 60 s timeout (which would say so)
     with pytest.raises(CheckpointError, match="subsumed"):
         await asyncio.wait_for(asyncio.shield(first.done), 10)
-    assert time.monotonic() - started < 10
     assert not second.done.done()
     await ch0.put(CheckpointBarrier(2, 0.0))
     completed = await asyncio.wait_for(asyncio.shield(second.done), 10)

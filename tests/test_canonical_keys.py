@@ -38,7 +38,7 @@ from reactive.key_encoding import decode_key, encode_key
 from reactive.keygroups import KeyGroupAssigner
 from reactive.state.backend import StateBackend
 
-from .conftest import Count, checkpoint_state
+from .support import Count, checkpoint_state
 
 BACKENDS = ["heap", "rocksdb"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,6 +169,7 @@ def test_equal_keys_of_different_types_decode_to_one_canonical_form() -> None:
     assert decode_key(encode_key("\ud800 lone surrogate")) == "\ud800 lone surrogate"
 
 
+@pytest.mark.e2e
 def test_frozenset_bytes_do_not_depend_on_the_hash_seed() -> None:
     key = frozenset(f"member-{i}" for i in range(20))
     code = ("from reactive.key_encoding import encode_key;"
@@ -277,6 +278,7 @@ def run_in_process(directory: Path, backend: str, rounds: int, resume: bool,
     return [(tuple(k), n) for k, n in json.loads(out.stdout.strip().splitlines()[-1])]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_frozenset_key_state_survives_a_restart_with_another_hash_seed(
         tmp_path: Path, backend: str) -> None:

@@ -18,7 +18,7 @@ from reactive.checkpoint.history_plot import (
 from reactive.checkpoint.metadata import read_metadata
 from reactive.cli import main
 from reactive.connectors.collections import DiscardingSink
-from tests.conftest import Count, paced
+from tests.support import Count, paced
 
 pytest.importorskip("matplotlib")
 
@@ -141,6 +141,7 @@ def _without_matplotlib(code: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
+@pytest.mark.e2e
 def test_without_matplotlib_the_plot_extra_is_named(checkpoint_root, tmp_path):
     out = tmp_path / "never.png"
     cli = _without_matplotlib(
@@ -198,6 +199,7 @@ def test_bench_figures_write_a_png_of_the_ratio_columns(tmp_path, capsys):
     assert not (tmp_path / "no.png").exists()
 
 
+@pytest.mark.e2e
 def test_bench_figures_without_matplotlib_skip_the_png(tmp_path):
     out = tmp_path / "w1.png"
     proc = _without_matplotlib(

@@ -6,12 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from reactive.cli import main
 
 PIPELINE = '''
 from reactive import Dataflow
 from reactive.connectors.collections import DiscardingSink
-from tests.conftest import Count
+from tests.support import Count
 
 def flow():
     f = Dataflow("cli-job", parallelism=2)
@@ -51,6 +53,7 @@ def test_run_list_and_inspect(tmp_path, capsys, monkeypatch):
     assert "key groups 0-42" in text and "key groups 43-85" in text and "key groups 86-127" in text
 
 
+@pytest.mark.e2e
 def test_errors_exit_non_zero_with_one_line(tmp_path):
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "reactive", *args], capture_output=True,
@@ -105,6 +108,7 @@ def test_every_option_has_help_and_exit_codes_are_documented():
                 assert action.help, f"{p.prog}: {action.option_strings or action.dest}"
 
 
+@pytest.mark.e2e
 def test_validate_help_names_reactive_validate():
     r = subprocess.run([sys.executable, "-m", "reactive", "validate", "--help"],
                        capture_output=True, text=True, cwd=Path(__file__).parent.parent)

@@ -19,6 +19,8 @@ import pytest
 
 from .pipelines import columnar_count_job as pipeline
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(pipeline.__file__)
 RECORDS = 60_000

@@ -34,8 +34,8 @@ from reactive import (
 )
 from reactive.connectors.files import CommittingFileSink, FileTransaction
 
-from .conftest import Count
 from .pipelines import committing_file_job as pipeline
+from .support import Count
 
 SCRIPT = Path(pipeline.__file__)
 ROOT = SCRIPT.parents[2]
@@ -110,6 +110,7 @@ def run_until_done(out: Path, chk: Path, fmt: str, schedule: list[str], log: Pat
     return codes
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("fmt", "seed"), [("jsonl", 1), ("jsonl", 2), ("parquet", 3)])
 def test_sigkill_at_random_moments_commits_every_record_once(tmp_path, fmt, seed):
     out, chk, log = tmp_path / "out", tmp_path / "chk", tmp_path / "kills.log"

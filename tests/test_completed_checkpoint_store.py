@@ -7,6 +7,8 @@ import logging
 import threading
 from pathlib import Path
 
+import pytest
+
 from reactive.checkpoint.completed_checkpoint_store import (
     CompletedCheckpointStore,
     remove_checkpoint_dir,
@@ -107,7 +109,9 @@ async def test_counts_are_rebuilt_from_the_retained_metadata(tmp_path: Path):
     assert _shared_files(storage) == {"shared/a", "shared/b"}
 
 
-def test_listing_checkpoints_while_retention_removes_them(tmp_path: Path, caplog):
+@pytest.mark.parametrize("rounds", [
+    300, pytest.param(1_500, marks=pytest.mark.slow, id="1500-slow")])
+def test_listing_checkpoints_while_retention_removes_them(tmp_path: Path, caplog, rounds):
     """A user lists a running job's checkpoints (``reactive checkpoints list``, the Spark
     bridge, a sink checking what completed) while retention removes subsumed ones in a
     worker thread: a checkpoint removed between the listing and the reading of its metadata
@@ -115,7 +119,6 @@ def test_listing_checkpoints_while_retention_removes_them(tmp_path: Path, caplog
     storage = CheckpointStorage(tmp_path, "j")
     # each checkpoint completes, then subsumes the previous one as the store does
     # (remove_checkpoint_dir: its _metadata first); bounded by count, not by time
-    rounds = 1_500
     done = threading.Event()
     errors: list[BaseException] = []
 

@@ -32,7 +32,7 @@ from reactive.two_input_functions import (
     KeyedCoProcessFunction,
 )
 
-from .conftest import operator_state_entry
+from .support import operator_state_entry
 from .test_committing_file_sink import committed_records
 
 

@@ -175,7 +175,7 @@ async def test_a_simple_polling_source_resumes_at_its_checkpointed_position(tmp_
 
     from reactive import CheckpointConfig, Dataflow, RestartStrategy
 
-    from .conftest import FailureInjector, failing_count, final_counts
+    from .support import FailureInjector, failing_count, final_counts
 
     words = [f"w{i % 7}" for i in range(2000)]
     allowed = [1000]  # the poll serves records below this position only

@@ -30,7 +30,7 @@ from reactive.connectors.collections import ListSink
 from reactive.connectors.files import CsvFileSource, InvalidLine, InvalidRow
 from reactive.errors import MissingExtraError
 
-from .conftest import FailureInjector, failing_count, final_counts
+from .support import FailureInjector, failing_count, final_counts
 
 HEADER = "id,city,amount,note\n"
 

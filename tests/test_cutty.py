@@ -192,7 +192,7 @@ async def _crashing_run(tmp_path, defs: list[Any]) -> dict[Any, Any]:
 
     from reactive import CheckpointConfig, RestartStrategy
 
-    from .conftest import paced
+    from .support import paced
     from .test_windows import GatedInjector, TxnListSink
 
     data = events(8_000, 6, seed=31, disorder=5.0)
@@ -245,7 +245,7 @@ async def test_two_window_branches_in_one_job_are_exact_through_crashes(tmp_path
 
     from reactive import CheckpointConfig, RestartStrategy
 
-    from .conftest import paced
+    from .support import paced
     from .test_windows import GatedInjector, TxnListSink
 
     data = events(8_000, 6, seed=31, disorder=5.0)

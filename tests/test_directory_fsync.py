@@ -15,7 +15,7 @@ from reactive import CheckpointConfig, CheckpointStorage, Dataflow
 from reactive.checkpoint.metadata import METADATA
 from reactive.connectors.files import CommittingFileSink
 from reactive.testing import TestingSource
-from tests.conftest import Count
+from tests.support import Count
 
 
 class _DirSyncs:

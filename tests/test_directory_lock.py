@@ -52,6 +52,7 @@ def holder(tmp_path):  # type: ignore[no-untyped-def]
         proc.wait()
 
 
+@pytest.mark.e2e
 async def test_a_second_process_fails_at_start_naming_the_holder(tmp_path, holder):
     # the same job on the same checkpoint directory
     with pytest.raises(DirectoryLockedError) as info:
@@ -72,6 +73,7 @@ async def test_a_second_process_fails_at_start_naming_the_holder(tmp_path, holde
     await job.cancel()
 
 
+@pytest.mark.e2e
 async def test_a_killed_holder_releases_the_lock(tmp_path, holder):
     os.kill(holder.pid, signal.SIGKILL)
     holder.wait()

@@ -15,7 +15,7 @@ from reactive import CheckpointConfig, Dataflow, PushSource, RestartStrategy, St
 from reactive.connectors.collections import ListSink
 from reactive.errors import ConfigurationError
 
-from .conftest import FailureInjector, failing_count, zipf_words
+from .support import FailureInjector, failing_count, zipf_words
 
 
 def _flow(source: PushSource, injector: FailureInjector, out: ListSink) -> Dataflow:

@@ -21,7 +21,7 @@ from reactive.testing import OperatorTestHarness, TestingSource
 from reactive.time.clock import ManualClock
 from reactive.windowing import EventTimeSessionWindows, TumblingEventTimeWindows
 
-from .conftest import EXAMPLES, checkpoint_state, load_example
+from .support import EXAMPLES, checkpoint_state, load_example
 from .test_committing_file_sink import committed_records
 
 HOUR = 3600.0
@@ -182,6 +182,7 @@ def test_join_refusals():
 
 
 
+@pytest.mark.e2e
 def test_flights_weather_example_validates_against_pandas_after_a_failure(tmp_path):
     """The example on real data: interval join + daily windows equal a pandas merge and
     group-by row for row, with one injected failure on the way."""

@@ -10,7 +10,7 @@ import pytest
 from reactive import CheckpointConfig, Dataflow, RestartStrategy
 from reactive.connectors.collections import ListSink
 
-from .conftest import (
+from .support import (
     FailureInjector,
     checkpoint_state,
     failing_count,

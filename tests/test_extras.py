@@ -21,6 +21,7 @@ def _without(code: str, *modules: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("code", "modules", "extra"), [
     ("from reactive.backends.rocksdb import RocksDBStateBackend", ["rocksdict"], "rocksdb"),
     ("from reactive.connectors.spark import local_session; local_session()",
@@ -44,6 +45,7 @@ def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
     assert not issubclass(MissingExtraError, ConfigurationError)
 
 
+@pytest.mark.e2e
 def test_the_core_imports_without_any_extra():
     code = ("import reactive, reactive.backends.heap, reactive.connectors.files, "
             "reactive.connectors.collections; "

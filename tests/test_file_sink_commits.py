@@ -36,8 +36,8 @@ from reactive import (
 )
 from reactive.connectors.files import CommittingFileSink, FileTransaction, PartFileError
 
-from .conftest import Count
 from .pipelines import committing_file_job as pipeline
+from .support import Count
 from .test_committing_file_sink import (
     FailingCommitSink,
     committed_records,
@@ -270,6 +270,7 @@ def _pending_by_subtask(out: Path) -> dict[int, set[int]]:
     return dict(found)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", ["heap", "rocksdb"])
 @pytest.mark.parametrize(("p", "p2"), [(2, 3), (4, 3), (3, 2)])
 def test_pending_transactions_restored_at_another_parallelism_are_committed_once(
@@ -290,6 +291,7 @@ def test_pending_transactions_restored_at_another_parallelism_are_committed_once
     assert hidden_files(out) == []
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(12))
 def test_kills_between_completion_and_commit_across_rescalings(tmp_path, seed):

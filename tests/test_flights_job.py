@@ -8,6 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+#: the flights job (in a process of its own, or in this one)
+pytestmark = pytest.mark.e2e
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "flights.py"
 
 
@@ -117,7 +122,7 @@ async def test_the_csv_reader_and_the_line_reader_commit_the_same_results(tmp_pa
     in the input."""
     from reactive import CheckpointConfig
 
-    from .conftest import load_example
+    from .support import load_example
 
     flights, flights_data = load_example("flights"), load_example("flights_data")
     data = flights_data.prepare_flights(tmp_path / "flights.csv", limit=6_000,
@@ -163,7 +168,7 @@ async def test_the_csv_reader_and_the_line_reader_commit_the_same_results(tmp_pa
 
 
 def test_the_main_command_runs_columnar_with_the_csv_source_and_spark_with_lines():
-    from .conftest import load_example
+    from .support import load_example
 
     flights = load_example("flights")
     assert flights.parse_args([]).reader == "csv"

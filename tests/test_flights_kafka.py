@@ -14,7 +14,9 @@ import pytest
 pytest.importorskip("confluent_kafka", reason="the mock Kafka cluster needs confluent-kafka")
 pytest.importorskip("aiokafka", reason="the Kafka connector needs aiokafka (the kafka extra)")
 
-from .conftest import EXAMPLES, load_example
+from .support import EXAMPLES, load_example
+
+pytestmark = pytest.mark.e2e
 
 EXAMPLE = EXAMPLES / "flights.py"
 

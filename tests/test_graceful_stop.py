@@ -19,6 +19,8 @@ import pytest
 from reactive import CheckpointStorage
 from tests.pipelines import slow_count_job
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "tests" / "pipelines" / "slow_count_job.py"
 

@@ -22,10 +22,11 @@ from reactive.backends.heap import HeapStateBackend, fork_snapshot
 from reactive.backends.heap import backend as heap_backend
 from reactive.connectors.collections import ListSink
 
-from .conftest import Count, checkpoint_state, final_counts, paced, zipf_words
+from .support import Count, checkpoint_state, final_counts, paced, zipf_words
 
-pytestmark = pytest.mark.skipif(fork_snapshot.fork_supported() is not None,
-                                reason="os.fork() is not usable here")
+pytestmark = [pytest.mark.e2e,  # each snapshot forks a child process
+              pytest.mark.skipif(fork_snapshot.fork_supported() is not None,
+                                 reason="os.fork() is not usable here")]
 
 
 @pytest.fixture

@@ -232,23 +232,46 @@ def rolling_memo(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(heap_backend, "_KEY_CACHE_SIZE", 16)
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(st.lists(step, min_size=20, max_size=150))
+#: the model tests' settings: their examples run whole snapshot/restore cycles (~1 s each on a
+#: busy machine); the default run tries a few, ``-m slow`` many more
+MODEL = settings(deadline=None,
+                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+steps_lists = st.lists(step, min_size=20, max_size=150)
+
+
+@settings(MODEL, max_examples=8)
+@given(steps_lists)
 def test_model_restores_every_completed_checkpoint_at_its_barrier(
         tiny_pieces: None, rolling_memo: None, tmp_path_factory: pytest.TempPathFactory,
         steps: list[tuple[Any, ...]]) -> None:
     asyncio.run(run_model(steps, tmp_path_factory.mktemp("job")))
 
 
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(st.lists(step, min_size=20, max_size=150))
+@pytest.mark.slow
+@settings(MODEL, max_examples=40)
+@given(steps_lists)
+def test_model_restores_every_completed_checkpoint_at_its_barrier_more_examples(
+        tiny_pieces: None, rolling_memo: None, tmp_path_factory: pytest.TempPathFactory,
+        steps: list[tuple[Any, ...]]) -> None:
+    asyncio.run(run_model(steps, tmp_path_factory.mktemp("job")))
+
+
+@settings(MODEL, max_examples=5)
+@given(steps_lists)
 def test_model_full_checkpoints_carrying_chains_restore_at_their_barrier(
         tiny_pieces: None, rolling_memo: None, tmp_path_factory: pytest.TempPathFactory,
         steps: list[tuple[Any, ...]]) -> None:
     """Full (self-contained) checkpoints serialize the changes and copy the rest from the
     previous checkpoint's file: the same model test."""
+    asyncio.run(run_model(steps, tmp_path_factory.mktemp("job"), incremental=False))
+
+
+@pytest.mark.slow
+@settings(MODEL, max_examples=25)
+@given(steps_lists)
+def test_model_full_checkpoints_carrying_chains_restore_more_examples(
+        tiny_pieces: None, rolling_memo: None, tmp_path_factory: pytest.TempPathFactory,
+        steps: list[tuple[Any, ...]]) -> None:
     asyncio.run(run_model(steps, tmp_path_factory.mktemp("job"), incremental=False))
 
 

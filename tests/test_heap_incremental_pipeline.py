@@ -13,7 +13,7 @@ from reactive.backends.heap import HeapStateBackend
 from reactive.connectors.collections import ListSink
 from reactive.sources import Source, SourceReader
 
-from .conftest import FailureInjector, checkpoint_state, failing_count, final_counts
+from .support import FailureInjector, checkpoint_state, failing_count, final_counts
 
 
 class GatedSource(Source):

@@ -33,9 +33,9 @@ from reactive.connectors.collections import ListSink
 from reactive.connectors.files import CommittingFileSink
 from reactive.testing import TestingSource
 
-from .conftest import checkpoint_state
 from .pipelines import components_job
 from .pipelines.components_job import SmallestLabel, build, random_graph
+from .support import checkpoint_state
 from .test_committing_file_sink import committed_records
 
 JOB = Path(components_job.__file__)
@@ -204,6 +204,7 @@ def _run_until_done(out: Path, chk: Path, seed: int, interval: float) -> int:
         return kills
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("seed", [0])
 def test_components_are_exact_through_kill_9(tmp_path, seed):
     kills = _run_until_done(tmp_path / "out", tmp_path / "chk", seed, 0.01)
@@ -214,6 +215,7 @@ def test_components_are_exact_through_kill_9(tmp_path, seed):
     assert kills >= 1  # the first run reached its kill point: it crashed mid-loop
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(1, 9))
 def test_components_are_exact_through_kill_9_more_seeds(tmp_path, seed):
@@ -243,6 +245,7 @@ async def test_iterate_refusals(tmp_path):
                                                        mode="at_least_once"))
 
 
+@pytest.mark.e2e
 def test_imports_graph_example_equals_networkx_after_a_failure(tmp_path):
     """The example on real data (this machine's standard library): two loops, one failure
     on the way, components and transitive imports equal networkx's."""

@@ -119,12 +119,14 @@ def _sigkill_run(cluster: MockKafkaCluster, tmp_path: Path, seed: int) -> None:
     assert asyncio.run(committed_output(cluster, topics[1])) == expected(items)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("seed", [1, 2])
 def test_sigkill_at_seeded_moments_and_rescaling_write_every_record_once(
         kafka_cluster, tmp_path, seed):
     _sigkill_run(kafka_cluster, tmp_path, seed)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3, 13))
 def test_sigkill_many_seeds(kafka_cluster, tmp_path, seed):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -32,6 +33,7 @@ def test_assigner_memo_agrees_with_the_hash(key):
     assert 0 <= assign_to_key_group(key, 128) < 128
 
 
+@pytest.mark.e2e
 def test_key_groups_are_stable_across_processes():
     keys = ["JFK", ("EWR", "UA"), 42, "ünïcode", b"bytes", 3.5]
     code = (

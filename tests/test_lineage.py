@@ -24,7 +24,7 @@ from reactive.checkpoint.savepoints import export_savepoint
 from reactive.connectors.files import CommittingFileSink
 from reactive.errors import JobFailedError, RestoreError
 from reactive.sources import Source, SourceReader
-from tests.conftest import Count, FailureInjector, failing_count, paced
+from tests.support import Count, FailureInjector, failing_count, paced
 
 JOB = "lineage"
 

@@ -117,11 +117,13 @@ def trial(tmp_path: Path, seed: int, backend: str) -> None:
     assert killed(log) == 2
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", ["heap", "heap-fork", "rocksdb"])
 def test_lineage_through_savepoint_rescale_kill_and_rerun(tmp_path, backend):
     trial(tmp_path, seed=1, backend=backend)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["heap", "heap-fork", "rocksdb"])
 @pytest.mark.parametrize("seed", range(2, 12))

@@ -38,7 +38,7 @@ from reactive.backends.heap import HeapStateBackend
 from reactive.connectors.collections import ListSink
 from reactive.testing import TestingSource
 
-from .conftest import Count, final_counts
+from .support import Count, final_counts
 
 REPO = Path(__file__).resolve().parent.parent
 RUNTIME = str(REPO / "reactive") + os.sep

@@ -29,7 +29,7 @@ from reactive import (
 from reactive.connectors.collections import ListSink
 from reactive.runtime.operators import AsyncFailure, RetryPolicy
 
-from .conftest import Count, FailureInjector, checkpoint_state, final_counts
+from .support import Count, FailureInjector, checkpoint_state, final_counts
 from .test_rescaling import Budget, SplitsSource, WaitableSink
 
 N = 3_000

@@ -10,6 +10,8 @@ import tomllib
 import venv
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"reactive": "reactive", "backends": "reactive.backends",
            "connectors": "reactive.connectors"}
@@ -51,6 +53,7 @@ def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
+@pytest.mark.e2e
 def test_a_fresh_venv_installs_a_small_core_that_runs_a_job(tmp_path):
     """``pip install .`` into a new virtual environment: under 60 MB installed, ``import
     reactive`` and a wordcount on the heap backend work, nothing imports PySpark, pyarrow,

@@ -15,7 +15,7 @@ from bench.windows import Sum
 from reactive.windowing import CountWindows
 from reactive.windowing.cutty import CuttyAggregator
 
-from .conftest import checkpoint_state
+from .support import checkpoint_state
 
 
 def brute_force(records, queries):

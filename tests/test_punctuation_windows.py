@@ -14,7 +14,7 @@ import pytest
 from reactive import CheckpointConfig, RestartStrategy
 from reactive.connectors.collections import ListSink
 
-from .conftest import load_example
+from .support import load_example
 from .test_windows import GatedInjector, TxnListSink
 
 example = load_example("punctuation_windows")

@@ -82,6 +82,7 @@ def test_the_readme_and_the_docs_have_python_blocks():
     assert len({b.page for b in BLOCKS}) >= 4
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"{b.page}:line{b.line}" for b in BLOCKS])
 def test_block_runs(block: Block, tmp_path: Path) -> None:
     if block.skip is not None:

@@ -18,7 +18,7 @@ from reactive import (
 )
 from reactive.connectors.collections import ListSink
 
-from .conftest import (
+from .support import (
     Count,
     FailureInjector,
     checkpoint_state,

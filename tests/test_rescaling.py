@@ -42,7 +42,7 @@ from reactive.sinks import SinkWriter
 from reactive.sources import Source, SourceReader
 from reactive.state.backend import StateBackend
 
-from .conftest import Count
+from .support import Count
 
 MAXP = 8
 BACKENDS = ["heap", "rocksdb"]
@@ -282,11 +282,29 @@ async def _crash_and_rescale(tmp: Path, backend: str, to_backend: str, keys: lis
     assert {k: sorted(v) for k, v in got.items()} == expected
 
 
+#: each example runs a job, a crash and a rescaled restore: the default run tries a few,
+#: ``-m slow`` more
+RESCALE = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                        HealthCheck.too_slow])
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-@settings(max_examples=20, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(RESCALE, max_examples=8)
 @given(data=st.data())
 def test_rescaled_keyed_count_equals_truth(backend: str, data: st.DataObject) -> None:
+    _rescaled_keyed_count_equals_truth(backend, data)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(RESCALE, max_examples=40)
+@given(data=st.data())
+def test_rescaled_keyed_count_equals_truth_more_examples(backend: str,
+                                                          data: st.DataObject) -> None:
+    _rescaled_keyed_count_equals_truth(backend, data)
+
+
+def _rescaled_keyed_count_equals_truth(backend: str, data: st.DataObject) -> None:
     keys = data.draw(st.lists(st.integers(0, 60), min_size=1, max_size=400), label="keys")
     p = data.draw(st.integers(1, MAXP), label="p")
     p2 = data.draw(st.integers(1, MAXP), label="p2")

@@ -33,7 +33,7 @@ from reactive import (
 from reactive.backends.rocksdb import RocksDBStateBackend, read_rocksdb_snapshot
 from reactive.connectors.collections import CallbackSink, ListSink
 
-from .conftest import Count, FailureInjector, failing_count, final_counts, paced, zipf_words
+from .support import Count, FailureInjector, failing_count, final_counts, paced, zipf_words
 
 MAX_PARALLELISM = 128
 
@@ -387,6 +387,7 @@ PIPELINE_SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.e2e
 async def test_kill_between_sync_and_async_part_keeps_previous_checkpoint(
         tmp_path: Path) -> None:
     words = zipf_words(100_000, 10_000, seed=5)

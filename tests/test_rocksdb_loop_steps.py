@@ -36,7 +36,7 @@ from reactive.backends.rocksdb.state import WriteBackCache
 from reactive.connectors.collections import ListSink
 from reactive.state.backend import SnapshotContext
 
-from .conftest import FailureInjector, failing_count, final_counts, paced, zipf_words
+from .support import FailureInjector, failing_count, final_counts, paced, zipf_words
 
 MAX_PARALLELISM = 128
 

@@ -24,7 +24,7 @@ from reactive import (
 )
 from reactive.connectors.collections import ListSink
 
-from .conftest import Count, final_counts
+from .support import Count, final_counts
 
 
 def test_bad_configuration_is_refused_before_start():

@@ -1,9 +1,8 @@
 """The PySpark bridge (connectors/spark): result logs, exactly-once validation, reading state
 from checkpoints and bootstrapping a savepoint from Spark.
 
-One SparkSession (local[2]) serves the whole test session: starting the JVM costs ~10 s,
-each query then ~0.1-1 s. Pipelines run once per module and their output is copied before a
-test tampers with it.
+The test session's one SparkSession (the ``spark`` fixture of conftest.py) serves them.
+Pipelines run once per module and their output is copied before a test tampers with it.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import collections
 import json
 import re
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,17 +52,10 @@ from reactive.connectors.spark import (
 )
 from reactive.connectors.spark.__main__ import main as cli_main
 
-from .conftest import Count, checkpoint_state, final_counts, zipf_words
+from .support import Count, checkpoint_state, final_counts, zipf_words
 
 WORDS = zipf_words(40_000, 800, seed=11)
 MAXP = 128
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    session = local_session("local[2]", app_name="reactive-tests", shuffle_partitions=2)
-    yield session
-    session.stop()
 
 
 @dataclass
@@ -410,7 +401,8 @@ def test_cli_validate_exit_status(spark, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_missing_java_is_reported_with_how_to_install_it(monkeypatch, tmp_path):
+@pytest.mark.e2e
+def test_missing_java_is_reported_with_how_to_install_it(monkeypatch, tmp_path):  # runs java
     assert find_java().name == "java"
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))
     with pytest.raises(JavaNotFoundError, match="apt-get install openjdk-17-jre-headless"):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import json
 import random
-import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,21 +31,16 @@ from reactive.connectors.spark import (
     SparkRunner,
     TranslationError,
     list_part_files,
-    local_session,
 )
 
-from .conftest import Count
+from .support import Count, pickled_by_value
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from pyspark import cloudpickle
-
-    # the workers unpickle this module's functions by value, wherever they run
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    session = local_session("local[2]", app_name="reactive-spark-runner", shuffle_partitions=2)
-    yield session
-    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+def spark(spark: Any) -> Iterator[Any]:
+    """The test session's SparkSession; the workers unpickle this module's functions by value."""
+    with pickled_by_value(__name__):
+        yield spark
 
 
 def committed(directory: Path) -> list[Any]:

@@ -8,17 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from reactive import CheckpointConfig
-from reactive.connectors.spark import ResultLog, SparkRunner, local_session
+from reactive.connectors.spark import ResultLog, SparkRunner
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-@pytest.fixture(scope="module")
-def spark() -> Any:
-    return local_session("local[2]", app_name="reactive-spark-flights", shuffle_partitions=2)
 
 
 def rows(spark: Any, directory: Path) -> list[tuple[Any, ...]]:

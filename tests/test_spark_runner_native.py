@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from reactive import (
     TumblingEventTimeWindows,
 )
 from reactive.connectors.files import CommittingFileSink
-from reactive.connectors.spark import SparkRunner, list_part_files, local_session
+from reactive.connectors.spark import SparkRunner, list_part_files
 from reactive.connectors.spark.native_plan import native_window
 from reactive.connectors.spark.translation import translate
 from reactive.windowing.aggregates import (
@@ -35,6 +34,8 @@ from reactive.windowing.aggregates import (
     min_of,
     sum_of,
 )
+
+from .support import pickled_by_value
 
 SIZE, DELAY = 10.0, 3.0
 
@@ -188,12 +189,10 @@ def test_tumbling_builtin_window_is_native() -> None:
 
 # ---------------------------------------------------------------- on Spark
 @pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from pyspark import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield local_session("local[2]", app_name="reactive-spark-native", shuffle_partitions=2)
-    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+def spark(spark: Any) -> Iterator[Any]:
+    """The test session's SparkSession; the workers unpickle this module's functions by value."""
+    with pickled_by_value(__name__):
+        yield spark
 
 
 @pytest.mark.parametrize("batch", [130, 900])

@@ -208,14 +208,11 @@ def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int | None,
         assert sorted(dead) == sorted(f"malformed {i}" for i in range(LINES) if i % 997 == 5)
 
 
-@pytest.fixture(scope="module")
-def spark() -> Any:
-    from reactive.connectors.spark import local_session
-
-    return local_session("local[2]", app_name="reactive-spark-restart", shuffle_partitions=2)
-
-
-@pytest.mark.parametrize("shape", ["python", "native", "two-sinks"])
+# each case starts two drivers (two JVMs): the default run restarts the transformWithState
+# shape, whose state is the runner's own, and the one query writing two sinks; Spark's native
+# window aggregation restarts in -m slow
+@pytest.mark.parametrize("shape", ["python", pytest.param("native", marks=pytest.mark.slow),
+                                   "two-sinks"])
 def test_driver_killed_mid_way_resumes_exactly_once(
         tmp_path: Path, spark: Any, shape: str) -> None:
     check_restart(tmp_path, spark, seed=19, kill_after=1, shape=shape)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,24 +21,22 @@ from reactive.connectors.spark.runner import (
     shuffle_partitions_for,
 )
 
-from .conftest import Count
+from .support import Count, pickled_by_value
 
 WORDS = [f"w{i % 7}" for i in range(60)]
 
 
 @pytest.fixture(scope="module")
-def session() -> Iterator[Any]:
-    from pyspark import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield local_session("local[2]", app_name="reactive-spark-sizing", shuffle_partitions=2)
-    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+def spark(spark: Any) -> Iterator[Any]:
+    """The test session's SparkSession; the workers unpickle this module's functions by value."""
+    with pickled_by_value(__name__):
+        yield spark
 
 
 @pytest.fixture
-def users_session(session: Any) -> Any:
+def users_session(spark: Any) -> Any:
     """A session as a user builds it: Spark's defaults, nothing about partitions set."""
-    own = session.newSession()
+    own = spark.newSession()
     own.conf.unset(SHUFFLE_PARTITIONS)
     own.conf.unset(SIZED_BY_DEFAULT)
     assert own.conf.get(SHUFFLE_PARTITIONS) == "200"
@@ -89,7 +86,8 @@ def test_partitions_the_user_set_are_kept(users_session: Any, tmp_path: Path) ->
     assert query_partitions(tmp_path / "chk2") == 1
 
 
-def test_local_session_without_a_choice_lets_the_runner_size(tmp_path: Path) -> None:
+def test_local_session_without_a_choice_lets_the_runner_size(spark: Any, tmp_path: Path) -> None:
+    # the test session's SparkSession, as local_session() gives it when nobody chose
     spark = local_session("local[2]", app_name="reactive-spark-sizing")
     try:
         SparkRunner(spark, tmp_path / "chk").run(keyed_count(tmp_path / "out", 3))

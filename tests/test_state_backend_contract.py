@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from reactive import StateBackend
 from reactive.backends.heap import HeapStateBackend
 from reactive.backends.rocksdb import RocksDBStateBackend
@@ -41,6 +43,7 @@ class TestRocksDBTinyCache(StateBackendContract):
                                    write_batch_entries=1)
 
 
+@pytest.mark.e2e
 class TestHeapForkedSnapshots(StateBackendContract):
     """Snapshots written by a forked child process (``snapshot="fork"``)."""
 
@@ -48,6 +51,7 @@ class TestHeapForkedSnapshots(StateBackendContract):
         return HeapStateBackend(snapshot="fork")
 
 
+@pytest.mark.e2e
 class TestHeapForkedIncrementalSnapshots(StateBackendContract):
     """Forked children chaining deltas onto the last completed checkpoint's files."""
 

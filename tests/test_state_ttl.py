@@ -325,7 +325,7 @@ async def test_a_job_with_ttl_state_is_exact_through_failures(tmp_path: Path):
     from reactive import CheckpointConfig, Dataflow, RestartStrategy
     from reactive.connectors.collections import ListSink
 
-    from .conftest import FailureInjector, checkpoint_state, paced
+    from .support import FailureInjector, checkpoint_state, paced
 
     events = sessions(20_000, 400, seed=3)
     injector = FailureInjector([4_500, 9_100, 15_300])

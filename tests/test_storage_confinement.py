@@ -16,7 +16,7 @@ from reactive.checkpoint.paths import UnsafePathError, unlink_under
 from reactive.connectors.collections import ListSink
 from reactive.errors import JobFailedError, RestoreError
 from reactive.testing import TestingSource
-from tests.conftest import Count
+from tests.support import Count
 
 
 def _flow(name: str = "conf", n: int = 300) -> Dataflow:

@@ -26,7 +26,7 @@ from reactive import (
 )
 from reactive.sinks import SinkWriter
 
-from .conftest import Count, checkpoint_state, final_counts, zipf_words
+from .support import Count, checkpoint_state, final_counts, zipf_words
 from .test_file_sink_commits import _run, committed_records, expected_output, hidden_files
 from .test_file_sink_commits import pipeline as committing_job
 
@@ -226,6 +226,7 @@ class _SinkOf(Sink):
         return _ListWriter(self.records)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kill", ["record:150000", "commit:2"])
 def test_killed_process_commits_output_exactly_once_in_synchronous_mode(tmp_path, kill):
     """SIGKILL in the middle of the input or between a checkpoint's completion and its

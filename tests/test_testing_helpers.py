@@ -41,7 +41,7 @@ from reactive.time.timestamps import TimestampsAndWatermarksOperator
 from reactive.time.watermarks import ACTIVE, IDLE
 from reactive.windowing.functions import ReduceAggregate
 
-from .conftest import Count, checkpoint_state, final_counts, zipf_words
+from .support import Count, checkpoint_state, final_counts, zipf_words
 
 EOF, ABORT = TestingSource.EOF, TestingSource.ABORT
 
@@ -338,6 +338,7 @@ class TestPackagedContractOnHeap(StateBackendContract):
 '''
 
 
+@pytest.mark.e2e
 def test_the_packaged_contract_runs_from_a_third_party_module_in_strict_mode(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not the repository's settings
     (tmp_path / "test_my_backend.py").write_text(textwrap.dedent(THIRD_PARTY_TESTS))

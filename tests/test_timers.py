@@ -23,6 +23,7 @@ from reactive.connectors.collections import ListSink
 from reactive.sources import Source, SourceReader
 from reactive.time.timers import InternalTimerService
 
+from .support import paced
 from .test_windows import GatedInjector, TxnListSink
 
 
@@ -73,7 +74,9 @@ async def test_timers_fire_exactly_once_across_recovery(tmp_path: Path):
     tick = GatedInjector(sorted(random.Random(3).sample(range(2_000, 12_000), 3)), tmp_path)
     sink = TxnListSink()
     flow = Dataflow("timers-crash", parallelism=2, batch_size=100)
-    (flow.from_collection(data).uid("src").map(tick)
+    # the source waits for a completed checkpoint every 1,000 records: the injector, which
+    # fails only after a checkpoint completed, then fails on any machine, however busy
+    (flow.source(paced(data, every=1_000)).uid("src").map(tick)
          .assign_timestamps(lambda r: r[1], 4.0)
          .key_by(lambda r: r[0]).process(BucketTimers()).uid("buckets").sink(sink))
     job = await flow.run(checkpoints=CheckpointConfig(interval=0.05, directory=tmp_path),

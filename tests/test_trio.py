@@ -13,7 +13,7 @@ import pytest
 from reactive import CheckpointConfig, Dataflow, PushSource, RestartStrategy
 from reactive.connectors.collections import ListSink
 
-from .conftest import FailureInjector, failing_count, zipf_words
+from .support import FailureInjector, failing_count, zipf_words
 
 trio = pytest.importorskip("trio", reason="the trio tests need trio (pip install -e '.[test]')")
 

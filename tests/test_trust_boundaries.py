@@ -15,7 +15,7 @@ from reactive.checkpoint.savepoints import export_savepoint
 from reactive.cli import main as cli
 from reactive.connectors.collections import ListSink
 from reactive.errors import ConfigurationError, CorruptCheckpointError
-from tests.conftest import Count
+from tests.support import Count
 
 
 def _flow(name: str = "trust") -> Dataflow:

@@ -35,7 +35,7 @@ from reactive import (
 from reactive.sinks import SinkWriter
 from reactive.two_phase_commit import TwoPhaseCommitWriter
 
-from .conftest import Count, FailureInjector, failing_count, zipf_words
+from .support import Count, FailureInjector, failing_count, zipf_words
 
 Txn = dict[str, Any]
 

@@ -35,8 +35,8 @@ from reactive.runtime.channel import Channel, InputGate, OvertakingBarrier
 from reactive.runtime.events import CheckpointBarrier
 from reactive.testing import TestingSource
 
-from .conftest import Count, FailureInjector, checkpoint_state, paced, zipf_words
 from .pipelines import committing_file_job as pipeline
+from .support import Count, FailureInjector, checkpoint_state, paced, zipf_words
 from .test_committing_file_sink import committed_records, expected_output, hidden_files
 from .test_connected_streams import Enrich, _with_aborts, users_and_clicks
 
@@ -174,6 +174,7 @@ def _run(out: Path, chk: Path, parallelism: int, **env: str) -> subprocess.Compl
     )
 
 
+@pytest.mark.e2e
 def test_killed_process_resumed_at_another_parallelism_commits_exactly_once(tmp_path) -> None:
     """SIGKILL after unaligned checkpoints with records in flight completed; the resumed
     run (parallelism 2 -> 3) replays them and commits every record once."""
@@ -188,6 +189,7 @@ def test_killed_process_resumed_at_another_parallelism_commits_exactly_once(tmp_
     assert hidden_files(out) == []
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_repeated_kills_with_a_rescale_on_every_restart_commit_exactly_once(tmp_path, seed) -> None:

@@ -25,7 +25,7 @@ from reactive.testing import OperatorTestHarness
 from reactive.time.timers import InternalTimerService
 from reactive.windowing.functions import window_result
 from reactive.windowing.window_operator import LateRecord
-from tests.conftest import paced
+from tests.support import paced
 from tests.test_windows import GatedInjector, SumAmount, TxnListSink, as_dict, batch_windows
 
 

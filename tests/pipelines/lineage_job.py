@@ -31,7 +31,7 @@ from reactive import (
 )
 from reactive.connectors.files import CommittingFileSink
 from reactive.testing import TestingSource
-from tests.conftest import zipf_words
+from tests.support import zipf_words
 
 JOB = "lineage-faults"
 VOCABULARY = 500
