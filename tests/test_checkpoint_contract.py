@@ -40,8 +40,8 @@ from reactive.connectors.collections import ListSink
 from reactive.errors import CheckpointError, CorruptCheckpointError
 from reactive.keygroups import KeyGroupRange
 
-from .support import Count, final_counts, zipf_words
 from .data.make_format_v2_savepoint import FIRST, JOB, MAXP, flow, words
+from .support import Count, final_counts, zipf_words
 from .test_unaligned_checkpoints import _flow as unaligned_flow
 from .test_unaligned_checkpoints import _in_flight, slow_count
 
