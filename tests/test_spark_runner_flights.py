@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from reactive import CheckpointConfig
 from reactive.connectors.spark import ResultLog, SparkRunner
 
