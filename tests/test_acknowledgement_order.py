@@ -31,7 +31,7 @@ class GatedSnapshot(KeyedStateSnapshot):
 
     async def write(self) -> dict[str, Any]:
         await self.gate
-        return {"files": []}
+        return {"backend": "gated", "files": []}
 
     def discard(self) -> None:
         self.discarded = True

@@ -188,6 +188,8 @@ LAYERS: list[set[str]] = [
     # columnar execution (its windows use windowing's assigners), joins, the test toolkit
     {"reactive.columnar", "reactive.joined_streams", "reactive.testing"},
     # the backends (they register the columnar state's reader), the fluent API
+    # the streams of the fluent API (their methods reach the libraries above)
+    {"reactive.stream"},
     {"reactive.backends", "reactive.dataflow"},
     # the entry points and the connectors
     {"reactive", "reactive.cli", "reactive.connectors"},
