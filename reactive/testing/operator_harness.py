@@ -28,22 +28,14 @@ and sinks need a task.
 
 from __future__ import annotations
 
-import inspect
 import json
-import shutil
-import tempfile
 import time
-import weakref
-from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypedDict, Unpack
 
-from ..checkpoint.contract import CheckpointMetadata, OperatorState, OperatorSubtaskState
-from ..checkpoint.failure_reason import CheckpointFailureReason
-from ..checkpoint.metadata import CompletedCheckpoint
+from ..checkpoint.contract import OperatorSubtaskState
 from ..checkpoint.state_assignment_operation import StateAssignmentOperation
 from ..checkpoint.storage import CheckpointStorage
 from ..defaults import default_state_backend
@@ -64,12 +56,14 @@ from ..state.api import State
 from ..state.backend import KeyedStateBackend, StateBackend
 from ..state.descriptors import StateDescriptor
 from ..time.clock import ManualClock, ProcessingClock
-from ..time.mailbox import MailboxAction, OperatorMailbox
+from ..time.mailbox import OperatorMailbox
 from ..time.timers import InternalTimerService
 from ..time.watermarks import WatermarkStatus
 from ..windowing.assigners import WindowAssigner
 from ..windowing.functions import AggregateFunction, ProcessWindowFunction
 from ..windowing.window_operator import WindowOperator
+from .harness_task import Acknowledgements, HarnessTask, Identity, synchronous
+from .operator_snapshot import OperatorSnapshot, ScratchDirectory
 
 __all__ = ["HarnessOptions", "OperatorSnapshot", "OperatorTestHarness"]
 
@@ -85,191 +79,6 @@ class HarnessOptions(TypedDict, total=False):
     key_serializer: Serializer
     directory: str | Path
     job_name: str
-
-
-class _ScratchDirectory:
-    """A temporary directory removed when no harness or snapshot refers to it any more."""
-
-    def __init__(self) -> None:
-        self.path = Path(tempfile.mkdtemp(prefix="reactive-harness-"))
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self.path, ignore_errors=True)
-
-
-@dataclass(frozen=True)
-class OperatorSnapshot:
-    """The state of one or more instances of an operator, taken by
-    :meth:`OperatorTestHarness.snapshot` (Flink's ``OperatorSubtaskState``).
-
-    Restore it with ``OperatorTestHarness(...).open(restore_from=snapshot)``, at the same or
-    another parallelism: each new instance gets the keyed state of its key groups and its
-    share of the operator state, as a job restore hands them out. Merge the snapshots of
-    several instances with :meth:`combine` first.
-
-    Attributes:
-        checkpoint_id (int): the checkpoint id it was taken for.
-        max_parallelism (int): the number of key groups of the state.
-        parallelism (int): the parallelism of the instances it was taken from.
-        job_dir (Path): the directory its handles' paths are relative to.
-        subtasks (Mapping[int, OperatorSubtaskState]): per instance index, what a
-            checkpoint's metadata holds of it: ``keyed_state`` (the backend's handle),
-            ``operator_state`` (the handle of the pickled operator state) and, for keyed
-            operators, ``key_group_range``.
-    """
-
-    checkpoint_id: int
-    max_parallelism: int
-    parallelism: int
-    job_dir: Path
-    subtasks: Mapping[int, OperatorSubtaskState]
-    _keep_alive: tuple[_ScratchDirectory, ...] = field(default=(), repr=False, compare=False)
-
-    @staticmethod
-    def combine(snapshots: Iterable[OperatorSnapshot]) -> OperatorSnapshot:
-        """Merge the snapshots of different instances of one operator (Flink's
-        ``AbstractStreamOperatorTestHarness.repackageState``).
-
-        Snapshots written to different directories are copied into a new one, so the result
-        is one restorable snapshot.
-
-        Args:
-            snapshots (Iterable[OperatorSnapshot]): snapshots of distinct instances, all
-                taken at the same parallelism and max parallelism.
-
-        Returns:
-            OperatorSnapshot: one snapshot holding every instance's state (its checkpoint
-            id is the largest of theirs).
-
-        Raises:
-            ValueError: for no snapshots, different (max) parallelisms, an instance twice,
-                or two different files at one path.
-        """
-        snaps = list(snapshots)
-        if not snaps:
-            raise ValueError("combine() needs at least one snapshot")
-        first = snaps[0]
-        subtasks: dict[int, OperatorSubtaskState] = {}
-        for snap in snaps:
-            if (snap.max_parallelism, snap.parallelism) != (first.max_parallelism,
-                                                           first.parallelism):
-                raise ValueError(
-                    "cannot combine snapshots of different parallelism or max_parallelism: "
-                    f"{first.parallelism}/{first.max_parallelism} and "
-                    f"{snap.parallelism}/{snap.max_parallelism}")
-            for index, entry in snap.subtasks.items():
-                if index in subtasks:
-                    raise ValueError(f"instance {index} is in more than one snapshot")
-                subtasks[index] = entry
-        checkpoint_id = max(s.checkpoint_id for s in snaps)
-        keep = tuple(d for s in snaps for d in s._keep_alive)
-        if len({s.job_dir for s in snaps}) == 1:
-            return OperatorSnapshot(checkpoint_id, first.max_parallelism, first.parallelism,
-                                    first.job_dir, subtasks, keep)
-        scratch = _ScratchDirectory()
-        job_dir = scratch.path / "combined"
-        for snap in snaps:
-            for entry in snap.subtasks.values():
-                for ref in (r for handle in entry.handles() for r in handle.files):
-                    src, dest = snap.job_dir / ref.path, job_dir / ref.path
-                    if dest.exists():
-                        if dest.read_bytes() != src.read_bytes():
-                            raise ValueError(f"two snapshots hold different files at {ref.path}")
-                        continue
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(src, dest)
-        return OperatorSnapshot(checkpoint_id, first.max_parallelism, first.parallelism,
-                                job_dir, subtasks, (scratch,))
-
-    def as_completed_checkpoint(self, uid: str) -> CompletedCheckpoint:
-        """The snapshot as a completed checkpoint holding the state of operator ``uid``
-        (instances it has no state of are empty), for the runtime's state assignment.
-
-        Args:
-            uid (str): the operator uid to file the state under.
-
-        Returns:
-            CompletedCheckpoint: a checkpoint (not written to disk) whose job directory is
-            :attr:`job_dir`.
-        """
-        subtasks = {i: self.subtasks.get(i, OperatorSubtaskState())
-                    for i in range(self.parallelism)}
-        metadata = CheckpointMetadata(
-            job="harness", checkpoint_id=self.checkpoint_id, kind="checkpoint",
-            max_parallelism=self.max_parallelism, operators={uid: OperatorState(
-                uid, self.parallelism, any(s.keyed_state for s in subtasks.values()),
-                subtasks)})
-        return CompletedCheckpoint(self.checkpoint_id,
-                                   self.job_dir / f"chk-{self.checkpoint_id}", metadata)
-
-
-class _Done:
-    """An awaitable that is already done: what the harness's task methods return (they
-    record synchronously)."""
-
-    __slots__ = ()
-
-    def __await__(self) -> Generator[Any, None, None]:
-        yield from ()
-
-
-_DONE = _Done()
-
-
-class _HarnessTask:
-    """The task as the operator's mailbox sees it (:class:`~reactive.time.mailbox.MailboxOwner`):
-    actions are queued for the harness, emitted records and watermarks are recorded."""
-
-    def __init__(self, harness: OperatorTestHarness) -> None:
-        self.harness = harness
-        self.mail: deque[MailboxAction] = deque()
-
-    def post(self, action: MailboxAction) -> None:
-        self.mail.append(action)
-
-    def push_from(self, start: int, batch: list[Any]) -> Awaitable[None]:
-        self.harness.output.extend(batch)
-        return _DONE
-
-    def emit_watermark_from(self, start: int, timestamp: float) -> Awaitable[None]:
-        self.harness.watermarks.append(timestamp)
-        return _DONE
-
-    def emit_watermark_status(self, status: WatermarkStatus) -> Awaitable[None]:
-        self.harness.watermark_statuses.append(status)
-        return _DONE
-
-
-@dataclass(frozen=True)
-class _Identity:
-    task_id: str
-    subtask: int
-
-
-class _Acknowledgements:
-    """The checkpoint coordinator as the harness's snapshot sees it."""
-
-    def __init__(self) -> None:
-        self.states: Mapping[str, OperatorSubtaskState] | None = None
-        self.declined: BaseException | None = None
-
-    async def acknowledge(self, checkpoint_id: int, task: Any,
-                          states: Mapping[str, OperatorSubtaskState],
-                          stats: Mapping[str, float]) -> None:
-        self.states = states
-
-    def decline(self, checkpoint_id: int, task: Any, reason: BaseException,
-                failure_reason: CheckpointFailureReason | None = None) -> None:
-        self.declined = reason
-
-
-def _synchronous(result: Any, what: str) -> None:
-    """Accept what a synchronous hook returned; refuse real asynchronous work."""
-    if result is None or result is _DONE:
-        return
-    if inspect.isawaitable(result):
-        if inspect.iscoroutine(result):
-            result.close()
-        raise TypeError(f"{what} returned an awaitable: the harness runs synchronous operators "
-                        "(map_async, sources and sinks need a task)")
 
 
 class OperatorTestHarness:
@@ -339,9 +148,9 @@ class OperatorTestHarness:
         self.watermarks: list[float] = []
         self.watermark_statuses: list[WatermarkStatus] = []
         self.key_group_range: KeyGroupRange | None = None
-        self._task = _HarnessTask(self)
+        self._task = HarnessTask(self)
         self._storage: CheckpointStorage | None = None
-        self._keep_alive: list[_ScratchDirectory] = []
+        self._keep_alive: list[ScratchDirectory] = []
         self._next_checkpoint_id = 1
         self._opened = False
         self._closed = False
@@ -471,7 +280,7 @@ class OperatorTestHarness:
                                               restore_from.job_dir.name)
             self._keep_alive.extend(restore_from._keep_alive)
         else:
-            scratch = _ScratchDirectory()
+            scratch = ScratchDirectory()
             self._keep_alive.append(scratch)
             self._storage = CheckpointStorage(scratch.path, self.job_name)
         keyed_backend: KeyedStateBackend | None = None
@@ -513,7 +322,7 @@ class OperatorTestHarness:
             return
         self._closed = True
         if self._opened:
-            _synchronous(self.operator.close(), "the operator's close()")
+            synchronous(self.operator.close(), "the operator's close()")
 
     async def aclose(self) -> None:
         """Close the operator, awaiting its ``close`` when it is a coroutine."""
@@ -693,7 +502,7 @@ class OperatorTestHarness:
         start = len(self.output)
         op = self.operator
         if final_watermark:
-            _synchronous(op.drain(), "the operator's drain()")
+            synchronous(op.drain(), "the operator's drain()")
             self.process_watermark(MAX_WATERMARK)
         self.output.extend(op.end_input())
         self._run_mailbox()
@@ -702,7 +511,7 @@ class OperatorTestHarness:
     def _run_mailbox(self) -> None:
         mail = self._task.mail
         while mail:
-            _synchronous(mail.popleft()(), "a mailbox action")
+            synchronous(mail.popleft()(), "a mailbox action")
 
     # ------------------------------------------------------------------ output and state
     def take_output(self) -> list[Any]:
@@ -796,14 +605,14 @@ class OperatorTestHarness:
         cid = self._next_checkpoint_id if checkpoint_id is None else checkpoint_id
         self._next_checkpoint_id = max(self._next_checkpoint_id, cid + 1)
         op = self.operator
-        acks = _Acknowledgements()
+        acks = Acknowledgements()
         spawned: list[Coroutine[Any, Any, None]] = []
 
         async def no_broadcast(event: Any) -> None:
             return None
 
         coordinator = SubtaskCheckpointCoordinator(
-            _Identity(f"{op.name} ({self.subtask + 1}/{self.parallelism})", self.subtask),
+            Identity(f"{op.name} ({self.subtask + 1}/{self.parallelism})", self.subtask),
             [op], self._storage, acks, spawned.append, no_broadcast, lambda: self._closed)
         barrier = CheckpointBarrier(cid, time.time(), "savepoint" if savepoint else "checkpoint")
         await coordinator.checkpoint_state(barrier, 0.0)
