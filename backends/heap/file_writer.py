@@ -17,7 +17,8 @@ without serializing it again on the loop.
 
 Each hand-over to the worker costs a GIL round trip (up to the interpreter's switch interval
 while the tasks keep the loop thread busy), so the loop awaits only the final job of a file,
-and intermediate ones only when too many bytes are waiting.
+and intermediate ones only when too many bytes are waiting; :class:`SnapshotOutput` buffers
+the frames a snapshot serializes and merges adjacent copied ranges before handing them over.
 """
 
 from __future__ import annotations
@@ -31,10 +32,16 @@ import uuid
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from reactive.checkpoint.durable_files import fsync_dir
 
-__all__ = ["SnapshotFileWriter"]
+from .changelog import Entry
+from .format import encode_frame
+
+__all__ = ["SnapshotFileWriter", "SnapshotOutput"]
+
+_FLUSH = 1 << 20  # bytes buffered on the loop before they go to the writer thread
 
 _COPY_CHUNK = 1 << 20  # bytes read per pread of a copy
 _pool: ThreadPoolExecutor | None = None
@@ -199,3 +206,57 @@ class SnapshotFileWriter:
         if self._used:
             with contextlib.suppress(RuntimeError):  # the interpreter is shutting down
                 _worker().submit(self._abort)
+
+
+class SnapshotOutput:
+    """The snapshot file as blobs: frames are buffered on the loop and handed to the writer
+    thread in pieces of about ``_FLUSH`` bytes; byte ranges of earlier files are copied by
+    the writer thread, adjacent ranges of one file in one copy."""
+
+    def __init__(self, writer: SnapshotFileWriter, ref: dict[str, Any]) -> None:
+        self.writer = writer
+        self.ref = ref
+        self._buf: list[bytes] = []
+        self._buffered = 0
+        self._start = 0
+        self.serialized = 0  # bytes serialized on the loop (not copied from earlier files)
+        # a copy not handed over yet, [source, offset, length]; never together with _buf
+        self._copy: list[Any] | None = None
+
+    @property
+    def offset(self) -> int:
+        return self.writer.size + self._buffered + (self._copy[2] if self._copy else 0)
+
+    def begin(self, header: tuple[Any, ...]) -> None:
+        self._start = self.offset
+        self.add(encode_frame(header))
+
+    def add(self, data: bytes) -> None:
+        if self._copy is not None:
+            self.flush()
+        self._buf.append(data)
+        self._buffered += len(data)
+        self.serialized += len(data)
+        if self._buffered >= _FLUSH:
+            self.flush()
+
+    def copy(self, src: Path, offset: int, length: int) -> None:
+        """Append ``length`` bytes at ``offset`` of file ``src``."""
+        c = self._copy
+        if c is not None and c[0] == src and c[1] + c[2] == offset:
+            c[2] += length
+            return
+        self.flush()
+        self._copy = [src, offset, length]
+
+    def flush(self) -> None:
+        if self._copy is not None:
+            self.writer.copy(*self._copy)
+            self._copy = None
+        if self._buf:
+            self.writer.write(b"".join(self._buf))
+            self._buf = []
+            self._buffered = 0
+
+    def end(self, kind: str) -> Entry:
+        return (self.ref, self._start, self.offset - self._start, kind)

@@ -63,7 +63,7 @@ from reactive.serialization import Serializer
 from reactive.state.backend import KeyedStateSnapshot, SnapshotContext
 
 from .changelog import Entry, GroupChain, SnapshotPlan
-from .file_writer import SnapshotFileWriter
+from .file_writer import SnapshotFileWriter, SnapshotOutput
 from .format import DELTA, FULL, encode_frame, heap_v2_handle
 from .pacing import LoopShare
 from .state import Table, descriptor_serializer
@@ -77,7 +77,6 @@ PIECE = 0.001
 SHARE = 0.15
 #: seconds after which a snapshot still running doubles its share (each time again)
 PATIENCE = 1.0
-_FLUSH = 1 << 20  # bytes buffered on the loop before they go to the writer thread
 _MIN_CHUNK, _MAX_CHUNK = 64, 1 << 17  # entries pickled in one piece (adapted to PIECE)
 # a key group's dict is pickled live in one call (one pass over its objects: each pass costs
 # a cache miss per entry, more than the pickling itself) when that call is expected to take
@@ -186,60 +185,6 @@ def _frame(frame: tuple[Any, ...], entries: Callable[[], Iterable[tuple[str, Any
             except Exception as inner:
                 raise StateSerializationError(operator, name, key, inner) from exc
         raise
-
-
-class _Out:
-    """The snapshot file as blobs: frames are buffered on the loop and handed to the writer
-    thread in pieces of about ``_FLUSH`` bytes; byte ranges of earlier files are copied by
-    the writer thread, adjacent ranges of one file in one copy."""
-
-    def __init__(self, writer: SnapshotFileWriter, ref: dict[str, Any]) -> None:
-        self.writer = writer
-        self.ref = ref
-        self._buf: list[bytes] = []
-        self._buffered = 0
-        self._start = 0
-        self.serialized = 0  # bytes serialized on the loop (not copied from earlier files)
-        # a copy not handed over yet, [source, offset, length]; never together with _buf
-        self._copy: list[Any] | None = None
-
-    @property
-    def offset(self) -> int:
-        return self.writer.size + self._buffered + (self._copy[2] if self._copy else 0)
-
-    def begin(self, header: tuple[Any, ...]) -> None:
-        self._start = self.offset
-        self.add(encode_frame(header))
-
-    def add(self, data: bytes) -> None:
-        if self._copy is not None:
-            self.flush()
-        self._buf.append(data)
-        self._buffered += len(data)
-        self.serialized += len(data)
-        if self._buffered >= _FLUSH:
-            self.flush()
-
-    def copy(self, src: Path, offset: int, length: int) -> None:
-        """Append ``length`` bytes at ``offset`` of file ``src``."""
-        c = self._copy
-        if c is not None and c[0] == src and c[1] + c[2] == offset:
-            c[2] += length
-            return
-        self.flush()
-        self._copy = [src, offset, length]
-
-    def flush(self) -> None:
-        if self._copy is not None:
-            self.writer.copy(*self._copy)
-            self._copy = None
-        if self._buf:
-            self.writer.write(b"".join(self._buf))
-            self._buf = []
-            self._buffered = 0
-
-    def end(self, kind: str) -> Entry:
-        return (self.ref, self._start, self.offset - self._start, kind)
 
 
 class HeapSnapshot(KeyedStateSnapshot):
@@ -366,7 +311,7 @@ class HeapSnapshot(KeyedStateSnapshot):
             raise OSError(f"snapshot {self.ctx.checkpoint_id} was discarded (the backend was "
                           "disposed while its asynchronous part ran)")
 
-    async def _tick(self, out: _Out) -> None:
+    async def _tick(self, out: SnapshotOutput) -> None:
         """Once a piece of :data:`PIECE` seconds is used up, let the tasks run for their
         share (:class:`.pacing.LoopShare`) and check that the snapshot still goes on."""
         pacer = self.pacer
@@ -418,7 +363,7 @@ class HeapSnapshot(KeyedStateSnapshot):
         return _frame(("k", keys, states), partial(_states_entries, states),
                       self.ctx.operator_uid, memo=True)
 
-    async def _write_full(self, idx: int, out: _Out) -> Entry | None:
+    async def _write_full(self, idx: int, out: SnapshotOutput) -> Entry | None:
         """Write key group index ``idx`` in full; None when it is empty."""
         op = self.ctx.operator_uid
         header = (FULL, self._serialized_names())
@@ -464,7 +409,7 @@ class HeapSnapshot(KeyedStateSnapshot):
                 out.add(self._keys_frame(keys, states))
         return out.end(FULL) if begun else None
 
-    async def _write_delta(self, idx: int, keys: list[Any], out: _Out) -> Entry:
+    async def _write_delta(self, idx: int, keys: list[Any], out: SnapshotOutput) -> Entry:
         """Write the changes of ``keys`` (key group index ``idx``) since the base."""
         out.begin((DELTA, self._serialized_names()))
         i = 0
@@ -477,7 +422,7 @@ class HeapSnapshot(KeyedStateSnapshot):
             await self._tick(out)
         return out.end(DELTA)
 
-    async def _freeze(self, out: _Out) -> None:
+    async def _freeze(self, out: SnapshotOutput) -> None:
         """Pass the key groups, in ascending order, whose written entries can no longer
         change: a delta group whose changed keys :meth:`_dirty_by_group` captured, and a
         group written in full whose dict, copied (``dict(d)``, one C-level call per state),
@@ -520,7 +465,7 @@ class HeapSnapshot(KeyedStateSnapshot):
             self.next_idx = idx + 1
             await self._tick(out)
 
-    async def _dirty_by_group(self, out: _Out) -> dict[int, list[Any]]:
+    async def _dirty_by_group(self, out: SnapshotOutput) -> dict[int, list[Any]]:
         """The dirty keys of the key groups written as deltas, per key-group index.
 
         Sorts them by key group in C-level steps (a chunk of :data:`_WALK_CHUNK` keys per
@@ -599,7 +544,7 @@ class HeapSnapshot(KeyedStateSnapshot):
         self._budget = budget
         return by
 
-    def _carry(self, chain: GroupChain, out: _Out) -> GroupChain:
+    def _carry(self, chain: GroupChain, out: SnapshotOutput) -> GroupChain:
         """Copy ``chain``'s blobs from the base's file into this snapshot's (by the writer
         thread, no serialization): the same chain, in this file."""
         moved: list[Entry] = []
@@ -628,7 +573,7 @@ class HeapSnapshot(KeyedStateSnapshot):
         path = self._path()
         ref: dict[str, Any] = {"path": ctx.relative(path)}
         writer = SnapshotFileWriter(path)
-        out = _Out(writer, ref)
+        out = SnapshotOutput(writer, ref)
         base = self.plan.base
         full = self.plan.full
         chains: list[GroupChain] = []
