@@ -12,14 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.partitioner import Partitioner
+from ..runtime.partitioner import Partitioner, VectorizedKeySelector
 from .key_index import KeyIndex
 from .schema import pa
 
 __all__ = ["ColumnKeySelector", "ColumnarKeyGroupPartitioner"]
 
 
-class ColumnKeySelector:
+class ColumnKeySelector(VectorizedKeySelector):
     """The key of a columnar ``key_by``: the values of ``columns``.
 
     Called on a record (a ``dict``, as ``to_records()`` emits), it returns the key the

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import sys
 from dataclasses import dataclass
-from typing import cast
 
 from ..checkpoint.coordinator import OperatorInfo
 from ..checkpoint.off_loop import in_thread
@@ -35,6 +34,7 @@ from .partitioner import (
     KeyGroupPartitioner,
     Partitioner,
     RebalancePartitioner,
+    VectorizedKeySelector,
 )
 from .record_writer import RecordWriter
 from .task import StreamTask, TaskEnvironment
@@ -255,10 +255,9 @@ class ExecutionGraph:
         if kind == "broadcast":
             return BroadcastPartitioner(p_down)
         assert e.key_selector is not None
-        # a columnar key_by's selector makes its own (vectorized) partitioner
-        create = getattr(e.key_selector, "create_partitioner", None)
-        if create is not None:
-            return cast(Partitioner, create(p_down, self.max_parallelism, consumer.resolved_uid))
+        if isinstance(e.key_selector, VectorizedKeySelector):  # the columnar key_by
+            return e.key_selector.create_partitioner(p_down, self.max_parallelism,
+                                                     consumer.resolved_uid)
         return KeyGroupPartitioner(p_down, e.key_selector, self.max_parallelism,
                                    key_serializer=e.key_serializer,
                                    operator=consumer.resolved_uid)
@@ -294,11 +293,7 @@ class ExecutionGraph:
         kgr = None
         if op.keyed:
             kgr = key_group_range_for_operator(subtask, parallelism, max_parallelism)
-            # an operator with its own kind of keyed state (columnar
-            # aggregates) names the state backend that holds it
-            factory = getattr(op, "keyed_state_backend", None)
-            backend = factory(state_backend) if factory is not None \
-                else state_backend
+            backend = op.keyed_state_backend(state_backend)
             keyed_backend = backend.create_keyed_backend(
                 job_name=env.job_name, operator_uid=op.uid, subtask=subtask,
                 key_group_range=kgr, max_parallelism=max_parallelism,

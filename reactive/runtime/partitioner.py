@@ -6,6 +6,7 @@ whole batches, so the per-record cost is one function call and a list append.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ __all__ = [
     "KeySelectorError",
     "Partitioner",
     "RebalancePartitioner",
+    "VectorizedKeySelector",
 ]
 
 
@@ -40,6 +42,29 @@ class Partitioner:
 
     def split(self, batch: list[Any]) -> list[list[Any]]:
         raise NotImplementedError
+
+
+class VectorizedKeySelector(ABC):
+    """A key selector whose ``key_by`` edge partitions whole batches itself (the columnar
+    ``key_by``: record batches split by their rows' key groups), instead of the runtime's
+    per-record :class:`KeyGroupPartitioner`. Called on one record it still returns that
+    record's key (what the per-record API would use), so both put a key in one key group.
+    """
+
+    @abstractmethod
+    def __call__(self, record: Any) -> Any:
+        """The key of one record."""
+
+    @abstractmethod
+    def create_partitioner(self, num_channels: int, max_parallelism: int,
+                           operator: str | None) -> Partitioner:
+        """The partitioner of a ``key_by`` edge into ``num_channels`` instances.
+
+        Args:
+            num_channels: the downstream parallelism.
+            max_parallelism: the number of key groups.
+            operator: the keyed operator's uid, named in key errors.
+        """
 
 
 class ForwardPartitioner(Partitioner):

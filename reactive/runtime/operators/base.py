@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import UserFunctionError
 from ...functions import RuntimeContext
-from ...state.backend import KeyedStateBackend
+from ...state.backend import KeyedStateBackend, StateBackend
 from ...state.operator_state import OperatorStateStore
 from ...time.clock import ProcessingClock
 from ...time.timers import Fire, InternalTimers, InternalTimerService
@@ -235,6 +235,15 @@ class StreamOperator:
             self.name, self.uid, subtask, parallelism, max_parallelism, keyed_backend,
             self.operator_state,
         )
+
+    def keyed_state_backend(self, job_backend: StateBackend) -> StateBackend:
+        """The state backend that holds this keyed operator's state: the job's, unless the
+        operator keeps its own kind of state (the columnar operators' arrays).
+
+        Args:
+            job_backend: the backend the job runs with.
+        """
+        return job_backend
 
     def fail(self, record: Any, exc: BaseException, position: Any = None) -> UserFunctionError:
         """Return the error that reports ``exc`` raised on ``record``."""
