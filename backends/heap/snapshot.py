@@ -51,7 +51,7 @@ from __future__ import annotations
 import pickle
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from functools import partial
 from itertools import groupby
 from operator import itemgetter
@@ -89,6 +89,7 @@ _LIVE_SECONDS = 0.004
 _PER_ENTRY = 5e-7  # seconds per entry assumed before any measurement (scattered objects)
 # values that nothing can change in place: a capture keeps a reference
 _IMMUTABLE = frozenset({int, float, str, bytes, bool, type(None), complex})
+_SCALAR_OR_TUPLE = _IMMUTABLE | {tuple}
 _MISSING = object()
 # changed keys sorted by key group, or captured, in one C-level step (~1 ms: one piece)
 _WALK_CHUNK = 4096
@@ -125,6 +126,18 @@ def _serialize(ser: Serializer, value: Any, operator: str, name: str, key: Any) 
         raise StateSerializationError(operator, name, key, exc) from exc
 
 
+def _all_immutable(values: Collection[Any]) -> bool:
+    """Whether nothing can change ``values`` in place: immutable scalars, or tuples of them
+    (the ``(value, expires_at)`` pairs of state with a time-to-live)."""
+    types = set(map(type, values))
+    if _IMMUTABLE.issuperset(types):
+        return True
+    if not _SCALAR_OR_TUPLE.issuperset(types):
+        return False
+    scalars = _IMMUTABLE.issuperset
+    return all(scalars(map(type, v)) for v in values if type(v) is tuple)
+
+
 def capture_entries(tables: Iterable[tuple[str, Table]], idx: int, key: Any,
                     operator: str) -> dict[str, Any]:
     """Return ``key``'s values in key group index ``idx`` as they are now, safe from later
@@ -145,7 +158,8 @@ def capture_entries(tables: Iterable[tuple[str, Table]], idx: int, key: Any,
         ser = None if table.serialized else getattr(table.descriptor, "serializer", None)
         if ser is not None:
             value = _serialize(ser, value, operator, name, key)
-        elif type(value) not in _IMMUTABLE:
+        elif type(value) not in _IMMUTABLE and (
+                type(value) is not tuple or not _IMMUTABLE.issuperset(map(type, value))):
             try:
                 value = Frozen(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
             except Exception as exc:
@@ -426,7 +440,7 @@ class HeapSnapshot(KeyedStateSnapshot):
         """Pass the key groups, in ascending order, whose written entries can no longer
         change: a delta group whose changed keys :meth:`_dirty_by_group` captured, and a
         group written in full whose dict, copied (``dict(d)``, one C-level call per state),
-        holds only immutable scalars (:data:`_IMMUTABLE`). A passed group needs no
+        holds only immutable scalars (:data:`_IMMUTABLE`) or tuples of them. A passed group needs no
         copy-on-write (:attr:`next_idx`); once every group is passed the backend stops
         watching, and the records no longer pay a check per ``set_current_key`` while the
         snapshot is serialized at its paced share.
@@ -446,7 +460,6 @@ class HeapSnapshot(KeyedStateSnapshot):
             return
         full = self.plan.full
         budget = self._budget
-        immutable = _IMMUTABLE.issuperset
         for idx in range(self.next_idx, self.n):
             if full is None or idx in full:
                 group: dict[str, dict[Any, Any]] = {}
@@ -456,7 +469,7 @@ class HeapSnapshot(KeyedStateSnapshot):
                         continue
                     copy = dict(d)
                     budget -= len(copy)
-                    if budget < 0 or not immutable(map(type, copy.values())):
+                    if budget < 0 or not _all_immutable(copy.values()):
                         return
                     group[name] = copy
                 self._frozen[idx] = group
@@ -514,7 +527,6 @@ class HeapSnapshot(KeyedStateSnapshot):
         del items
         uncaptured = self._uncaptured
         budget = self._budget
-        immutable = _IMMUTABLE.issuperset
         for idx in sorted(by):
             if not plain or budget <= 0:
                 uncaptured.add(idx)
@@ -528,7 +540,7 @@ class HeapSnapshot(KeyedStateSnapshot):
                 for i in range(0, len(keys), _WALK_CHUNK):
                     # a key absent from the state is a tombstone: left out
                     part = {k: d[k] for k in keys[i:i + _WALK_CHUNK] if k in d}
-                    if not immutable(map(type, part.values())):
+                    if not _all_immutable(part.values()):
                         break
                     values.update(part)
                     await self._tick(out)
