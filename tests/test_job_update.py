@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,10 +23,13 @@ from reactive import (
     RestartStrategy,
     ValueStateDescriptor,
 )
+from reactive.backends.heap import HeapStateBackend
+from reactive.backends.rocksdb import RocksDBStateBackend
 from reactive.checkpoint import Reconfiguration, read_metadata
 from reactive.connectors.collections import ListSink
 from reactive.runtime.operators.source import SourceOperator
 from reactive.sinks import Sink, SinkWriter
+from reactive.state.backend import StateBackend
 from tests.support import Count, operator_state_entry
 
 WORDS = ["a", "b", "c"]
@@ -124,10 +128,16 @@ async def test_output_switches_at_the_position_the_checkpoint_recorded(tmp_path)
     assert recorded[0].to_json()["version"] == 1
 
 
-async def test_keyed_state_carries_over_to_the_new_version(tmp_path):
+def _backend(name: str, tmp_path: Path) -> StateBackend:
+    return HeapStateBackend() if name == "heap" else RocksDBStateBackend(path=tmp_path / "db")
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+async def test_keyed_state_carries_over_to_the_new_version(tmp_path, backend):
     source = PushSource()
     job = await _flow("update-count", source).start(
-        checkpoints=CheckpointConfig(interval=0.05, directory=str(tmp_path)))
+        checkpoints=CheckpointConfig(interval=0.05, directory=str(tmp_path / "chk")),
+        state_backend=_backend(backend, tmp_path))
     results = job.results("out")
     await _send_rounds(source, 10)
     await job.update("count", TaggedCount())
@@ -164,11 +174,13 @@ async def test_an_incompatible_update_is_refused_and_the_job_runs_on(tmp_path, n
     assert sorted(out) == sorted((w, n) for w in WORDS for n in range(1, 11))
 
 
-async def test_a_failure_after_the_update_restores_the_new_version(tmp_path):
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+async def test_a_failure_after_the_update_restores_the_new_version(tmp_path, backend):
     FailingTaggedCount.seen[0] = 0
     source = PushSource()
     job = await _flow("update-then-fail", source).start(
-        checkpoints=CheckpointConfig(interval=0.05, directory=str(tmp_path)),
+        checkpoints=CheckpointConfig(interval=0.05, directory=str(tmp_path / "chk")),
+        state_backend=_backend(backend, tmp_path),
         restart=RestartStrategy.fixed(2, delay=0.0))
     results = job.results("out")
     await _send_rounds(source, 10)
