@@ -257,3 +257,26 @@ def test_metadata_without_reconfigurations_reads_as_none_and_writes_back_unchang
     new = CheckpointMetadata.from_json({**old, "reconfigurations": [entry]})
     assert new.reconfigurations == (Reconfiguration("update", "m", "mod.f"),)
     assert new.to_json() == {**old, "reconfigurations": [entry]}
+
+
+async def test_no_checkpoint_is_triggered_while_the_update_checkpoint_is_pending(tmp_path):
+    """With several checkpoints allowed at once, a later one completing first would
+    subsume the update's checkpoint: the update's takes every slot until it ends."""
+    source = PushSource()
+    job = await _flow("update-concurrent", source).start(
+        checkpoints=CheckpointConfig(interval=0.01, max_concurrent=4,
+                                     directory=str(tmp_path)))
+    results = job.results("out")
+    await _send_rounds(source, 10)
+    completed = await job.update("count", TaggedCount())
+    await _send_rounds(source, 10)
+    source.close()
+    out = [r async for r in results]
+    await job.wait()
+    assert sorted(out) == _expected(10, 10)
+    update = next(s for s in job.metrics.checkpoints
+                  if s.checkpoint_id == completed.checkpoint_id)
+    # every checkpoint triggered after it was triggered once it had completed
+    later = [s for s in job.metrics.checkpoints if s.checkpoint_id > completed.checkpoint_id]
+    assert later
+    assert all(s.trigger_time >= update.trigger_time + update.duration for s in later)

@@ -510,7 +510,13 @@ class CheckpointCoordinator:
         return bool(self.pending or self._finalizing)
 
     def _slots_taken(self) -> int:
-        return len(self.pending) + len(self._finalizing)
+        taken = len(self.pending) + len(self._finalizing)
+        if any(p.reconfigurations for p in (*self.pending.values(), *self._finalizing.values())):
+            # a checkpoint carrying a reconfiguration takes every slot: a later one
+            # completing first would subsume it and commit output of the new version under
+            # a checkpoint that does not record the reconfiguration
+            return max(taken, self.config.max_concurrent)
+        return taken
 
     def _free_slot(self) -> None:
         if self._slots_taken() < self.config.max_concurrent:
