@@ -557,6 +557,9 @@ class Job:
             raise ReconfigurationError(f"cannot update operator {uid!r}: {exc}") from exc
         tasks = self._runner.tasks
         running = [op for task in tasks for op in task.operators if op.uid == uid]
+        if not running:
+            raise ReconfigurationError(f"cannot update operator {uid!r}: job {self.name!r} "
+                                       "has no running instance of it")
         check_update(running[0], function)
         update = FunctionUpdate(uid, function, function_name(function))
         try:
