@@ -13,11 +13,13 @@ __all__ = [
     "CheckpointProgressError",
     "ConfigurationError",
     "CorruptCheckpointError",
+    "IncompatibleUpdateError",
     "JobCancelledError",
     "JobEndedError",
     "JobFailedError",
     "MissingExtraError",
     "ReactiveError",
+    "ReconfigurationError",
     "RecordRejectedError",
     "RestoreError",
     "StateAccessError",
@@ -271,3 +273,15 @@ class MissingExtraError(ReactiveError, ImportError):
             f"{feature} needs {module}, which is not installed: pip install 'reactive[{extra}]'"
             " (or, in a checkout, pip install -e '.[" + extra + "]')"
         )
+
+
+class ReconfigurationError(ReactiveError):
+    """A reconfiguration of a running job (``job.update``) did not take effect: the
+    checkpoint carrying it failed, or the job ended first. The job runs (or returns to,
+    by a restart from the last completed checkpoint) the configuration before it."""
+
+
+class IncompatibleUpdateError(ReconfigurationError):
+    """``job.update`` refused a new function before sending anything: the operator cannot
+    be updated, or the new function's state differs from the running one's in kind or
+    serializer (the message names the state). The job keeps running the old version."""

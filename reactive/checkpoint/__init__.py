@@ -12,6 +12,7 @@ from .contract import (
     KeyedStateHandle,
     OperatorState,
     OperatorSubtaskState,
+    Reconfiguration,
     StateHandle,
 )
 from .metadata import CompletedCheckpoint, read_metadata
@@ -28,6 +29,7 @@ __all__ = [
     "KeyedStateHandle",
     "OperatorState",
     "OperatorSubtaskState",
+    "Reconfiguration",
     "StateHandle",
     "read_metadata",
 ]

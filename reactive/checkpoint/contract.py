@@ -10,12 +10,16 @@ read and written again is byte for byte the same JSON::
 
     body = {"format": 2, "job", "checkpoint_id", "kind", "timestamp", "max_parallelism",
             "mode", "run_id", "commits", "operators": {uid: operator}, "stats": metrics,
-            "self_contained"}
+            "self_contained", "reconfigurations": [reconfiguration, ...]}
     operator = {"name", "parallelism", "keyed", "subtasks": {"<index>": subtask}}
     subtask  = {"keyed_state": keyed handle | null, "operator_state": handle | null,
                 "key_group_range": [start, end], "channel_state": handle}
     handle   = {"format", "files": [{"path", "size", "sha256"}, ...]}
     keyed handle = {"backend", "format", "files", "shared", "shared_reused", ...}
+    reconfiguration = {"version": 1, "kind": "update", "operator", "function"}
+
+``"reconfigurations"`` is written only by a checkpoint whose barrier carried one (a
+document without it, from before or from another writer, reads as none).
 
 A keyed handle is a state backend's own description of its snapshot: besides the fields the
 runtime reads (its backend, its files, the shared subset), it keeps whatever the backend
@@ -45,6 +49,7 @@ __all__ = [
     "KeyedStateHandle",
     "OperatorState",
     "OperatorSubtaskState",
+    "Reconfiguration",
     "StateHandle",
 ]
 
@@ -421,6 +426,52 @@ class CheckpointMetrics:
                    _present=tuple(k for k in _METRICS_FIELDS if k in d))
 
 
+RECONFIGURATION_VERSION = 1
+"""The version of a ``"reconfigurations"`` entry this module writes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfiguration:
+    """A reconfiguration a checkpoint's barrier carried and every task applied at its
+    snapshot instant (Carbone 2018 (PhD thesis), section 4.5.5): restoring this checkpoint
+    or a later one of the run restores the reconfigured job.
+
+    Attributes:
+        kind: ``"update"`` (a new version of an operator's function, ``job.update``).
+        operator: the uid of the operator reconfigured.
+        function: the new function's ``module.qualname``.
+        version: the entry's format version (:data:`RECONFIGURATION_VERSION`).
+        extra: fields of other writers or later versions, in their order.
+    """
+
+    kind: str
+    operator: str
+    function: str
+    version: int = RECONFIGURATION_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the entry."""
+        out: dict[str, Any] = {"version": self.version, "kind": self.kind,
+                               "operator": self.operator, "function": self.function}
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str = "reconfiguration") -> Reconfiguration:
+        """Read an entry.
+
+        Raises:
+            CorruptCheckpointError: if a field is missing or of the wrong type.
+        """
+        d = _obj(doc, where)
+        known = ("version", "kind", "operator", "function")
+        return cls(kind=_get(d, "kind", str, where), operator=_get(d, "operator", str, where),
+                   function=_get(d, "function", str, where),
+                   version=_get(d, "version", int, where),
+                   extra={k: v for k, v in d.items() if k not in known})
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointMetadata:
     """A completed checkpoint's manifest (Flink's ``CheckpointMetadata``): the body of its
@@ -442,6 +493,7 @@ class CheckpointMetadata:
         metrics: what it cost, None when not recorded.
         self_contained: a savepoint whose paths are relative to its own directory.
         format: the format version (:data:`FORMAT_VERSION`).
+        reconfigurations: what its barrier reconfigured (empty: nothing).
         extra: fields of other writers, in their order.
     """
 
@@ -457,6 +509,7 @@ class CheckpointMetadata:
     metrics: CheckpointMetrics | None = None
     self_contained: bool = False
     format: int = FORMAT_VERSION
+    reconfigurations: tuple[Reconfiguration, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -512,6 +565,8 @@ class CheckpointMetadata:
             out["stats"] = self.metrics.to_json()
         if self.self_contained:
             out["self_contained"] = True
+        if self.reconfigurations:
+            out["reconfigurations"] = [r.to_json() for r in self.reconfigurations]
         out.update(self.extra)
         return out
 
@@ -525,7 +580,8 @@ class CheckpointMetadata:
         """
         d = _obj(doc, "body")
         known = ("format", "job", "checkpoint_id", "kind", "timestamp", "max_parallelism",
-                 "mode", "run_id", "commits", "operators", "stats", "self_contained")
+                 "mode", "run_id", "commits", "operators", "stats", "self_contained",
+                 "reconfigurations")
         operators = {
             uid: OperatorState.from_json(op, f"operator {uid!r}")
             for uid, op in _obj(_get(d, "operators", dict, "body"), "body").items()}
@@ -543,6 +599,9 @@ class CheckpointMetadata:
             metrics=None if stats is None else CheckpointMetrics.from_json(stats),
             self_contained=bool(_opt(d, "self_contained", bool, "body")),
             format=int(_opt(d, "format", int, "body") or FORMAT_VERSION),
+            reconfigurations=tuple(
+                Reconfiguration.from_json(r, f"reconfiguration {i}")
+                for i, r in enumerate(_opt(d, "reconfigurations", list, "body") or ())),
             extra={k: v for k, v in d.items() if k not in known},
         )
 

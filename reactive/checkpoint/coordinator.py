@@ -48,7 +48,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config import CheckpointConfig
 from ..errors import (
@@ -60,7 +60,7 @@ from ..errors import (
 from ..runtime.cancellation import wait_with_timeout
 from ..runtime.events import CheckpointBarrier
 from .completed_checkpoint_store import CompletedCheckpointStore
-from .contract import OperatorSubtaskState
+from .contract import OperatorSubtaskState, Reconfiguration
 from .failure_reason import CheckpointFailureReason
 from .metadata import CompletedCheckpoint
 from .off_loop import in_thread, wait_all
@@ -217,12 +217,16 @@ class CheckpointCoordinator:
         self._periodic = False
         self._finishing = True
 
-    def trigger(self, kind: str = "checkpoint", commit: bool = True) -> PendingCheckpoint:
+    def trigger(self, kind: str = "checkpoint", commit: bool = True,
+                updates: tuple[Any, ...] = (),
+                reconfigurations: tuple[Reconfiguration, ...] = ()) -> PendingCheckpoint:
         """Inject barrier n into every source task and return the pending checkpoint.
 
         Args:
             kind: ``"checkpoint"`` or ``"savepoint"``.
             commit: notify the tasks on completion (see the module docstring).
+            updates: a reconfiguration the barrier carries (``CheckpointBarrier.updates``).
+            reconfigurations: how its metadata records them.
         """
         cid = self.next_id
         self.next_id += 1
@@ -231,15 +235,19 @@ class CheckpointCoordinator:
         pending = PendingCheckpoint(
             cid, kind, now + self.config.timeout, time.perf_counter(),
             {t.task_id for t in self.tasks}, stats, commit, self.operators,
+            reconfigurations,
         )
         self.pending[cid] = pending
         self.history.append(stats)
         if self._slots_taken() >= self.config.max_concurrent:
             self._slot_free.clear()
-        # savepoints and the final checkpoint stay aligned (see reactive.runtime.unaligned)
-        unaligned = self.config.unaligned and kind == "checkpoint" and not self._finishing
+        # savepoints, the final checkpoint and a reconfiguration stay aligned (see
+        # reactive.runtime.unaligned): the records a barrier overtook would otherwise
+        # meet the new version though they are before it
+        unaligned = (self.config.unaligned and kind == "checkpoint" and not self._finishing
+                     and not updates)
         barrier = CheckpointBarrier(cid, stats.trigger_time, "savepoint" if kind == "savepoint"
-                                    else "checkpoint", unaligned)
+                                    else "checkpoint", unaligned, updates)
         for task in self.sources:
             task.post(functools.partial(task.trigger_checkpoint, barrier))
         if self.synchronous:
@@ -254,6 +262,8 @@ class CheckpointCoordinator:
         commit: bool = True,
         on_trigger: Callable[[], None] | None = None,
         await_commit: bool = False,
+        updates: tuple[Any, ...] = (),
+        reconfigurations: tuple[Reconfiguration, ...] = (),
     ) -> CompletedCheckpoint:
         """Trigger a checkpoint (when a concurrency slot is free) and wait for completion.
 
@@ -265,6 +275,8 @@ class CheckpointCoordinator:
                 stop-with-savepoint parks the sources this way).
             await_commit: with ``commit``, return only after every task has finished its
                 ``notify_checkpoint_complete`` (its commits).
+            updates, reconfigurations: a reconfiguration its barrier carries (see
+                :meth:`trigger`).
 
         Raises:
             CheckpointError: if it is aborted, the coordinator is stopped, or the attempt
@@ -279,7 +291,7 @@ class CheckpointCoordinator:
                 raise CheckpointError("the job is finishing or stopped: no more checkpoints")
             self._slot_free.clear()
             await self._slot_free.wait()
-        pending = self.trigger(kind, commit)
+        pending = self.trigger(kind, commit, updates, reconfigurations)
         if on_trigger is not None:
             on_trigger()
         completed = await pending.done
@@ -498,7 +510,13 @@ class CheckpointCoordinator:
         return bool(self.pending or self._finalizing)
 
     def _slots_taken(self) -> int:
-        return len(self.pending) + len(self._finalizing)
+        taken = len(self.pending) + len(self._finalizing)
+        if any(p.reconfigurations for p in (*self.pending.values(), *self._finalizing.values())):
+            # a checkpoint carrying a reconfiguration takes every slot: a later one
+            # completing first would subsume it and commit output of the new version under
+            # a checkpoint that does not record the reconfiguration
+            return max(taken, self.config.max_concurrent)
+        return taken
 
     def _free_slot(self) -> None:
         if self._slots_taken() < self.config.max_concurrent:

@@ -19,7 +19,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..errors import CheckpointError
-from .contract import CheckpointMetadata, CheckpointMetrics, OperatorState, OperatorSubtaskState
+from .contract import (
+    CheckpointMetadata,
+    CheckpointMetrics,
+    OperatorState,
+    OperatorSubtaskState,
+    Reconfiguration,
+)
 from .failure_reason import CheckpointFailureReason
 from .metadata import CompletedCheckpoint
 from .savepoints import rebase_savepoint_paths
@@ -80,6 +86,7 @@ class PendingCheckpoint:
         commit: notify the tasks when it completes (they commit side effects); False for
             an intermediate savepoint.
         operators: every operator of the job by uid (what the metadata records of them).
+        reconfigurations: what its barrier reconfigures (recorded in its metadata).
 
     Attributes:
         done: resolved with the completed checkpoint once its metadata is durable, or
@@ -96,6 +103,7 @@ class PendingCheckpoint:
     stats: CheckpointStats
     commit: bool = True
     operators: Mapping[str, OperatorInfo] = field(default_factory=dict)
+    reconfigurations: tuple[Reconfiguration, ...] = ()
     done: asyncio.Future[CompletedCheckpoint] = field(default_factory=_done_future)
     committed: asyncio.Future[None] = field(default_factory=_committed_future)
     _states: dict[str, dict[int, OperatorSubtaskState]] = field(default_factory=dict)
@@ -186,6 +194,7 @@ class PendingCheckpoint:
                 stats.checkpoint_id, stats.kind, stats.status, stats.trigger_time,
                 stats.duration, stats.alignment, stats.sync, stats.async_, stats.size,
                 stats.path, stats.failure, stats.failure_reason),
+            reconfigurations=self.reconfigurations,
         )
         if self.kind == "savepoint":
             return rebase_savepoint_paths(metadata, checkpoint_dir_name)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
     "END_OF_DATA",
@@ -29,12 +29,16 @@ class CheckpointBarrier:
         kind: ``"checkpoint"`` or ``"savepoint"``.
         unaligned: an unaligned checkpoint's barrier (FLIP-76): it overtakes the records
             queued in the channels (see ``reactive.runtime.unaligned``).
+        updates: the reconfiguration it carries (Carbone 2018 (PhD thesis), section
+            4.5.5): :class:`~reactive.runtime.reconfiguration.FunctionUpdate` s each
+            instance of their operator applies at its snapshot instant; empty for none.
     """
 
     checkpoint_id: int
     timestamp: float
     kind: Literal["checkpoint", "savepoint"] = "checkpoint"
     unaligned: bool = False
+    updates: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """The job handle: what ``Dataflow.start`` returns to the application (Flink's
-``JobClient``): wait, cancel, stop, checkpoints and savepoints, committed results, state
-queries and metrics.
+``JobClient``): wait, cancel, stop, checkpoints and savepoints, function updates, committed
+results, state queries and metrics.
 
 The handle owns the run's one asyncio task and the locks of its directories; the attempts
 themselves (wiring, restore selection, restarts, the final checkpoint) are the
@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..checkpoint.contract import Reconfiguration
 from ..checkpoint.durable_files import sync_created
 from ..checkpoint.lineage import committed_output
 from ..checkpoint.metadata import CompletedCheckpoint
@@ -41,6 +42,7 @@ from ..errors import (
     ConfigurationError,
     JobCancelledError,
     ReactiveError,
+    ReconfigurationError,
     RestoreError,
     StateNotReadyError,
 )
@@ -50,6 +52,7 @@ from .execution_graph import validate
 from .job_runner import JobOptions, JobRunner, JobStatus
 from .metrics import JobMetrics
 from .operators import SinkOperator
+from .reconfiguration import FunctionUpdate, check_update, function_name
 from .source_lifecycle import describe_end, read_accepted_input, tell_end, tell_start
 from .switch_interval import short_switch_interval
 from .task import StreamTask
@@ -503,6 +506,80 @@ class Job:
         return completed
 
 
+
+    async def update(self, uid: str, function: Any) -> CompletedCheckpoint:
+        """Replace operator ``uid``'s function by a new version while the job runs
+        (reconfiguration carried by the epoch marker: Carbone 2018 (PhD thesis), section
+        4.5.5).
+
+        First the new version is checked against the running one: each version's ``open``
+        runs against a probe context that records the state it asks for (and touches no
+        state); a state both use must keep its kind and its serializer's type. Then a
+        checkpoint is triggered whose barrier carries the new version: each instance of
+        the operator switches at that barrier's snapshot instant, after the synchronous part
+        of its snapshot (the old version is closed, the new one opened with the same runtime
+        context, so keyed state, operator state and timers carry over). Records before the
+        barrier saw the old version, records after it the new one; like :meth:`checkpoint`,
+        every record a :class:`~reactive.PushSource` accepted before the call is before it.
+        The checkpoint's metadata records the update (``metadata.reconfigurations``), and a
+        restart that restores it or a later checkpoint of this run runs the new version; a
+        restore of an earlier one runs the old version.
+
+        Args:
+            uid: the operator's uid (a map, filter, flat_map, reduce or process operator).
+            function: the new version: a callable, or a ``ProcessFunction`` for process.
+
+        Returns:
+            the completed checkpoint that carried the update.
+
+        Raises:
+            IncompatibleUpdateError: before anything was sent: the operator cannot be
+                updated, or the new version's state differs in kind or serializer (the
+                message names the state); the job runs the old version unchanged.
+            ReconfigurationError: without checkpointing, no operator ``uid``, the job is not
+                running, or the checkpoint carrying the update failed (its reason is the
+                ``__cause__``): the attempt is then failed, so the restart strategy restores
+                the last completed checkpoint, which runs the old version (with no restart
+                left, the job fails).
+        """
+        if self.options.checkpoints is None:
+            raise ReconfigurationError(
+                "job.update needs checkpointing: the update travels with a checkpoint's "
+                "barrier (pass checkpoints=CheckpointConfig(...))")
+        uids = sorted(t.resolved_uid for t in self.flow.transformations)
+        if uid not in uids:
+            raise ReconfigurationError(f"job {self.name!r} has no operator {uid!r}; its "
+                                       f"operators: {uids}")
+        await read_accepted_input(self.flow.transformations)
+        try:
+            coordinator = await self._wait_running()
+        except CheckpointError as exc:
+            raise ReconfigurationError(f"cannot update operator {uid!r}: {exc}") from exc
+        tasks = self._runner.tasks
+        running = [op for task in tasks for op in task.operators if op.uid == uid]
+        if not running:
+            raise ReconfigurationError(f"cannot update operator {uid!r}: job {self.name!r} "
+                                       "has no running instance of it")
+        check_update(running[0], function)
+        update = FunctionUpdate(uid, function, function_name(function))
+        try:
+            completed = await coordinator.checkpoint(
+                updates=(update,),
+                reconfigurations=(Reconfiguration("update", uid, update.name),))
+        except CheckpointError as exc:
+            error = ReconfigurationError(
+                f"update of operator {uid!r} to {update.name} failed: the checkpoint carrying "
+                f"it did not complete ({exc}); the job returns to the previous version "
+                "(restart from the last completed checkpoint)")
+            if self._runner.tasks is tasks:
+                # instances that switched already must not commit output of the new
+                # version under an epoch no completed checkpoint records
+                self._runner.fail_attempt(error)
+            raise error from exc
+        self._runner.updates.append((completed.checkpoint_id, update))
+        log.info("operator %r updated to %s at checkpoint %d", uid, update.name,
+                 completed.checkpoint_id)
+        return completed
 
     async def _main(self) -> None:
         """Run the job; then end every results iterator (with the job's error, if any)."""

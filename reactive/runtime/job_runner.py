@@ -47,6 +47,7 @@ from ..state.backend import StateBackend
 from ..two_phase_commit import TwoPhaseCommitSink
 from .execution_graph import ExecutionGraph
 from .metrics import JobMetrics
+from .reconfiguration import FunctionUpdate, apply_updates
 from .task import StreamTask, TaskEnvironment
 
 if TYPE_CHECKING:
@@ -141,6 +142,10 @@ class JobRunner:
             attempt ends.
         cancel_requested: ``cancel()`` (or ``stop()``) was called: a failure while the
             attempt winds down ends the run as cancelled, never restarts it.
+        updates: the function updates of this run, each with the id of the checkpoint that
+            carried it, oldest first (the run's version history: an attempt restoring
+            checkpoint n runs every update carried by a checkpoint <= n; Carbone 2018 (PhD
+            thesis), section 4.5.5).
     """
 
     def __init__(self, flow: LogicalGraph, options: JobOptions,
@@ -165,6 +170,7 @@ class JobRunner:
         self.running = asyncio.Event()
         self.live_queries: set[asyncio.Future[Any]] = set()
         self.cancel_requested = False
+        self.updates: list[tuple[int, FunctionUpdate]] = []
         self._tap_sinks = tap_sinks
         self._recover_results = recover_results
 
@@ -218,6 +224,15 @@ class JobRunner:
                 await in_thread(self.storage.forget_run, self.run_id)
             except OSError as exc:
                 log.warning("could not remove the record of run %s: %s", self.run_id, exc)
+
+    def fail_attempt(self, reason: BaseException) -> None:
+        """Fail the running attempt with ``reason`` (raised in one of its tasks, between two
+        batches): the restart strategy then restores the last completed checkpoint."""
+        def fail() -> None:
+            raise reason
+
+        if self.tasks:
+            self.tasks[0].post(fail)
 
     # ------------------------------------------------------------------ attempts
     async def run_all_attempts(self) -> None:
@@ -397,6 +412,11 @@ class JobRunner:
                 # off the loop, one operator instance per worker-thread step, before any
                 # task runs (so nothing else touches the backends meanwhile)
                 await graph.restore(assignment)
+                # the versions the restored checkpoint ran: before any operator opens
+                restored_id = assignment.checkpoint.checkpoint_id
+                updates = [u for cid, u in self.updates if cid <= restored_id]
+                for task in graph.tasks:
+                    apply_updates(task.operators, updates, opened=False)
             tasks = graph.tasks
             self.tasks = tasks
             self._tap_sinks(tasks)

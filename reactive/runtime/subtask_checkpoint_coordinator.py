@@ -44,6 +44,7 @@ from ..errors import ReactiveError, StateSerializationError
 from ..state.backend import KeyedStateSnapshot, SnapshotContext
 from .events import CheckpointBarrier
 from .operators import StreamOperator, maybe_await
+from .reconfiguration import apply_updates
 
 if TYPE_CHECKING:
     from ..checkpoint.storage import CheckpointStorage
@@ -175,6 +176,17 @@ class SubtaskCheckpointCoordinator:
                 in_flight.cancel()
             await self.broadcast(barrier)
             return
+        if barrier.updates:
+            # the snapshot instant: the captures hold the state the old version left, the
+            # records after this barrier meet the new version (Carbone 2018 (PhD thesis),
+            # section 4.5.5)
+            try:
+                apply_updates(self.operators, barrier.updates)
+            except BaseException:
+                for _, _, keyed, _ in captures:
+                    if keyed is not None:
+                        keyed.discard()
+                raise
         sync = time.perf_counter() - t0
         self._in_flight[cid] = captures
         await self.broadcast(barrier)
