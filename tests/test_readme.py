@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PAGES = [README, ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP = re.compile(r"<!--\s*readme-test:\s*skip:\s*(?P<reason>.*?)\s*-->")
-TIMEOUT = 120  # seconds per block; the blocks take a few seconds
+TIMEOUT = 600  # seconds per block; most take a few, a Spark block starts a JVM (30-120 s)
 
 
 @dataclass
