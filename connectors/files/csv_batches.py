@@ -6,6 +6,7 @@ dead letters (or fail the job), found as in the per-record mode by bisecting the
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 from reactive.errors import ConfigurationError, ReactiveError
@@ -20,6 +21,22 @@ class ColumnarBlockConverter(BlockConverter):
     """A :class:`BlockConverter` whose records are the block's Arrow tables (or what the
     batch factory makes of them: a table per table): ``convert`` returns tables of good rows
     and an ``InvalidRow`` per bad row (no per-row record)."""
+
+    def __init__(self, pacsv: Any, column_names: Any, **options: Any) -> None:
+        super().__init__(pacsv, column_names, **options)
+        # a block without the quote character has no quoted newline: pyarrow's parser
+        # then finds rows ~1.6x faster with newlines_in_values off, and reads them alike
+        self._unquoted_parse_options = pacsv.ParseOptions(
+            delimiter=self._parse_options.delimiter, quote_char=self._parse_options.quote_char,
+            newlines_in_values=False, invalid_row_handler=self._skip)
+
+    def _read(self, data: bytes) -> Any:
+        if self.quote is None or self.quote in data:
+            return super()._read(data)
+        self._invalid.clear()
+        return self._pacsv.read_csv(io.BytesIO(data), read_options=self._read_options,
+                                    parse_options=self._unquoted_parse_options,
+                                    convert_options=self._convert_options)
 
     def _records(self, table: Any) -> list[Any]:
         if self._batch_factory is None:
