@@ -29,14 +29,20 @@ class ColumnarBlockConverter(BlockConverter):
         self._unquoted_parse_options = pacsv.ParseOptions(
             delimiter=self._parse_options.delimiter, quote_char=self._parse_options.quote_char,
             newlines_in_values=False, invalid_row_handler=self._skip)
+        import pyarrow as pa
+
+        self._pool = pa.system_memory_pool()
 
     def _read(self, data: bytes) -> Any:
-        if self.quote is None or self.quote in data:
-            return super()._read(data)
         self._invalid.clear()
-        return self._pacsv.read_csv(io.BytesIO(data), read_options=self._read_options,
-                                    parse_options=self._unquoted_parse_options,
-                                    convert_options=self._convert_options)
+        quoted = self.quote is not None and self.quote in data
+        # the system allocator: pyarrow's default pool (mimalloc) commits fresh pages for
+        # each multi-megabyte block of a young process (0.16 vs 0.09 s CPU for the first
+        # 8 blocks of 4 MB, measured); the system allocator reuses the freed blocks' memory
+        return self._pacsv.read_csv(
+            io.BytesIO(data), read_options=self._read_options,
+            parse_options=self._parse_options if quoted else self._unquoted_parse_options,
+            convert_options=self._convert_options, memory_pool=self._pool)
 
     def _records(self, table: Any) -> list[Any]:
         if self._batch_factory is None:
