@@ -6,6 +6,7 @@ dead letters (or fail the job), found as in the per-record mode by bisecting the
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 from reactive.errors import ConfigurationError, ReactiveError
@@ -20,6 +21,28 @@ class ColumnarBlockConverter(BlockConverter):
     """A :class:`BlockConverter` whose records are the block's Arrow tables (or what the
     batch factory makes of them: a table per table): ``convert`` returns tables of good rows
     and an ``InvalidRow`` per bad row (no per-row record)."""
+
+    def __init__(self, pacsv: Any, column_names: Any, **options: Any) -> None:
+        super().__init__(pacsv, column_names, **options)
+        # a block without the quote character has no quoted newline: pyarrow's parser
+        # then finds rows ~1.6x faster with newlines_in_values off, and reads them alike
+        self._unquoted_parse_options = pacsv.ParseOptions(
+            delimiter=self._parse_options.delimiter, quote_char=self._parse_options.quote_char,
+            newlines_in_values=False, invalid_row_handler=self._skip)
+        import pyarrow as pa
+
+        self._pool = pa.system_memory_pool()
+
+    def _read(self, data: bytes) -> Any:
+        self._invalid.clear()
+        quoted = self.quote is not None and self.quote in data
+        # the system allocator: pyarrow's default pool (mimalloc) commits fresh pages for
+        # each multi-megabyte block of a young process (0.16 vs 0.09 s CPU for the first
+        # 8 blocks of 4 MB, measured); the system allocator reuses the freed blocks' memory
+        return self._pacsv.read_csv(
+            io.BytesIO(data), read_options=self._read_options,
+            parse_options=self._parse_options if quoted else self._unquoted_parse_options,
+            convert_options=self._convert_options, memory_pool=self._pool)
 
     def _records(self, table: Any) -> list[Any]:
         if self._batch_factory is None:
