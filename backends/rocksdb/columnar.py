@@ -12,6 +12,7 @@ range). A RocksDB snapshot of columnar state restores only into this backend.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -28,6 +29,8 @@ from .generations import ABSENT, MISS
 
 __all__ = ["COLUMNAR_STATE", "ColumnarRocksDBKeyedStateBackend"]
 
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+
 #: the name of the RocksDB state holding a columnar operator's rows
 COLUMNAR_STATE = "_columnar"
 
@@ -38,21 +41,34 @@ class ColumnarRocksDBKeyedStateBackend(RocksDBKeyedStateBackend, SlotStore):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._columnar = self._table(COLUMNAR_STATE, "value")
+        self._columnar = self._rows_table()
         self._hooks: list[Callable[[], None]] = []
+        self._in_snapshot = False
 
     def before_snapshot(self, hook: Callable[[], None]) -> None:
         self._hooks.append(hook)
 
     def snapshot(self, ctx: SnapshotContext) -> KeyedStateSnapshot:
-        for hook in self._hooks:
-            hook()  # the operator's cached changes join the generation frozen next
+        # the operator's cached changes join the generation frozen next, written to
+        # RocksDB in the asynchronous part (not here: the synchronous part stays O(changed
+        # keys) dict inserts)
+        self._in_snapshot = True
+        try:
+            for hook in self._hooks:
+                hook()
+        finally:
+            self._in_snapshot = False
         return super().snapshot(ctx)
+
+    async def _refill(self, gen: Any) -> None:
+        """Nothing to refill: the operator's cache of slots holds the hot keys (copying a
+        frozen generation back into this cache would only duplicate them)."""
 
     def load_rows(self, keys: list[Any], key_groups: np.ndarray) -> list[tuple[Any, ...] | None]:
         table = self._columnar
         out: list[Any] = [None] * len(keys)
         missing: list[int] = []
+        loads = pickle.loads
         pending = list(reversed(self._gens.pending))
         cache, staged = table.cache, table.staged
         for i, key in enumerate(keys):
@@ -65,18 +81,17 @@ class ColumnarRocksDBKeyedStateBackend(RocksDBKeyedStateBackend, SlotStore):
             if value is MISS and staged:
                 raw = staged.get(key)
                 if raw is not None:
-                    value = table.loads(raw)
+                    value = raw
             if value is MISS:
                 missing.append(i)
             elif value is not ABSENT:
-                out[i] = value
+                out[i] = loads(value)
         if missing:
             kg = self._kg
             sid = table.sid
             encode = self._encode_key
             kgs = key_groups.tolist()
             raws = self._db[[kg[kgs[i]] + sid + encode(keys[i]) for i in missing]]
-            loads = table.loads
             for i, raw in zip(missing, cast(list[Any], raws), strict=True):
                 if raw is not None:
                     out[i] = loads(raw)
@@ -86,8 +101,10 @@ class ColumnarRocksDBKeyedStateBackend(RocksDBKeyedStateBackend, SlotStore):
                    rows: list[tuple[Any, ...]]) -> None:
         table = self._columnar
         kg = self._kg
-        table.cache.update(zip(keys, rows, strict=True))
+        table.cache.update(zip(keys, map(_dumps, rows), strict=True))
         table.dirty.update(zip(keys, [kg[g] for g in key_groups.tolist()], strict=True))
+        if self._in_snapshot:
+            return
         # the write-back cache's own bounds: write the oldest dirty rows in steps and evict
         # (both wait while a generation is pending, as for the per-record states)
         while len(table.dirty) >= self.write_batch_entries and not self._gens.pending:
@@ -101,7 +118,7 @@ class ColumnarRocksDBKeyedStateBackend(RocksDBKeyedStateBackend, SlotStore):
     def iter_rows(self) -> Iterator[tuple[Any, tuple[Any, ...]]]:
         table = self._columnar
         self._flush_dirty()
-        sid, loads = table.sid, table.loads
+        sid, loads = table.sid, pickle.loads
         for g in range(self._start, self._end + 1):
             prefix = self._kg[g] + sid
             n = len(prefix)
@@ -126,7 +143,24 @@ class ColumnarRocksDBKeyedStateBackend(RocksDBKeyedStateBackend, SlotStore):
                     "columnar state cannot be restored into RocksDB columnar state; restore "
                     "it with the backend that took it")
         super().restore(handles, job_dir)
-        self._columnar = self._table(COLUMNAR_STATE, "value")
+        self._columnar = self._rows_table()
+
+    def _rows_table(self) -> Any:
+        """The table of the rows. Its cached values are the rows' pickles (the bytes
+        RocksDB stores, so readers unpickle them as any pickled state): bytes are
+        immutable and untracked by the garbage collector, so a frozen generation shares
+        them and a cache of many rows adds no collector work."""
+        table = self._table(COLUMNAR_STATE, "value")
+        table.dumps = table.loads = _identity
+        return table
+
+
+def _identity(value: bytes) -> bytes:
+    return value
+
+
+def _dumps(row: tuple[Any, ...]) -> bytes:
+    return pickle.dumps(row, _PROTOCOL)
 
 
 RocksDBStateBackend.columnar_keyed_backend_class = ColumnarRocksDBKeyedStateBackend

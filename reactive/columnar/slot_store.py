@@ -63,8 +63,9 @@ class SlotCache:
         specs: the aggregates (their arrays are ``"{output}.{part}"``).
         max_parallelism: the number of key groups.
         operator: the operator's uid (named in key errors).
-        capacity: the slots cached before every changed one is written back and the
-            cache emptied.
+        capacity: the slots cached (at the start of a batch) past which every changed
+            one is written back and the cache emptied; the cache holds at most this many
+            plus one batch's distinct keys.
     """
 
     def __init__(self, store: SlotStore, key_columns: list[str], specs: list[Spec],
@@ -105,7 +106,7 @@ class SlotCache:
         """Map ``batch``'s keys to cached slots, reading the keys not cached from the store
         (one batched read), and mark the batch's slots changed."""
         index = self.index
-        if index.size and index.size + batch.num_rows > self.capacity:
+        if index.size >= self.capacity:
             self.flush()
             index.clear()
             self._reset(len(self.dirty))
