@@ -103,3 +103,20 @@ async def test_restoring_the_other_backends_columnar_snapshot_is_refused(tmp_pat
     assert "cannot be restored" in text or "cannot restore" in text
     assert len(committed_rows(out)) < table.num_rows  # nothing was replayed past it
     assert Path(out).exists()
+
+
+async def test_rocksdb_running_counts_with_dictionary_keys(tmp_path):
+    # a batch's groups are the whole dictionary; the 8-slot cache is emptied between
+    # batches, so each batch reads its keys' counts back from RocksDB
+    table = words_table(4000, vocabulary=50)
+    table = table.set_column(0, "word", table.column("word").dictionary_encode())
+    flow = Dataflow("columnar-rocks-dictionary", parallelism=2, max_parallelism=32)
+    sink = ListSink()
+    (flow.from_arrow(table, batch_size=300).key_by("word")
+         .agg(count=("word", "count")).to_records().sink(sink))
+    await flow.run(state_backend=RocksDBStateBackend(tmp_path / "work"))
+    per_word: dict[str, list[int]] = collections.defaultdict(list)
+    for r in sink.records:
+        per_word[r["word"]].append(r["count"])
+    expected = collections.Counter(table.column("word").to_pylist())
+    assert dict(per_word) == {w: list(range(1, n + 1)) for w, n in expected.items()}

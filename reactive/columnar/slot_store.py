@@ -117,7 +117,11 @@ class SlotCache:
         self._grow(size)
         if size > before:
             self._load(chunks_before, before, size)
-        self.dirty[keys.slots] = True
+        slots = keys.slots
+        if keys.num_groups > batch.num_rows // 4:
+            # a batch's groups may be a whole dictionary: mark the slots its rows use only
+            slots = slots[np.bincount(keys.codes, minlength=keys.num_groups) > 0]
+        self.dirty[slots] = True
         return keys
 
     def _load(self, chunks_before: list[int], before: int, size: int) -> None:
