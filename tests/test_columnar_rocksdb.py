@@ -101,6 +101,7 @@ async def test_restoring_the_other_backends_columnar_snapshot_is_refused(tmp_pat
                          state_backend=heap if first_rocks else rocks)
     text = " ".join(str(e) for e in chain(info.value))
     assert "cannot be restored" in text or "cannot restore" in text
+    assert "backend that took it" in text
     assert len(committed_rows(out)) < table.num_rows  # nothing was replayed past it
     assert Path(out).exists()
 
