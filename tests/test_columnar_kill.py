@@ -68,14 +68,15 @@ def run_trial(tmp_path: Path, backend: str, seed: int) -> None:
     check_output(out)
 
 
-@pytest.mark.parametrize(("backend", "seed"), [("heap", 1), ("heap-incremental", 2)])
+@pytest.mark.parametrize(("backend", "seed"), [("heap", 1), ("heap-incremental", 2),
+                                               ("rocksdb", 3)])
 def test_sigkill_and_rescale_keep_columnar_output_exactly_once(tmp_path, backend, seed):
     run_trial(tmp_path, backend, seed)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3, 13))
-@pytest.mark.parametrize("backend", ["heap", "heap-incremental"])
+@pytest.mark.parametrize("backend", ["heap", "heap-incremental", "rocksdb"])
 def test_sigkill_and_rescale_seeded_loop(tmp_path, backend, seed):
     run_trial(tmp_path, backend, seed)
 

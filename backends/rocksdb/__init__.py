@@ -19,7 +19,9 @@ modules, one job each:
 - :mod:`.reader`: the one reader of this format for tools and other backends (entries as
   stored, or a neutral key-group stream, :mod:`reactive.state.key_group_stream`);
 - :mod:`.backend`: the keyed backend of one instance (the pieces put together) and the
-  :class:`RocksDBStateBackend` factory.
+  :class:`RocksDBStateBackend` factory;
+- :mod:`.columnar`: the columnar operators' keyed state (rows per key, read and written
+  per record batch), installed as the factory's columnar backend on import.
 
 Heap snapshots are restored through the key-group reader registry (``backends`` registers the
 built-in readers), so this package never imports another backend.
@@ -30,6 +32,7 @@ from reactive.extras import require as _require
 _require("rocksdict", "rocksdb", "the RocksDB state backend")
 
 from .backend import RocksDBKeyedStateBackend, RocksDBStateBackend  # noqa: E402
+from .columnar import COLUMNAR_STATE as _COLUMNAR_STATE  # noqa: E402,F401  (installs it)
 from .db import FORMAT  # noqa: E402
 from .keys import state_id  # noqa: E402
 from .reader import iter_rocksdb_entries, iter_rocksdb_key_groups, read_rocksdb_snapshot  # noqa: E402

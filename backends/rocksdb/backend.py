@@ -9,6 +9,7 @@ and restore (:mod:`.restore`). Flink's ``RocksDBKeyedStateBackend`` /
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import uuid
@@ -319,6 +320,11 @@ class RocksDBStateBackend(StateBackend):
     """
 
     name = BACKEND
+    #: the class of the instances' keyed backends
+    keyed_backend_class: type[RocksDBKeyedStateBackend] = RocksDBKeyedStateBackend
+    #: the class of the columnar operators' keyed backends (:mod:`.columnar` sets it when
+    #: the package is imported)
+    columnar_keyed_backend_class: type[RocksDBKeyedStateBackend] | None = None
 
     def __init__(
         self,
@@ -351,7 +357,7 @@ class RocksDBStateBackend(StateBackend):
     ) -> KeyedStateBackend:
         directory = (self.path / safe_name(job_name) /
                      f"{safe_name(operator_uid)}-{subtask}-{uuid.uuid4().hex[:12]}")
-        return RocksDBKeyedStateBackend(
+        return self.keyed_backend_class(
             directory, key_group_range, max_parallelism,
             incremental=self.incremental,
             cache_entries=self.cache_entries,
@@ -360,3 +366,13 @@ class RocksDBStateBackend(StateBackend):
             options_factory=self.options_factory,
             operator_uid=operator_uid,
         )
+
+    def columnar_state_backend(self) -> StateBackend | None:
+        """The backend of the columnar operators' keyed state: rows in RocksDB
+        (:mod:`.columnar`), configured as this one."""
+        cls = self.columnar_keyed_backend_class
+        if cls is None:
+            return None
+        columnar = copy.copy(self)
+        columnar.keyed_backend_class = cls
+        return columnar

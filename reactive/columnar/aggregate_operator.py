@@ -14,6 +14,7 @@ from .aggregates import Spec, results, update
 from .grouping import Grouping
 from .key_index import KeyIndex
 from .schema import pa, position_of
+from .slot_store import SlotCache, SlotStore
 from .state import ColumnarKeyedStateBackend, ColumnarStateBackend
 
 __all__ = ["ColumnarAggregateOperator"]
@@ -35,6 +36,9 @@ class ColumnarAggregateOperator(StreamOperator):
     """
 
     keyed = True
+    #: slots cached in front of a :class:`SlotStore` (RocksDB) before the cache is
+    #: written back and emptied
+    cache_slots = 1 << 18
 
     def __init__(self, name: str, uid: str, key_columns: list[str],
                  specs: list[Spec], emit: Literal["changelog", "final"],
@@ -46,16 +50,27 @@ class ColumnarAggregateOperator(StreamOperator):
         self.schema = schema
         self.arrays: dict[str, np.ndarray] = {}
         self.index: KeyIndex
+        self.cache: SlotCache | None = None
 
     def keyed_state_backend(self, job_backend: StateBackend) -> StateBackend:
-        """The backend of this operator's keyed state: columnar arrays in memory, whatever
-        the job's backend; incremental snapshots when the job's backend is incremental."""
+        """The backend of this operator's keyed state: the job backend's columnar one
+        (RocksDB: rows per key behind a cache of slots, :mod:`.slot_store`), else columnar
+        arrays in memory, with incremental snapshots when the job's backend is
+        incremental."""
+        columnar = job_backend.columnar_state_backend()
+        if columnar is not None:
+            return columnar
         return ColumnarStateBackend(incremental=bool(getattr(job_backend, "incremental",
                                                              False)))
 
     def setup(self, subtask: int, parallelism: int, max_parallelism: int,
               keyed_backend: KeyedStateBackend | None) -> None:
         super().setup(subtask, parallelism, max_parallelism, keyed_backend)
+        if isinstance(keyed_backend, SlotStore):
+            self.cache = SlotCache(keyed_backend, self.key_columns, self.specs,
+                                   max_parallelism, self.uid, self.cache_slots)
+            self.index, self.arrays = self.cache.index, self.cache.arrays
+            return
         assert isinstance(keyed_backend, ColumnarKeyedStateBackend)
         self.backend = keyed_backend
         self.index = KeyIndex(self.key_columns, max_parallelism, self.uid)
@@ -65,6 +80,8 @@ class ColumnarAggregateOperator(StreamOperator):
         keyed_backend.bind(self.index, self.arrays, self.specs)
 
     def open(self) -> None:
+        if self.cache is not None:
+            return  # restored state is in the store, read when a batch meets its key
         for keys, table in self.backend.restored:
             table = table.combine_chunks()
             slots = self.index.install(keys)
@@ -103,10 +120,13 @@ class ColumnarAggregateOperator(StreamOperator):
         return out
 
     def _fold(self, b: Any, changelog: bool) -> Any:
-        keys = self.index.lookup(b)
-        self.backend.thaw()
-        self.backend.touch(keys.slots, self.index.size)
-        self._grow(self.index.size)
+        if self.cache is not None:
+            keys = self.cache.lookup(b)
+        else:
+            keys = self.index.lookup(b)
+            self.backend.thaw()
+            self.backend.touch(keys.slots, self.index.size)
+            self._grow(self.index.size)
         grouping = Grouping(keys.codes, keys.num_groups)
         row_slots = keys.slots[keys.codes] if changelog else None
         arrays = self.arrays
@@ -120,10 +140,28 @@ class ColumnarAggregateOperator(StreamOperator):
         return pa.RecordBatch.from_arrays(keys_out + columns, schema=self.schema)
 
     def end_input(self) -> list[Any]:
-        if self.emit != "final" or self.index.size == 0:
+        if self.emit != "final":
+            return []
+        if self.cache is not None:
+            return self._final_from_store(self.cache)
+        if self.index.size == 0:
             return []
         size = self.index.size
         keys = self.index.keys_prefix([len(c) for c in self.index.key_chunks])
         columns = [results(s, {p: self.arrays[f"{s.output}.{p}"] for p in s.state_columns()},
                            size) for s in self.specs]
         return [pa.RecordBatch.from_arrays(keys + columns, schema=self.schema)]
+
+    def _final_from_store(self, cache: SlotCache) -> list[Any]:
+        keys, arrays = cache.all_rows()
+        if not keys:
+            return []
+        if len(self.key_columns) == 1:
+            key_columns = [pa.array(keys, self.schema.field(self.key_columns[0]).type)]
+        else:
+            key_columns = [pa.array(list(c), self.schema.field(n).type)
+                           for n, c in zip(self.key_columns, zip(*keys, strict=True),
+                                           strict=True)]
+        columns = [results(s, {p: arrays[f"{s.output}.{p}"] for p in s.state_columns()},
+                           len(keys)) for s in self.specs]
+        return [pa.RecordBatch.from_arrays(key_columns + columns, schema=self.schema)]

@@ -212,7 +212,9 @@ def _key_group_batches(handle: dict[str, Any], job_dir: Path,
     if handle.get("backend") != BACKEND_NAME or fmt not in (FORMAT, CHAIN_FORMAT):
         raise RestoreError(
             f"a columnar aggregate cannot restore a {handle.get('backend')!r} snapshot "
-            f"({fmt!r}): was the operator's uid given to another operator?")
+            f"({fmt!r}): restore it with the state backend that took it (the columnar "
+            "heap and RocksDB states have different formats), unless the operator's uid "
+            "was given to another operator")
     chain = [(handle["files"][0], handle["key_groups"])] if fmt == FORMAT else \
         [(handle["files"][int(e["file"])], e["key_groups"]) for e in handle["chain"]]
     out: dict[int, list[Any]] = {}

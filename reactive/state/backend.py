@@ -226,3 +226,9 @@ class StateBackend(ABC):
         max_parallelism: int,
     ) -> KeyedStateBackend:
         """Create the keyed backend of one operator instance."""
+
+    def columnar_state_backend(self) -> StateBackend | None:
+        """The backend of the columnar operators' keyed state when the job runs with this
+        one; None: they keep it in arrays on the heap
+        (:class:`reactive.columnar.state.ColumnarStateBackend`)."""
+        return None

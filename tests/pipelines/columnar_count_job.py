@@ -8,8 +8,9 @@ Usage::
 ``from_arrow(words) -> key_by("word") -> agg(count, total) -> to_records -> committing
 file sink (JSON lines)``, resuming from the latest completed checkpoint in CHECKPOINTS
 (every 50 ms) at PARALLELISM, with BACKEND ``heap`` or ``heap-incremental`` (the columnar
-state's snapshots follow the job backend's incremental flag). Exits 0 when the input is
-done.
+state's snapshots follow the job backend's incremental flag), or ``rocksdb`` (the columnar
+state in RocksDB, incremental checkpoints, a cache of 64 slots so rows go to RocksDB).
+Exits 0 when the input is done.
 
 ``REACTIVE_TEST_KILL=row:<n>`` makes this process kill itself with SIGKILL when a record
 batch takes its row count in this process to n or more (appending the kill point to the
@@ -29,6 +30,8 @@ import pyarrow as pa
 
 from reactive import CheckpointConfig, Dataflow, RestartStrategy
 from reactive.backends.heap import HeapStateBackend
+from reactive.backends.rocksdb import RocksDBStateBackend
+from reactive.columnar.aggregate_operator import ColumnarAggregateOperator
 from reactive.connectors.files import CommittingFileSink
 
 JOB = "columnar-count"
@@ -63,6 +66,10 @@ def maybe_kill(batch: Any) -> Any:
 async def main(out: str, checkpoints: str, records: int, parallelism: int, backend: str
                ) -> None:
     """Run (resume) the job."""
+    state_backend: Any = HeapStateBackend(incremental=backend == "heap-incremental")
+    if backend == "rocksdb":
+        ColumnarAggregateOperator.cache_slots = 64
+        state_backend = RocksDBStateBackend(os.path.join(checkpoints, "..", "rocksdb-work"))
     flow = Dataflow(JOB, parallelism=parallelism, max_parallelism=32)
     (flow.from_arrow(words_table(records), batch_size=BATCH_ROWS).uid("words")
          .map_batches(maybe_kill).uid("kill")
@@ -70,7 +77,7 @@ async def main(out: str, checkpoints: str, records: int, parallelism: int, backe
          .to_records().sink(CommittingFileSink(out, format="jsonl")).uid("sink"))
     await flow.run(checkpoints=CheckpointConfig(interval=0.05, directory=checkpoints),
                    restart=RestartStrategy.none(), resume=True,
-                   state_backend=HeapStateBackend(incremental=backend == "heap-incremental"))
+                   state_backend=state_backend)
 
 
 if __name__ == "__main__":

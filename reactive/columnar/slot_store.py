@@ -1,0 +1,167 @@
+"""Columnar keyed state kept in a key-value store (RocksDB) behind a bounded cache of slots.
+
+:class:`SlotStore` is what a keyed backend offers a columnar operator whose state does not
+live on the heap: per key, a row of the operator's state arrays, read and written for many
+keys at once (a batched multi-get, a write batch), never one call per record.
+:class:`SlotCache` is the operator's side: the cached keys mapped to dense slots
+(:class:`~.key_index.KeyIndex`), their state in arrays, and the slots changed since they
+were last written back. A batch's keys not cached are read from the store in one call; the
+changed slots are written back in one call when the cache is full (then emptied) and in the
+synchronous part of every checkpoint (so the store's own snapshot holds them: Flink's
+RocksDB backend with a write-back cache in front).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ..state.backend import KeyedStateBackend
+from .aggregates import Spec
+from .key_index import BatchKeys, KeyIndex
+from .schema import pa
+
+__all__ = ["SlotCache", "SlotStore"]
+
+
+class SlotStore(KeyedStateBackend):
+    """A keyed backend holding columnar state as one row (a tuple of the state arrays'
+    values, in the order of the operator's array names) per key."""
+
+    @abstractmethod
+    def load_rows(self, keys: list[Any], key_groups: np.ndarray) -> list[tuple[Any, ...] | None]:
+        """The stored rows of ``keys`` (None: never stored), in one batched read.
+
+        Args:
+            keys: the keys, as the per-record API sees them.
+            key_groups: their key groups (``int32`` array of the same length).
+        """
+
+    @abstractmethod
+    def store_rows(self, keys: list[Any], key_groups: np.ndarray,
+                   rows: list[tuple[Any, ...]]) -> None:
+        """Write ``rows`` of ``keys`` back (visible to the next snapshot)."""
+
+    @abstractmethod
+    def iter_rows(self) -> Iterator[tuple[Any, tuple[Any, ...]]]:
+        """Every stored ``(key, row)`` of this instance, by key group."""
+
+    @abstractmethod
+    def before_snapshot(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` at the start of every snapshot's synchronous part."""
+
+
+class SlotCache:
+    """The operator's bounded cache of slots in front of a :class:`SlotStore`.
+
+    Args:
+        store: the keyed backend.
+        key_columns: the key columns.
+        specs: the aggregates (their arrays are ``"{output}.{part}"``).
+        max_parallelism: the number of key groups.
+        operator: the operator's uid (named in key errors).
+        capacity: the slots cached (at the start of a batch) past which every changed
+            one is written back and the cache emptied; the cache holds at most this many
+            plus one batch's distinct keys.
+    """
+
+    def __init__(self, store: SlotStore, key_columns: list[str], specs: list[Spec],
+                 max_parallelism: int, operator: str, capacity: int) -> None:
+        self.store = store
+        self.specs = specs
+        self.capacity = capacity
+        self.index = KeyIndex(key_columns, max_parallelism, operator)
+        self.names = [f"{s.output}.{p}" for s in specs for p in s.state_columns()]
+        self._initial = {f"{s.output}.{p}": (s.initial(p), s.dtype(p))
+                         for s in specs for p in s.state_columns()}
+        self.arrays: dict[str, np.ndarray] = {}
+        self.keys: list[Any] = []  # per slot, its key as the per-record API sees it
+        self.dirty = np.zeros(0, bool)
+        self._reset(1024)
+        store.before_snapshot(self.flush)
+
+    def _reset(self, capacity: int) -> None:
+        self.arrays.clear()
+        self.arrays.update({n: np.full(capacity, v, d) for n, (v, d) in self._initial.items()})
+        self.dirty = np.zeros(capacity, bool)
+        self.keys = []
+
+    def _grow(self, size: int) -> None:
+        first = self.arrays[self.names[0]]
+        if size <= len(first):
+            return
+        capacity = max(size, 2 * len(first))
+        for n, (v, d) in self._initial.items():
+            grown = np.full(capacity, v, d)
+            grown[:len(first)] = self.arrays[n]
+            self.arrays[n] = grown
+        dirty = np.zeros(capacity, bool)
+        dirty[:len(self.dirty)] = self.dirty
+        self.dirty = dirty
+
+    def lookup(self, batch: Any) -> BatchKeys:
+        """Map ``batch``'s keys to cached slots, reading the keys not cached from the store
+        (one batched read), and mark the batch's slots changed."""
+        index = self.index
+        if index.size >= self.capacity:
+            self.flush()
+            index.clear()
+            self._reset(len(self.dirty))
+        before = index.size
+        chunks_before = [len(c) for c in index.key_chunks]
+        keys = index.lookup(batch)
+        size = index.size
+        self._grow(size)
+        if size > before:
+            self._load(chunks_before, before, size)
+        slots = keys.slots
+        if keys.num_groups > batch.num_rows // 4:
+            # a batch's groups may be a whole dictionary: mark the slots its rows use only
+            slots = slots[np.bincount(keys.codes, minlength=keys.num_groups) > 0]
+        self.dirty[slots] = True
+        return keys
+
+    def _load(self, chunks_before: list[int], before: int, size: int) -> None:
+        new_columns = []
+        for chunks, n in zip(self.index.key_chunks, chunks_before, strict=True):
+            added = chunks[n:]
+            new_columns.append((pa.concat_arrays(added) if len(added) > 1 else added[0])
+                               .to_pylist())
+        new_keys = new_columns[0] if len(new_columns) == 1 else \
+            list(zip(*new_columns, strict=True))
+        self.keys.extend(new_keys)
+        rows = self.store.load_rows(new_keys, self.index.key_groups[before:size])
+        found = [i for i, r in enumerate(rows) if r is not None]
+        if not found:
+            return
+        at = np.asarray(found, np.int64) + before
+        stored = [rows[i] for i in found]
+        for j, name in enumerate(self.names):
+            array = self.arrays[name]
+            array[at] = np.array([r[j] for r in stored], dtype=array.dtype)  # type: ignore[index]
+
+    def flush(self) -> None:
+        """Write every changed slot back to the store (one write) and mark it clean."""
+        size = self.index.size
+        slots = np.flatnonzero(self.dirty[:size])
+        if not len(slots):
+            return
+        columns = [self.arrays[n][slots].tolist() for n in self.names]
+        keys = self.keys
+        self.store.store_rows([keys[s] for s in slots.tolist()], self.index.key_groups[slots],
+                              list(zip(*columns, strict=True)))
+        self.dirty[:size] = False
+
+    def all_rows(self) -> tuple[list[Any], dict[str, np.ndarray]]:
+        """Every key of the instance and its state arrays (after writing the cache back)."""
+        self.flush()
+        keys, rows = [], []
+        for k, r in self.store.iter_rows():
+            keys.append(k)
+            rows.append(r)
+        arrays = {n: np.array([r[j] for r in rows], dtype=self._initial[n][1])
+                  for j, n in enumerate(self.names)}
+        return keys, arrays
