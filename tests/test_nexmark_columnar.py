@@ -181,3 +181,32 @@ async def test_columnar_query_is_exact_through_a_failure_and_a_rescale(
     rows = collections.Counter({tuple(plain(v) for v in k): c
                                 for k, c in committed_records(out).items()})
     assert rows == R.expected(query, tables)
+
+
+def _hot(fn: C.HotAuctions, acc: dict[str, Any]) -> list[list[tuple[int, int]]]:
+    """Each slot's hot list as (count, auction) pairs, sorted."""
+    return [sorted(divmod(p, 1 << 40) for p in row) for row in fn.result(acc).to_pylist()]
+
+
+def test_hot_auctions_keeps_every_tie_across_batches() -> None:
+    fn = C.HotAuctions(capacity=3)
+    acc = {name: np.full(2, initial, dtype) for name, (dtype, initial) in fn.accumulators.items()}
+
+    def pack(count: int, auction: int) -> int:
+        return (count << 40) + auction
+
+    # slot 0: counts 2 (auction 7), 5 (8), 5 (9); slot 1: 4 (1)
+    fn.update(acc, np.array([0, 1]), np.array([0, 0, 1, 0]),
+              pa.array([pack(2, 7), pack(5, 8), pack(4, 1), pack(5, 9)]))
+    assert _hot(fn, acc) == [[(5, 8), (5, 9)], [(4, 1)]]
+    # a later batch: another tie in slot 0, a higher count replacing slot 1's
+    fn.update(acc, np.array([1, 0]), np.array([0, 1, 0]),
+              pa.array([pack(6, 2), pack(5, 3), pack(1, 4)]))
+    assert _hot(fn, acc) == [[(5, 3), (5, 8), (5, 9)], [(6, 2)]]
+    # merging slot 1 into slot 0: the higher count wins
+    fn.merge(acc, np.array([0]), {name: a[1:2].copy() for name, a in acc.items()})
+    assert _hot(fn, acc)[0] == [(6, 2)]
+    # a fourth tie is beyond the capacity: the job fails instead of dropping one
+    with pytest.raises(ValueError, match="more than 3 auctions tie"):
+        fn.update(acc, np.array([1]), np.zeros(3, np.int64),
+                  pa.array([pack(6, 10), pack(6, 11), pack(6, 12)]))
