@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +211,16 @@ def test_hot_auctions_keeps_every_tie_across_batches() -> None:
     with pytest.raises(ValueError, match="more than 3 auctions tie"):
         fn.update(acc, np.array([1]), np.zeros(3, np.int64),
                   pa.array([pack(6, 10), pack(6, 11), pack(6, 12)]))
+
+
+async def test_columnar_windows_fire_as_the_source_watermark_passes_them() -> None:
+    # the source's watermarks reach the columnar windows: each window's hot items come out
+    # when the watermark passes its end, not all together at the end of the input
+    flow = Dataflow("nexmark-columnar-q5-firing", parallelism=1)
+    sink = ListSink()
+    events = nexmark_columnar(flow, NexmarkArrowSource(CONFIG, splits=1, batch_size=1_000))
+    C.q5(events).sink(sink)
+    await flow.run()
+    ends = [set(b.column("endtime").to_pylist()) for b in sink.records]
+    assert len(ends) > 10
+    assert all(max(a) < min(b) for a, b in itertools.pairwise(ends))
