@@ -5,23 +5,33 @@ queries in :mod:`.queries`:
 
 - q0 pass-through: every bid, ``(auction, bidder, price, dateTime, extra)``;
 - q1 currency conversion: the same with ``price * 0.908`` (a float64 column);
-- q2 selection: ``(auction, price)`` of the bids whose ``auction % 123 == 0``.
+- q2 selection: ``(auction, price)`` of the bids whose ``auction % 123 == 0``;
+- q5 hot items: ``(auction, num, window start, window end)`` of the most-bid auctions of
+  each sliding window (10 s every 2 s), ties included.
 
 ``dateTime`` stays an Arrow ``timestamp[ms]`` column (the reference compares its integer
-milliseconds). The windowed queries (q5, q7) need columnar event-time windows, which the
-columnar API does not have yet; they are not written here.
+milliseconds). q7 (the bids with a window's highest price, each with its ``extra``
+string) is not written here: it needs the window's rows back after its maximum is known
+(Flink's SQL joins the bids with the maxima), and the columnar API has neither a join nor
+a window rank (Flink's Window Top-N) yet.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
-from reactive.columnar import ColumnarStream
+from reactive import SlidingEventTimeWindows, TumblingEventTimeWindows
+from reactive.columnar import ColumnarStream, VectorizedAggregateFunction
 
-__all__ = ["COLUMNAR_QUERIES", "bids", "q0", "q1", "q2"]
+from .queries import HOP_MS, WINDOW_MS
+
+__all__ = ["COLUMNAR_QUERIES", "HotAuctions", "bids", "q0", "q1", "q2", "q5"]
 
 BID_FIELDS = ("auction", "bidder", "price", "dateTime", "extra")
 
@@ -71,6 +81,124 @@ def q2(events: ColumnarStream) -> ColumnarStream:
     return _bids(events, "q2", where=every_123rd, auction=auction, price=_bid("price"))
 
 
+# q5's (count, auction) pairs packed in one int64: count in the high bits, so the pairs
+# order by count; auction ids stay below 2**40 (a trillion auctions) and counts below 2**23
+_AUCTION_BITS = 40
+_AUCTION_MASK = (1 << _AUCTION_BITS) - 1
+
+
+class HotAuctions(VectorizedAggregateFunction):
+    """The packed ``(count, auction)`` pairs with the highest count of each window, ties
+    included (SQL's ``RANK() = 1``), as a ``list<int64>`` of packed pairs.
+
+    The accumulators are the highest count, how many pairs have it, and ``capacity``
+    arrays holding those pairs; a window with more ties than ``capacity`` fails the job
+    (:class:`ValueError`) rather than drop one.
+
+    Args:
+        capacity: the most tied auctions a window may have.
+    """
+
+    result_type = pa.list_(pa.int64())
+
+    def __init__(self, capacity: int = 16) -> None:
+        self.capacity = capacity
+        self.accumulators = {"max": (np.int64, -1), "n": (np.int64, 0),
+                             **{f"a{k}": (np.int64, 0) for k in range(capacity)}}
+
+    def update(self, acc: dict[str, np.ndarray], slots: np.ndarray, groups: np.ndarray,
+               values: Any) -> None:
+        packed = values.to_numpy(zero_copy_only=False).astype(np.int64)
+        count = packed >> _AUCTION_BITS
+        top = np.full(len(slots), -1, np.int64)
+        np.maximum.at(top, groups, count)
+        before = acc["max"][slots]
+        acc["n"][slots[top > before]] = 0
+        acc["max"][slots] = np.maximum(before, top)
+        at_top = np.flatnonzero(count == acc["max"][slots][groups])
+        self._append(acc, slots[groups[at_top]], packed[at_top])
+
+    def _append(self, acc: dict[str, np.ndarray], slots: np.ndarray, packed: np.ndarray
+                ) -> None:
+        """Append pairs (at their slot's highest count) to their slots' lists."""
+        if not len(slots):
+            return
+        order = np.argsort(slots, kind="stable")
+        slots, packed = slots[order], packed[order]
+        rank = np.arange(len(slots)) - np.searchsorted(slots, slots, side="left")
+        position = acc["n"][slots] + rank
+        if int(position.max()) >= self.capacity:
+            raise ValueError(f"more than {self.capacity} auctions tie for a window's highest "
+                             f"bid count ({int(acc['max'][slots[0]])}): raise HotAuctions' "
+                             "capacity")
+        for k in range(int(position.max()) + 1):
+            at = position == k
+            acc[f"a{k}"][slots[at]] = packed[at]
+        np.add.at(acc["n"], slots, 1)
+
+    def merge(self, acc: dict[str, np.ndarray], into: np.ndarray,
+              other: dict[str, np.ndarray]) -> None:
+        for i, slot in enumerate(into.tolist()):
+            n, top = int(other["n"][i]), int(other["max"][i])
+            if top > acc["max"][slot]:
+                acc["max"][slot], acc["n"][slot] = top, 0
+            if top == acc["max"][slot] and n:
+                pairs = np.array([other[f"a{k}"][i] for k in range(n)], np.int64)
+                self._append(acc, np.full(n, slot, np.int64), pairs)
+
+    def result(self, acc: dict[str, np.ndarray]) -> Any:
+        n = acc["n"]
+        pairs = np.stack([acc[f"a{k}"] for k in range(self.capacity)], axis=1)
+        values = pairs[np.arange(self.capacity) < n[:, None]]
+        offsets = np.zeros(len(n) + 1, np.int32)
+        np.cumsum(n, out=offsets[1:])
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.int64()))
+
+
+_Q5_SCHEMA = pa.schema([("auction", pa.int64()), ("num", pa.int64()),
+                        ("starttime", pa.timestamp("ms")), ("endtime", pa.timestamp("ms"))])
+
+
+def _hot_rows(batch: Any) -> Any:
+    """One row per hot auction of each window: the lists of packed pairs flattened."""
+    hot = batch.column("hot")
+    packed = pc.list_flatten(hot).to_numpy(zero_copy_only=False)
+    parents = pc.list_parent_indices(hot)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(packed & _AUCTION_MASK), pa.array(packed >> _AUCTION_BITS),
+         batch.column("start").take(parents).cast(pa.timestamp("ms")),
+         batch.column("end").take(parents).cast(pa.timestamp("ms"))],
+        schema=_Q5_SCHEMA)
+
+
+def q5(events: ColumnarStream) -> ColumnarStream:
+    """Hot items: the auctions with the most bids of each sliding window of 10 s every 2 s
+    (ties included), as ``(auction, num, starttime, endtime)``.
+
+    Two window aggregations, as Flink nexmark's q5 (a count per auction and window, then
+    the maximum per window): the counts per ``(auction, window)``, then, keyed by the
+    window's start, the counts of each window gathered by :class:`HotAuctions` into its
+    highest ones. The second step reads each count at ``window end - 1 ms`` (Flink's
+    ``window.maxTimestamp()``) into a tumbling 2 s window that closes at the same end: the
+    counts of a window are emitted before the watermark that closes it, so none is late.
+    """
+    bid_times = _bids(events, "q5-bids", auction=_bid("auction"), dateTime=_bid("dateTime"))
+    counts = (bid_times.key_by("auction")
+              .window(SlidingEventTimeWindows.of(WINDOW_MS / 1000, HOP_MS / 1000),
+                      timestamp="dateTime")
+              .agg(name="q5-counts", num=("dateTime", "count")))
+    one_ms = pa.scalar(dt.timedelta(milliseconds=1), pa.duration("ms"))
+    pairs = counts.select(
+        name="q5-pairs", start=pc.field("window_start").cast("int64"),
+        end=pc.field("window_end").cast("int64"),
+        last=pc.field("window_end") - one_ms,
+        pair=pc.field("num") * (1 << _AUCTION_BITS) + pc.field("auction"))
+    hot = (pairs.key_by("start", "end")
+           .window(TumblingEventTimeWindows.of(HOP_MS / 1000), timestamp="last")
+           .agg(name="q5-hot", hot=("pair", HotAuctions())))
+    return hot.map_batches(_hot_rows, _Q5_SCHEMA, name="q5")
+
+
 COLUMNAR_QUERIES: dict[str, Callable[[ColumnarStream], ColumnarStream]] = {
-    "q0": q0, "q1": q1, "q2": q2,
+    "q0": q0, "q1": q1, "q2": q2, "q5": q5,
 }

@@ -142,6 +142,14 @@ def record_batches(config: NexmarkConfig, batch_size: int = 65_536, start: int =
         yield to_record_batch(generate_columns(config, numbers, arrow=True))
 
 
+def batch_time(batch: Any) -> float:
+    """The event time (seconds) of a record batch's latest event."""
+    import pyarrow.compute as pc
+
+    latest = pc.max(batch.column("dateTime")).value
+    return float("-inf") if latest is None else latest / 1000.0
+
+
 class NexmarkArrowSource(NexmarkSource):
     """Generated Nexmark events as ``pyarrow.RecordBatch`` es of
     :func:`~.arrow.event_schema` (``event_type``, the ``person`` / ``auction`` / ``bid``
@@ -164,8 +172,10 @@ class NexmarkArrowSource(NexmarkSource):
         MissingExtraError: without numpy and pyarrow (``pip install 'reactive[nexmark]'``).
     """
 
-    # a record batch has no one event time: windows read the dateTime column instead
-    timestamp_fn = None  # type: ignore[assignment]
+    # set, so that the runtime forwards the readers' watermarks (it does for sources with
+    # event time); columnar windows read the dateTime column, and nexmark_columnar keeps
+    # this function from per-record operators, to which a batch is not one record
+    timestamp_fn = staticmethod(batch_time)  # type: ignore[assignment]
 
     def __init__(self, config: NexmarkConfig, splits: int = 8, watermark_delay: float = 0.0,
                  batch_size: int = 16_384) -> None:
@@ -221,5 +231,6 @@ def nexmark_columnar(flow: Dataflow, source: NexmarkArrowSource, name: str | Non
     from reactive.dataflow import Stream
 
     stream = flow.source(source, name=name or "nexmark", uid=uid)
+    stream.transformation.timestamp_fn = None
     return ColumnarStream(flow, stream.transformation, source.schema,
                           lambda t: Stream(flow, t))
