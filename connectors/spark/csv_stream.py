@@ -17,7 +17,7 @@ from __future__ import annotations
 import io
 import itertools
 import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -66,10 +66,14 @@ class CsvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         limit: records per micro-batch at most, counted as lines and rounded up to a block
             (a checkpoint never falls inside a block).
         parts: Spark tasks per micro-batch (consecutive ranges of blocks).
+        as_arrow: turns ``(record, ts, seq)`` rows into the Arrow record batches of the
+            source's schema (the reactive data source's own, shared by its readers).
     """
 
-    def __init__(self, source: Any, limit: int, parts: int = 1) -> None:
+    def __init__(self, source: Any, limit: int, parts: int,
+                 as_arrow: Callable[[Iterator[tuple[Any, ...]]], Iterator[Any]]) -> None:
         self.source = source
+        self.as_arrow = as_arrow
         self.files: list[str] = source.splits()
         self.limit = limit
         self.parts = parts
@@ -136,9 +140,7 @@ class CsvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [_Span(a, b) for a, b in itertools.pairwise(bounds)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        from .stream_source import _as_arrow
-
-        return _as_arrow(self._rows(partition))
+        return self.as_arrow(self._rows(partition))
 
     def _rows(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         from reactive.connectors.files.csv_records import BlockConverter

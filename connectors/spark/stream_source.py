@@ -83,7 +83,7 @@ class ReactiveSource(DataSource):
         if spec["kind"] == "csv":
             from .csv_stream import CsvStreamReader
 
-            return CsvStreamReader(spec["source"], limit, parts)
+            return CsvStreamReader(spec["source"], limit, parts, _as_arrow)
         return _CollectionReader(spec, limit, parts)
 
 
