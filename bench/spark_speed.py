@@ -3,23 +3,26 @@ records/s with Spark's start-up excluded (and reported apart), local[2] against 
 
     python -m bench.spark_speed [--data CSV] [--limit N] [--repeats 3] [--batch N]
                                 [--masters local[2],local[1]] [--read-partitions 1,2]
-                                [--python-plan] [--one-query]
+                                [--python-plan] [--one-query] [--reader csv|lines]
 
 The input (``--data``, else written once to ``data/flights-3y.csv`` by :func:`three_years`)
 is the 2013 table and copies shifted by one and two years: 1,010,328 flights in event-time
-order. Each run is the flights dataflow of ``examples/flights.py`` (line reader, the hourly
-windows with built-in aggregations, the dead-letter output), from nothing to the last
-committed file, on fresh output and checkpoint directories:
+order. Each run is the flights dataflow of ``examples/flights.py`` (the hourly windows with
+built-in aggregations, the dead-letter output), from nothing to the last committed file, on
+fresh output and checkpoint directories:
 
 - embedded (the baseline): heap backend, checkpoints every second, parallelism 2, the
-  vectorized CSV reader of the main job, and the line reader Spark translates;
+  vectorized CSV reader of the main job (and the line reader, with ``--reader lines``);
 - on Spark, in a child process per master (a SparkContext's master is fixed): the JVM and
   session are started once and timed apart; each repeat is ``SparkRunner.run`` alone;
   with ``--one-query``, the first master also runs the dataflow as one query for both
-  sinks (``SparkRunner(one_query=True)``) beside the default of one query per sink.
+  sinks (``SparkRunner(one_query=True)``) beside the default of one query per sink. Spark
+  reads the file with ``--reader`` (default: the CSV reader, pyarrow blocks in Spark's
+  tasks).
 
 Every Spark run's committed results and dead letters are compared with the embedded run's,
-row for row. Records/s counts the input lines. Ratios are to the embedded CSV run's median.
+row for row (the embedded run with the same reader). Records/s counts the input lines.
+Ratios are to the embedded CSV run's median.
 """
 
 from __future__ import annotations
@@ -127,7 +130,7 @@ def spark_child(args: argparse.Namespace) -> None:
                           native=not args.python_plan,
                           read_partitions=int(args.read_partitions),
                           one_query=args.one_query).run(
-            flights.build_flow(Path(args.data), out / "out"))
+            flights.build_flow(Path(args.data), out / "out", reader=args.reader))
         runs.append(time.perf_counter() - started)
         shapes = job.shapes
         if i == 0:
@@ -153,6 +156,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="Spark runs the window in Python (transformWithState), not natively")
     p.add_argument("--one-query", action="store_true",
                    help="also run both sinks as one Spark query (SparkRunner(one_query=True))")
+    p.add_argument("--reader", choices=["csv", "lines"], default="csv",
+                   help="how Spark reads the file (examples/flights.py --reader)")
     p.add_argument("--spark-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--master", default="local[2]", help=argparse.SUPPRESS)
     p.add_argument("--work", default=None, help=argparse.SUPPRESS)
@@ -180,13 +185,15 @@ def main(argv: list[str] | None = None) -> None:
                           f"{records / min(seconds):,.0f}",
                           "1.000" if base is None else f"{base / med:.3f}", extra])
 
-        embedded: dict[str, list[float]] = {"csv": [], "lines": []}
+        # the line reader embedded only when Spark reads lines (its results to compare)
+        embedded: dict[str, list[float]] = {r: [] for r in dict.fromkeys(["csv", args.reader])}
         for _ in range(args.repeats):
             for reader in embedded:
                 embedded[reader].append(embedded_run(data, work / f"embedded-{reader}", reader))
         base = statistics.median(embedded["csv"])
         row("embedded, CSV reader (p=2, heap)", embedded["csv"], None)
-        row("embedded, line reader (p=2, heap)", embedded["lines"], base)
+        if "lines" in embedded:
+            row("embedded, line reader (p=2, heap)", embedded["lines"], base)
         for master, parts, one in [(m, n, o) for n in args.read_partitions.split(",")
                                    for m in args.masters.split(",")
                                    for o in ([False, True] if args.one_query
@@ -195,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
             cmd = [sys.executable, "-m", "bench.spark_speed", "--spark-child", "--master",
                    master, "--data", str(data), "--repeats", str(args.repeats), "--batch",
                    str(args.batch), "--work", str(work), "--embedded",
-                   str(work / "embedded-lines"), "--read-partitions", parts]
+                   str(work / f"embedded-{args.reader}"), "--read-partitions", parts,
+                   "--reader", args.reader]
             if args.python_plan:
                 cmd.append("--python-plan")
             if one:
@@ -205,7 +213,8 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit(f"the Spark run on {master} failed:\n{done.stderr[-4000:]}")
             result = json.loads(done.stdout.strip().splitlines()[-1])
             queries = "one query" if one else "a query per sink"
-            row(f"Spark {master}, read partitions {parts}, {queries}", result["runs"], base,
+            row(f"Spark {master}, {args.reader} reader, read partitions {parts}, {queries}",
+                result["runs"], base,
                 f"start-up {result['startup']:.1f} s; equal: {result['equal']}; "
                 f"{', '.join(sorted(set(result['shapes'].values())))}")
         print(f"flights job, {records - 1:,} flights ({data.name}), {args.repeats} repeats, "

@@ -13,8 +13,7 @@ malformed row goes, with its byte offset and the reason, to a dead-letter output
 dropped, never fatal) -> key by (origin, carrier) -> 1-hour event-time tumbling windows ->
 flights, cancelled, mean and max departure delay -> committing file sink (parquet, exactly
 once). ``--reader lines`` reads the file with the line-file source and parses each line in
-Python instead (the same flights and dead letters; the Spark runner translates only that
-source, so ``--runner spark`` uses it).
+Python instead (the same flights and dead letters; the Spark runner translates both).
 
 By default it runs on the embedded RocksDB backend with incremental checkpoints every
 second at parallelism 2. ``--crash-at 0.5`` kills the job's process (SIGKILL) when half of
@@ -243,7 +242,7 @@ def build_flow(data: Path, output: Path, parallelism: int = 2,
 
     ``reader`` says how the file is read: ``"csv"`` (the main job) with the vectorized CSV
     source, ``"lines"`` with the line-file source and one ``parse_flight`` per line (the
-    default, since the Spark runner translates only that source). Both give the same
+    default). Both give the same
     flights, results and dead letters (offsets and lines; the reasons may be worded
     otherwise). Their positions differ, so a run resumes with the reader it started with.
 
@@ -467,7 +466,7 @@ def run_on_spark(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     session_seconds = time.perf_counter() - started
     runner = SparkRunner(spark, Path(args.checkpoint_dir) / "spark",
                          max_records_per_batch=args.spark_batch)
-    job = runner.run(build_flow(data, Path(args.output), args.parallelism, reader="lines"))
+    job = runner.run(build_flow(data, Path(args.output), args.parallelism, reader=args.reader))
     elapsed = time.perf_counter() - started
     batches = max(len(p) for p in job.progress().values())
     return {"runner": "spark", "records": count_lines(data), "seconds": elapsed,
@@ -507,8 +506,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --runner spark: source records per micro-batch at most")
     p.add_argument("--reader", choices=["csv", "lines"], default=None,
                    help="how the file is read: the vectorized CSV source (default), or "
-                        "lines parsed one by one in Python (the default with --runner spark, "
-                        "which translates only that source)")
+                        "lines parsed one by one in Python")
     p.add_argument("--api", choices=["columnar", "records"], default=None,
                    help="the columnar pipeline over Arrow record batches (the default with "
                         "the CSV reader), or the per-record one (the default otherwise)")
@@ -524,11 +522,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.runner == "spark" and (args.source == "kafka" or args.crash_at is not None):
         p.error("--runner spark reads the file (no --source kafka) and has no --crash-at (a "
                 "Spark query continues from its checkpoint location when run again)")
-    if args.runner == "spark" and args.reader == "csv":
-        p.error("--runner spark reads the file with --reader lines (the Spark runner "
-                "translates only the line-file source)")
     if args.reader is None:
-        args.reader = "lines" if args.runner == "spark" else "csv"
+        args.reader = "csv"
     columnar_ok = args.reader == "csv" and args.source == "file" and args.runner == "embedded"
     if args.api == "columnar" and not columnar_ok:
         p.error("--api columnar reads the file with the CSV reader on the embedded runner "

@@ -21,9 +21,10 @@ def rows(spark: Any, directory: Path) -> list[tuple[Any, ...]]:
     return sorted(tuple(r) for r in df.collect())
 
 
-@pytest.mark.parametrize("one_query", [False, True])
+@pytest.mark.parametrize(("reader", "one_query"),
+                         [("lines", False), ("lines", True), ("csv", False), ("csv", True)])
 async def test_flights_on_spark_equal_the_embedded_run_row_for_row(
-        spark: Any, tmp_path: Path, one_query: bool) -> None:
+        spark: Any, tmp_path: Path, reader: str, one_query: bool) -> None:
     sys.path.insert(0, str(EXAMPLES))
     try:
         import flights
@@ -33,10 +34,11 @@ async def test_flights_on_spark_equal_the_embedded_run_row_for_row(
     data = flights_data.prepare_flights(tmp_path / "flights.csv", limit=3_000,
                                         malformed_every=400)
     embedded, on_spark = tmp_path / "embedded", tmp_path / "spark"
-    await flights.build_flow(data, embedded).run(
+    await flights.build_flow(data, embedded, reader=reader).run(
         checkpoints=CheckpointConfig(interval=0.1, directory=tmp_path / "chk"))
     job = SparkRunner(spark, tmp_path / "spark-chk", max_records_per_batch=1_000,
-                      one_query=one_query).run(flights.build_flow(data, on_spark))
+                      one_query=one_query).run(
+                          flights.build_flow(data, on_spark, reader=reader))
     # the hourly windows (built-in aggregations) run as Spark SQL
     assert job.shapes == {"dead-letter-sink": "per-record",
                           "results-sink": "native window aggregation"}

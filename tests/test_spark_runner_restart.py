@@ -48,7 +48,9 @@ def build(data: Path, out: Path, shape: str = "python") -> Any:
     """The dataflow; ``shape`` ``"native"`` aggregates with built-in aggregations (a native
     Spark SQL plan), ``"python"`` with a user function (``transformWithState``), and
     ``"two-sinks"`` as ``"native"`` with the malformed lines written to a dead-letter sink
-    (``out/_dead_letters``) too: both sinks from one query."""
+    (``out/_dead_letters``) too: both sinks from one query; ``"csv"`` as ``"two-sinks"``
+    with the file read by the CSV file source (pyarrow blocks in the Spark tasks, the
+    malformed lines its ``InvalidRow`` dead letters)."""
     from reactive import AggregateFunction, Dataflow, TumblingEventTimeWindows
     from reactive.connectors.files import CommittingFileSink
     from reactive.windowing.aggregates import Aggregates, count, sum_of
@@ -81,9 +83,29 @@ def build(data: Path, out: Path, shape: str = "python") -> Any:
             return [(parts[0], float(parts[1]), int(parts[2]))]
         return [("malformed", line)] if shape == "two-sinks" else []
 
+    def parse_row(record: Any) -> list[Any]:
+        from reactive.connectors.files import InvalidRow
+
+        if kill_once is not None and os.path.exists(kill_once):
+            os.killpg(driver_group, signal.SIGKILL)
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        if isinstance(record, InvalidRow):
+            return [("malformed", record.raw.decode().rstrip("\r\n"))]
+        return [record]
+
     flow = Dataflow("restart")
-    parsed = flow.read_text_file(data).flat_map(parse, name="parse")
-    if shape == "two-sinks":
+    if shape == "csv":
+        from reactive.connectors.files import CsvFileSource
+
+        # small blocks: a micro-batch of BATCH lines is a few blocks, so the kill falls
+        # between committed micro-batches as with the line-file source
+        csv = CsvFileSource(data, header=False, column_names=["key", "ts", "value"],
+                            column_types={"key": "string", "ts": "float64", "value": "int64"},
+                            block_size=2048, errors="dead_letter")
+        parsed = flow.source(csv, name="input-csv").flat_map(parse_row, name="parse")
+    else:
+        parsed = flow.read_text_file(data).flat_map(parse, name="parse")
+    if shape in ("two-sinks", "csv"):
         (parsed.filter(lambda r: len(r) == 2, name="malformed")
                .map(lambda r: {"line": r[1]}, name="dead-letter")
                .sink(CommittingFileSink(out / "_dead_letters")).uid("dead"))
@@ -112,10 +134,10 @@ def driver(data: Path, out: Path, checkpoints: Path, shape: str) -> None:
         kill_between_sinks(int(between))
     spark = local_session("local[2]", app_name="reactive-restart", shuffle_partitions=2)
     job = SparkRunner(spark, checkpoints, max_records_per_batch=BATCH,
-                      one_query=shape == "two-sinks").run(build(data, out, shape))
+                      one_query=shape in ("two-sinks", "csv")).run(build(data, out, shape))
     wanted = "transformWithState" if shape == "python" else "native window aggregation"
     assert job.shapes["out"] == wanted, job.shapes
-    if shape == "two-sinks":
+    if shape in ("two-sinks", "csv"):
         assert job.queries["out"] is job.queries["dead"], "the sinks ran as two queries"
 
 
@@ -144,7 +166,7 @@ def kill_between_sinks(batch_id: int) -> None:
 
 def query_location(checkpoints: Path, shape: str) -> Path:
     """The Spark checkpoint location of the dataflow's (one) query."""
-    return checkpoints / "restart" / ("dead+out" if shape == "two-sinks" else "out")
+    return checkpoints / "restart" / ("dead+out" if shape in ("two-sinks", "csv") else "out")
 
 
 def start_driver(data: Path, out: Path, checkpoints: Path, shape: str,
@@ -203,7 +225,7 @@ def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int | None,
     actual = ResultLog(spark, out).read()
     report = validate_exactly_once(actual, expected_df, key=["key", "start"])
     assert report.ok, str(report)
-    if shape == "two-sinks":  # every malformed line committed once
+    if shape in ("two-sinks", "csv"):  # every malformed line committed once
         dead = [r["line"] for r in ResultLog(spark, out / "_dead_letters").read().collect()]
         assert sorted(dead) == sorted(f"malformed {i}" for i in range(LINES) if i % 997 == 5)
 
@@ -212,7 +234,7 @@ def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int | None,
 # shape, whose state is the runner's own, and the one query writing two sinks; Spark's native
 # window aggregation restarts in -m slow
 @pytest.mark.parametrize("shape", ["python", pytest.param("native", marks=pytest.mark.slow),
-                                   "two-sinks"])
+                                   "two-sinks", "csv"])
 def test_driver_killed_mid_way_resumes_exactly_once(
         tmp_path: Path, spark: Any, shape: str) -> None:
     check_restart(tmp_path, spark, seed=19, kill_after=1, shape=shape)
@@ -227,7 +249,7 @@ def test_driver_killed_between_two_sinks_commits_resumes_exactly_once(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", ["python", "native", "two-sinks"])
+@pytest.mark.parametrize("shape", ["python", "native", "two-sinks", "csv"])
 @pytest.mark.parametrize("seed", range(4))
 def test_driver_killed_at_seeded_batches_resumes_exactly_once(
         tmp_path: Path, spark: Any, seed: int, shape: str) -> None:

@@ -74,3 +74,36 @@ def test_a_collection_cut_into_parts_gives_every_item_once_in_order(parts: int) 
         got += rows(r, list(r.partitions(start, end)))
     assert [rec for rec, _ in got] == [*items, None]
     assert [seq for _, seq in got] == list(range(51))
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+@pytest.mark.parametrize("limit", [5, 40, 1000])
+def test_csv_files_cut_into_parts_give_every_row_and_dead_letter_once_in_order(
+        tmp_path: Path, parts: int, limit: int) -> None:
+    from reactive.connectors.files import CsvFileSource, InvalidRow
+
+    for name, n in (("a", 53), ("b", 31), ("c", 1)):
+        body = "".join(f"{name}{i},{i}\n" if i % 10 != 7 else f"{name}{i},bad\n"
+                       for i in range(n))
+        (tmp_path / f"{name}.csv").write_text("key,value\n" + body)
+    source = CsvFileSource(tmp_path, column_types={"value": "int64"}, block_size=64,
+                           errors="dead_letter")
+    r = reader("csv", source, limit, parts)
+    got = []
+    for start, end in micro_batches(r):
+        got += rows(r, list(r.partitions(start, end)))
+    records = [rec for rec, _ in got[:-1]]
+    seqs = [seq for _, seq in got]
+    assert got[-1][0] is None  # the end-of-input marker, last and once
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    # the embedded source's records: values, and each bad row a dead letter at its offset
+    expected: list[Any] = []
+    for name, n in (("a", 53), ("b", 31), ("c", 1)):
+        offset = len("key,value\n")
+        for i in range(n):
+            line = f"{name}{i},{i}\n" if i % 10 != 7 else f"{name}{i},bad\n"
+            expected.append((str(tmp_path / f"{name}.csv"), offset) if i % 10 == 7
+                            else (f"{name}{i}", i))
+            offset += len(line)
+    assert [(x.path, x.offset) if isinstance(x, InvalidRow) else x
+            for x in records] == expected

@@ -44,15 +44,17 @@ def source_options(kind: str, source: Any, max_records_per_batch: int,
     """The options of a :class:`ReactiveSource` reading ``source``.
 
     Args:
-        kind: ``"lines"`` or ``"collection"``.
-        source: the ``LineFileSource`` or ``CollectionSource``.
+        kind: ``"lines"``, ``"csv"`` or ``"collection"``.
+        source: the ``LineFileSource``, ``CsvFileSource`` or ``CollectionSource``.
         max_records_per_batch: records per micro-batch at most.
         read_partitions: Spark partitions (tasks) each micro-batch is read and processed in,
             by consecutive ranges of records.
     """
-    if kind == "lines":
-        spec: dict[str, Any] = {"kind": kind, "files": source.splits(),
-                                "with_offsets": source.with_offsets, "errors": source.errors}
+    if kind == "csv":
+        spec: dict[str, Any] = {"kind": kind, "source": source}
+    elif kind == "lines":
+        spec = {"kind": kind, "files": source.splits(),
+                "with_offsets": source.with_offsets, "errors": source.errors}
     else:
         spec = {"kind": kind, "items": list(source.items)}
     data = pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
@@ -62,7 +64,7 @@ def source_options(kind: str, source: Any, max_records_per_batch: int,
 
 
 class ReactiveSource(DataSource):
-    """A dataflow's line-file or collection source for Spark (options from
+    """A dataflow's line-file, CSV file or collection source for Spark (options from
     :func:`source_options`)."""
 
     @classmethod
@@ -78,6 +80,10 @@ class ReactiveSource(DataSource):
         parts = int(self.options.get("readPartitions", "1"))
         if spec["kind"] == "lines":
             return _LinesReader(spec, limit, parts)
+        if spec["kind"] == "csv":
+            from .csv_stream import CsvStreamReader
+
+            return CsvStreamReader(spec["source"], limit, parts, _as_arrow)
         return _CollectionReader(spec, limit, parts)
 
 

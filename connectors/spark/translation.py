@@ -6,7 +6,8 @@ location and of exactly-once output); a part of the graph two sinks share (a par
 feeding the results and a dead-letter output) runs in both queries, reading the same
 deterministic source. What a path may hold:
 
-- a source: the line-file source (read by byte offset) or a collection (by index);
+- a source: the line-file or CSV file source (read by byte offset) or a collection (by
+  index);
 - ``map`` / ``filter`` / ``flat_map`` (and the runtime's own pass-through filters, such as
   the window operator's result and late-data outputs): run per record in Arrow batches;
 - ``assign_timestamps``: gives records event time; its bound becomes the watermark delay
@@ -51,7 +52,8 @@ class SourceStep:
 
     Attributes:
         name, uid: the source operator's.
-        kind: ``"lines"`` (a line-file source) or ``"collection"``.
+        kind: ``"lines"`` (a line-file source), ``"csv"`` (a CSV file source) or
+            ``"collection"``.
         source: the dataflow's source object (read again by the Spark data source).
     """
 
@@ -274,7 +276,7 @@ class _Constant:
 
 def _source_step(t: Transformation) -> SourceStep:
     from reactive.connectors.collections import CollectionSource
-    from reactive.connectors.files import LineFileSource
+    from reactive.connectors.files import CsvFileSource, LineFileSource
 
     factory_source = t.factory()
     source = getattr(factory_source, "source", None)
@@ -282,12 +284,17 @@ def _source_step(t: Transformation) -> SourceStep:
         return SourceStep(t.name, t.resolved_uid, "lines", source)
     if isinstance(source, CollectionSource):
         return SourceStep(t.name, t.resolved_uid, "collection", source)
+    if isinstance(source, CsvFileSource):
+        if source.columnar:
+            raise _refuse(t, "the CSV source in columnar mode (record batches) is not "
+                             "translated; read it with columnar=False")
+        return SourceStep(t.name, t.resolved_uid, "csv", source)
     what = type(source).__name__
     if "Kafka" in what:
         raise _refuse(t, "the Kafka source is not translated yet (Spark's Kafka source needs "
                          "the spark-sql-kafka package on Spark's classpath); run it embedded")
-    raise _refuse(t, f"no Spark translation for source {what}: the line-file source and "
-                     "collections are translated")
+    raise _refuse(t, f"no Spark translation for source {what}: the line-file and CSV "
+                     "file sources and collections are translated")
 
 
 def _sink_step(t: Transformation) -> SinkStep:
