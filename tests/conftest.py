@@ -15,13 +15,15 @@ from tests.kafka_cluster import kafka_cluster  # noqa: F401 - the Kafka tests' f
 from tests.support import load_example, zipf_words
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def words() -> list[str]:
+    """200,000 Zipf-distributed words of 5,000 (seed 7), made once per session: read-only."""
     return zipf_words(200_000, 5_000, seed=7)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def truth(words: list[str]) -> dict[str, int]:
+    """Each word's count in :func:`words` (the batch result a job must equal): read-only."""
     return dict(collections.Counter(words))
 
 
