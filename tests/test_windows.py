@@ -26,6 +26,8 @@ from reactive import (
 from reactive.connectors.collections import ListSink
 from reactive.sinks import Sink, SinkWriter
 
+from .support import paced
+
 
 class GatedInjector:
     """Raises at seeded record numbers, each time only once a checkpoint completed since
@@ -283,7 +285,9 @@ async def test_windows_exact_after_crash_and_recovery(tmp_path: Path):
     tick = injector
     sink = TxnListSink()
     flow = Dataflow("crash", parallelism=2, batch_size=200)
-    (flow.from_collection(data).uid("src").map(tick)
+    # paced by completed checkpoints: the gated failures need one before they fire, on any
+    # machine (a plain collection could pass its 40,000 records before the first completes)
+    (flow.source(paced(data, every=2_000)).uid("src").map(tick)
          .assign_timestamps(lambda r: r[1], 10.0)
          .key_by(lambda r: r[0]).window(SlidingEventTimeWindows.of(300, 100))
          .aggregate(SumAmount()).uid("windows").sink(sink))
