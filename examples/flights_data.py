@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 __all__ = ["CSV_COLUMNS", "CSV_COLUMN_TYPES", "HEADER", "RESULT_COLUMNS", "Flight",
-           "MalformedRow", "count_lines", "event_time", "flights_from_table", "parse_flight",
-           "prepare_flights", "result_schema"]
+           "MalformedRow", "count_lines", "departure_columns", "event_time",
+           "flights_from_table", "parse_flight", "prepare_flights", "result_schema"]
 
 HEADER = ("year,month,day,dep_time,sched_dep_time,dep_delay,arr_time,sched_arr_time,arr_delay,"
           "carrier,flight,tailnum,origin,dest,air_time,distance,hour,minute,time_hour")
@@ -90,10 +90,15 @@ def parse_flight(line: str) -> Flight:
 _new_flight = functools.partial(tuple.__new__, Flight)
 
 
-def flights_from_table(table: Any) -> list[Flight]:
-    """The flights of a block of rows, vectorized: ``table`` is a ``pyarrow.Table`` of
-    :data:`CSV_COLUMNS` read with :data:`CSV_COLUMN_TYPES` and no null values; the result
-    has one :class:`Flight` per row, in order, equal to :func:`parse_flight` of its line.
+def departure_columns(table: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """The columns a flight is made of, from a block of rows, vectorized: ``table`` is a
+    ``pyarrow.Table`` of :data:`CSV_COLUMNS` read with :data:`CSV_COLUMN_TYPES` and no null
+    values; :func:`parse_flight`'s rules over columns.
+
+    Returns:
+        ``(origin, carrier, ts, delay, cancelled)``: strings; the scheduled departure in
+        seconds since the epoch (int64); the departure delay in minutes (float64, null when
+        cancelled or not given); whether the flight was cancelled (bool).
 
     Raises:
         MalformedRow: when a row of the block is malformed (empty origin or carrier, an
@@ -108,12 +113,15 @@ def flights_from_table(table: Any) -> list[Flight]:
     empty = pc.or_(pc.equal(pc.utf8_length(origin), 0), pc.equal(pc.utf8_length(carrier), 0))
     if pc.any(empty).as_py():
         raise MalformedRow("empty origin or carrier")
+    # a block spans a few hours: each distinct departure hour is parsed once, then
+    # spread to its rows (5x cheaper than strptime per row on 4 MB blocks)
+    hours = table.column("time_hour").combine_chunks().dictionary_encode()
     try:
-        hour = pc.strptime(table.column("time_hour"), format=_TIME_FORMAT, unit="s")
+        parsed = pc.strptime(hours.dictionary, format=_TIME_FORMAT, unit="s")
     except pa.ArrowInvalid as exc:
         raise MalformedRow(f"bad scheduled departure: {exc}") from None
-    minute = table.column("minute")
-    ts = pc.cast(pc.add(pc.cast(hour, pa.int64()), pc.multiply(minute, 60)), pa.float64())
+    hour = pc.take(pc.cast(parsed, pa.int64()), hours.indices)
+    ts = pc.add(hour, pc.multiply(table.column("minute"), 60))
     raw_delay = table.column("dep_delay")
     cancelled = pc.equal(table.column("dep_time"), "NA")
     missing = pc.or_(cancelled, pc.equal(raw_delay, "NA"))
@@ -122,6 +130,21 @@ def flights_from_table(table: Any) -> list[Flight]:
                         pa.float64())
     except pa.ArrowInvalid as exc:
         raise MalformedRow(f"bad dep_delay: {exc}") from None
+    return origin, carrier, ts, delay, cancelled
+
+
+def flights_from_table(table: Any) -> list[Flight]:
+    """The flights of a block of rows (:func:`departure_columns`), one :class:`Flight` per
+    row, in order, equal to :func:`parse_flight` of its line.
+
+    Raises:
+        MalformedRow: as :func:`departure_columns`.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    origin, carrier, ts, delay, cancelled = departure_columns(table)
+    ts = pc.cast(ts, pa.float64())
     # tuple.__new__ over zip builds the NamedTuples without a Python call per row
     return list(map(_new_flight, zip(origin.to_pylist(), carrier.to_pylist(), ts.to_pylist(),
                                      delay.to_pylist(), cancelled.to_pylist(), strict=True)))
