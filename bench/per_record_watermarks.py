@@ -23,7 +23,7 @@ from typing import Any
 
 from reactive import AggregateFunction, Dataflow, ManualClock, TumblingEventTimeWindows
 from reactive.connectors.collections import DiscardingSink
-from reactive.time.timestamps import TimestampsAndWatermarksOperator
+from reactive.runtime.operators.timestamps import TimestampsAndWatermarksOperator
 
 BOUND = 5.0
 BATCH = 1024

@@ -32,9 +32,9 @@ from typing import Any
 from bench.common import SilentCount, print_table
 from reactive import CheckpointConfig, Dataflow, PushSource
 from reactive.connectors.collections import DiscardingSink
-from reactive.embedding.state_query import CommittedStateCache, _read_key_group
 from reactive.keygroups import assign_to_key_group, operator_index_for_key_group
 from reactive.runtime.loop import run_coroutine
+from reactive.runtime.state_query import CommittedStateCache, _read_key_group
 
 MAX_PARALLELISM = 128
 

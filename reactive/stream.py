@@ -253,7 +253,7 @@ class Stream(Generic[T]):
         Raises:
             ConfigurationError: on a negative delay or a non-positive idleness.
         """
-        from .time.timestamps import TimestampsAndWatermarksOperator
+        from .runtime.operators.timestamps import TimestampsAndWatermarksOperator
 
         clock = self.flow.processing_clock
         # validate now, not when the job starts

@@ -42,8 +42,8 @@ from abc import abstractmethod
 from collections.abc import Awaitable
 from typing import Any, Generic, TypeVar
 
+from .awaiting import maybe_await
 from .errors import RestoreError
-from .runtime.operators import maybe_await
 from .sinks import Sink, SinkWriter
 
 __all__ = ["TwoPhaseCommitSink", "TwoPhaseCommitWriter"]

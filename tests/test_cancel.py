@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from reactive import CheckpointConfig, Dataflow, PushSource, RestartStrategy
+from reactive.awaiting import wait_with_timeout
 from reactive.connectors.collections import DiscardingSink, ListSink
-from reactive.runtime.cancellation import wait_with_timeout
 from reactive.sources import Source, SourceReader
 
 
@@ -133,7 +133,7 @@ async def test_wait_with_timeout_reports_expiry_and_completion():
 
 def test_the_runtime_never_calls_wait_for():
     """``asyncio.wait_for`` loses cancellations on Python 3.11 (see
-    reactive.runtime.cancellation): the runtime, backends and connectors wait with
+    reactive.awaiting): the runtime, backends and connectors wait with
     ``wait_with_timeout`` / ``asyncio.timeout`` instead."""
     root = Path(__file__).resolve().parent.parent
     calls = []

@@ -108,7 +108,7 @@ async def test_a_stop_with_savepoint_moved_elsewhere_is_read_where_it_went(tmp_p
 async def test_the_snapshot_is_read_while_the_loop_keeps_running(tmp_path, monkeypatch):
     """A loop-step probe: the snapshot reader does not return until the loop ran 20 more
     steps. Read on the loop thread, it would wait in vain (and the probe count no step)."""
-    import reactive.embedding.state_query as state_query
+    import reactive.runtime.state_query as state_query
 
     source = PushSource()
     job = await _flow(source).start(

@@ -88,8 +88,7 @@ async def test_a_checkpoint_completes_only_once_its_metadata_is_durable(
         CheckpointConfig(interval=None, directory=tmp_path, max_concurrent=1), storage, "j",
         16, [OperatorInfo("op", "op", 1, False)], 1, [])
     mailbox = _Mailbox()
-    task = SimpleNamespace(task_id="op (1/1)", subtask=0, source=None, post=mailbox.post,
-                           checkpointing=SimpleNamespace(synchronous=False))
+    task = SimpleNamespace(task_id="op (1/1)", subtask=0, source=None, post=mailbox.post)
     coordinator.attach([task])  # type: ignore[list-item]
     runner = asyncio.create_task(coordinator.run())
     first = asyncio.create_task(coordinator.checkpoint())

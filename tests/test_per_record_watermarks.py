@@ -21,8 +21,8 @@ from reactive import (
     UserFunctionError,
 )
 from reactive.connectors.collections import ListSink
+from reactive.runtime.operators.timestamps import TimestampsAndWatermarksOperator
 from reactive.testing import OperatorTestHarness
-from reactive.time.timestamps import TimestampsAndWatermarksOperator
 
 SIZE, LATENESS, BOUND = 10.0, 3.0, 4.0
 

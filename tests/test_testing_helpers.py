@@ -29,6 +29,7 @@ from reactive import (
     WindowResult,
 )
 from reactive.connectors.collections import ListSink
+from reactive.runtime.operators.timestamps import TimestampsAndWatermarksOperator
 from reactive.testing import (
     AbortExecution,
     ManualClock,
@@ -37,7 +38,6 @@ from reactive.testing import (
     TestingSource,
 )
 from reactive.time.clock import ManualClock as ClockManualClock
-from reactive.time.timestamps import TimestampsAndWatermarksOperator
 from reactive.time.watermarks import ACTIVE, IDLE
 from reactive.windowing.functions import ReduceAggregate
 

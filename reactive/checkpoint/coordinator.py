@@ -48,8 +48,9 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..awaiting import wait_with_timeout
 from ..config import CheckpointConfig
 from ..errors import (
     CheckpointError,
@@ -57,8 +58,8 @@ from ..errors import (
     ConfigurationError,
     StateSerializationError,
 )
-from ..runtime.cancellation import wait_with_timeout
-from ..runtime.events import CheckpointBarrier
+from .barrier import CheckpointBarrier
+from .checkpointable_task import CheckpointableTask
 from .completed_checkpoint_store import CompletedCheckpointStore
 from .contract import OperatorSubtaskState, Reconfiguration
 from .failure_reason import CheckpointFailureReason
@@ -68,9 +69,6 @@ from .pending_checkpoint import OperatorInfo, PendingCheckpoint, TaskAcknowledge
 from .stats import CheckpointStats
 from .storage import CheckpointStorage
 from .synchronous_snapshots import halt_sources
-
-if TYPE_CHECKING:
-    from ..runtime.task import StreamTask
 
 __all__ = ["CheckpointCoordinator", "OperatorInfo", "PendingCheckpoint"]
 
@@ -128,8 +126,8 @@ class CheckpointCoordinator:
         # set once run() removed the orphaned shared files: no checkpoint before that (an
         # upload may re-create a file of the same name while it is being deleted)
         self._ready = asyncio.Event()
-        self.tasks: list[StreamTask] = []
-        self.sources: list[StreamTask] = []
+        self.tasks: list[CheckpointableTask] = []
+        self.sources: list[CheckpointableTask] = []
         self.pending: dict[int, PendingCheckpoint] = {}
         self.consecutive_failures = 0
         # why the consecutive failures failed, counted per reason (for the job's error)
@@ -144,22 +142,19 @@ class CheckpointCoordinator:
         self._slot_free.set()
         self.synchronous = config.mode == "synchronous"
 
-    def attach(self, tasks: list[StreamTask],
+    def attach(self, tasks: Sequence[CheckpointableTask],
                operators: Sequence[OperatorInfo] | None = None) -> None:
         """Register the job's tasks (sources are those with a source operator) and, when
         given, its operators (known once the execution graph made their instances; None
-        keeps those given to the constructor); in the synchronous mode, tell each task to
-        write its snapshots before it goes on."""
+        keeps those given to the constructor)."""
         if operators is not None:
             self.operators = {op.uid: op for op in operators}
-        self.tasks = tasks
+        self.tasks = list(tasks)
         self.sources = [t for t in tasks if t.source is not None]
         if self.config.unaligned and any(t.is_iteration_head for t in tasks):
             raise ConfigurationError(
                 "unaligned checkpoints do not support iterations: the loop head logs its "
                 "back edge between aligned barriers (CheckpointConfig(unaligned=False))")
-        for task in tasks:
-            task.checkpointing.synchronous = self.synchronous
 
     # ------------------------------------------------------------------ triggering
     async def run(self) -> None:
@@ -303,7 +298,7 @@ class CheckpointCoordinator:
     async def acknowledge(
         self,
         checkpoint_id: int,
-        task: StreamTask,
+        task: CheckpointableTask,
         states: Mapping[str, OperatorSubtaskState],
         stats: Mapping[str, float],
     ) -> None:
@@ -388,7 +383,7 @@ class CheckpointCoordinator:
         p.complete(completed)
         return completed
 
-    async def _notify_complete(self, task: StreamTask, p: PendingCheckpoint,
+    async def _notify_complete(self, task: CheckpointableTask, p: PendingCheckpoint,
                                waiting: set[str]) -> None:
         """Mailbox action: the task commits; the last one resolves ``p.committed``."""
         await task.notify_checkpoint_complete(p.checkpoint_id)
@@ -419,7 +414,7 @@ class CheckpointCoordinator:
         self._committing.clear()
         self._slot_free.set()
 
-    def decline(self, checkpoint_id: int, task: StreamTask, reason: BaseException,
+    def decline(self, checkpoint_id: int, task: CheckpointableTask, reason: BaseException,
                 failure_reason: CheckpointFailureReason = CheckpointFailureReason.CHECKPOINT_DECLINED
                 ) -> None:
         """A task could not snapshot: abort the checkpoint.

@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ..runtime.task import StreamTask
+from .checkpointable_task import CheckpointableTask, Resumable
 
 __all__ = ["halt_sources"]
 
 
-def halt_sources(sources: Sequence[StreamTask], until: asyncio.Future[Any]) -> None:
+def halt_sources(sources: Sequence[CheckpointableTask], until: asyncio.Future[Any]) -> None:
     """Hold every source task, after the mailbox actions already posted, until ``until``
     is done (the pending checkpoint completed, was aborted, or the attempt ended).
 
@@ -47,7 +46,7 @@ def halt_sources(sources: Sequence[StreamTask], until: asyncio.Future[Any]) -> N
         sources: the job's source tasks.
         until: resolved (with a result or an exception) when the sources may read again.
     """
-    suspensions = [task.mailbox.suspend_default_action() for task in sources]
+    suspensions: list[Resumable] = [task.mailbox.suspend_default_action() for task in sources]
 
     def resume(_: asyncio.Future[Any]) -> None:
         for suspension in suspensions:

@@ -1,8 +1,9 @@
 """Event time of record batches: a timestamp column read as seconds, and the watermark
 generator of a columnar stream (``ColumnarStream.assign_timestamps(column, ...)``).
 
-The generator is the per-record one (:class:`~reactive.time.timestamps.TimestampsAndWatermarksOperator`:
-bounded out-of-orderness, idleness, its maximum timestamp in union operator state) with the
+The generator is the per-record one
+(:class:`~reactive.runtime.operators.timestamps.TimestampsAndWatermarksOperator`: bounded
+out-of-orderness, idleness, its maximum timestamp in union operator state) with the
 per-row work done over arrays: each row's watermark before it is a running maximum
 (``numpy.maximum.accumulate``) of the timestamps before it, and the batch is cut (zero-copy
 slices) before each row that is behind that watermark when it is newer than the last one
@@ -16,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.operators.timestamps import TimestampsAndWatermarksOperator
 from ..time.clock import ProcessingClock
-from ..time.timestamps import TimestampsAndWatermarksOperator
 from ..time.watermarks import ACTIVE
 from .schema import pa, position_of
 

@@ -33,8 +33,8 @@ import uuid
 from collections import deque
 from typing import Any
 
+from ..awaiting import wait_with_timeout
 from ..errors import ConfigurationError, JobEndedError
-from ..runtime.cancellation import wait_with_timeout
 from ..sources import Source, SourceReader
 from .trio_host import running_under_trio, to_job_loop
 

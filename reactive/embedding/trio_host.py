@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .committed_results import DEFAULT_CAPACITY, CommittedResults
+from ..runtime.committed_results import DEFAULT_CAPACITY, CommittedResults
 
 if TYPE_CHECKING:
     from ..checkpoint.metadata import CompletedCheckpoint

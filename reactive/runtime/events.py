@@ -1,9 +1,11 @@
-"""Control events that travel through channels in order with record batches."""
+"""Control events that travel through channels in order with record batches (the
+checkpoint barrier is defined with the checkpoints, :mod:`reactive.checkpoint.barrier`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+
+from ..checkpoint.barrier import CheckpointBarrier
 
 __all__ = [
     "END_OF_DATA",
@@ -17,28 +19,6 @@ __all__ = [
 ]
 
 MAX_WATERMARK = float("inf")
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointBarrier:
-    """Barrier ``checkpoint_id``: separates the records of epoch n from epoch n+1 (ABS).
-
-    Attributes:
-        checkpoint_id: the checkpoint's id, increasing per job.
-        timestamp: trigger time (seconds since the epoch).
-        kind: ``"checkpoint"`` or ``"savepoint"``.
-        unaligned: an unaligned checkpoint's barrier (FLIP-76): it overtakes the records
-            queued in the channels (see ``reactive.runtime.unaligned``).
-        updates: the reconfiguration it carries (Carbone 2018 (PhD thesis), section
-            4.5.5): :class:`~reactive.runtime.reconfiguration.FunctionUpdate` s each
-            instance of their operator applies at its snapshot instant; empty for none.
-    """
-
-    checkpoint_id: int
-    timestamp: float
-    kind: Literal["checkpoint", "savepoint"] = "checkpoint"
-    unaligned: bool = False
-    updates: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

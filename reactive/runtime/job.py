@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..checkpoint.checkpointable_task import Resumable
 from ..checkpoint.contract import Reconfiguration
 from ..checkpoint.durable_files import sync_created
 from ..checkpoint.lineage import committed_output
@@ -35,8 +36,6 @@ from ..checkpoint.savepoints import move_savepoint
 from ..checkpoint.state_assignment_operation import StateAssignmentOperation
 from ..checkpoint.stats import DEFAULT_HISTORY, CheckpointHistory
 from ..checkpoint.storage import CheckpointStorage
-from ..embedding.committed_results import DEFAULT_CAPACITY, CommittedResults
-from ..embedding.state_query import CommittedStateCache, StateQueryError, query_live
 from ..errors import (
     CheckpointError,
     ConfigurationError,
@@ -47,6 +46,7 @@ from ..errors import (
     StateNotReadyError,
 )
 from ..sinks import Sink
+from .committed_results import DEFAULT_CAPACITY, CommittedResults
 from .directory_lock import DirectoryLock
 from .execution_graph import validate
 from .job_runner import JobOptions, JobRunner, JobStatus
@@ -54,9 +54,9 @@ from .metrics import JobMetrics
 from .operators import SinkOperator
 from .reconfiguration import FunctionUpdate, check_update, function_name
 from .source_lifecycle import describe_end, read_accepted_input, tell_end, tell_start
+from .state_query import CommittedStateCache, StateQueryError, query_live
 from .switch_interval import short_switch_interval
 from .task import StreamTask
-from .task_mailbox import Suspension
 
 if TYPE_CHECKING:
     from ..checkpoint.coordinator import CheckpointCoordinator
@@ -480,7 +480,7 @@ class Job:
         # synchronous savepoint): they run their mail (checkpoint notifications) but read
         # no more input, so nothing after the savepoint reaches an operator, and an
         # at-least-once sink does not see records that a restore of the savepoint replays
-        parked: list[Suspension] = []
+        parked: list[Resumable] = []
 
         def park() -> None:
             parked.extend(task.mailbox.suspend_default_action() for task in coordinator.sources)

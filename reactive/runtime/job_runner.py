@@ -33,7 +33,6 @@ from ..checkpoint.off_loop import in_thread
 from ..checkpoint.state_assignment_operation import StateAssignmentOperation
 from ..checkpoint.storage import CheckpointStorage
 from ..config import CheckpointConfig, RestartStrategy
-from ..embedding.state_query import StateQueryError
 from ..errors import (
     CheckpointError,
     CheckpointProgressError,
@@ -48,6 +47,7 @@ from ..two_phase_commit import TwoPhaseCommitSink
 from .execution_graph import ExecutionGraph
 from .metrics import JobMetrics
 from .reconfiguration import FunctionUpdate, apply_updates
+from .state_query import StateQueryError
 from .task import StreamTask, TaskEnvironment
 
 if TYPE_CHECKING:
@@ -399,6 +399,7 @@ class JobRunner:
                 buffer_timeout=flow.buffer_timeout,
                 exactly_once=config is None or config.mode != "at_least_once",
                 unaligned=config is not None and config.unaligned,
+                synchronous=config is not None and config.mode == "synchronous",
                 storage=self.storage,
                 coordinator=coordinator,
                 spawn=spawn,

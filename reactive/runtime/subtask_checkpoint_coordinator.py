@@ -9,7 +9,7 @@ it writes the files and acknowledges to the checkpoint coordinator with the stat
 or declines the checkpoint when anything fails (Carbone 2018 (PhD thesis), section 4.5.1; ABS
 paper, Algorithm 1). Completion and abort notifications reach the operators through it too.
 
-In the synchronous-snapshot baseline (``synchronous``, set by the checkpoint coordinator
+In the synchronous-snapshot baseline (``synchronous``, set by the task from its environment
 for ``mode="synchronous"``; Carbone 2018 (PhD thesis), section 3.4.2) the task runs the writing
 in place of spawning it: it processes nothing else until its snapshot is written and
 acknowledged, and the statistics count the whole snapshot as its synchronous part.

@@ -86,6 +86,8 @@ class TaskEnvironment:
         spawn: runs a coroutine in the job's task group (asynchronous snapshot parts).
         on_source_finished: called when a source task reached its end of input.
         unaligned: checkpoints may be unaligned (``CheckpointConfig.unaligned``).
+        synchronous: snapshots are written in the task before it goes on (the
+            synchronous-snapshot baseline, ``CheckpointConfig(mode="synchronous")``).
     """
 
     job_name: str
@@ -98,6 +100,7 @@ class TaskEnvironment:
     spawn: Callable[[Coroutine[Any, Any, None]], None]
     on_source_finished: Callable[[StreamTask], None]
     unaligned: bool = False
+    synchronous: bool = False
 
 
 class StreamTask:
@@ -175,6 +178,7 @@ class StreamTask:
         self.checkpointing = SubtaskCheckpointCoordinator(
             self, operators, env.storage, env.coordinator, env.spawn, self._broadcast,
             lambda: self._closed)
+        self.checkpointing.synchronous = env.synchronous
         for i, op in enumerate(self.chain):
             op.mailbox = OperatorMailbox(self, i)
 

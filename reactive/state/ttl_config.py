@@ -5,18 +5,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from ..errors import ConfigurationError
 
-if TYPE_CHECKING:
-    from ..time.clock import ProcessingClock
-
-__all__ = ["StateTtlConfig", "TtlTimeCharacteristic", "TtlUpdateType", "TtlVisibility"]
+__all__ = ["StateTtlConfig", "TtlTimeCharacteristic", "TtlTimeProvider", "TtlUpdateType",
+           "TtlVisibility"]
 
 TtlUpdateType = Literal["on_create_and_write", "on_read_and_write"]
 TtlVisibility = Literal["never_return_expired", "return_expired_if_not_cleaned_up"]
 TtlTimeCharacteristic = Literal["processing_time", "event_time"]
+
+
+class TtlTimeProvider(Protocol):
+    """Where a state's time to live reads processing time (Flink's ``TtlTimeProvider``):
+    every processing-time clock is one (:class:`reactive.time.clock.ProcessingClock`)."""
+
+    def now(self) -> float:
+        """Current processing time (seconds since the epoch)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,7 @@ class StateTtlConfig:
     update_type: TtlUpdateType = "on_create_and_write"
     visibility: TtlVisibility = "never_return_expired"
     time_characteristic: TtlTimeCharacteristic = "processing_time"
-    clock: ProcessingClock | None = field(default=None, compare=False)
+    clock: TtlTimeProvider | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.ttl, bool) or not isinstance(self.ttl, int | float) or \

@@ -13,12 +13,12 @@ operator, subtask and record (the loop variable of the failing iteration).
 from __future__ import annotations
 
 import copy
-import inspect
 import types
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ...awaiting import maybe_await
 from ...errors import UserFunctionError
 from ...functions import RuntimeContext
 from ...state.backend import KeyedStateBackend, StateBackend
@@ -170,13 +170,6 @@ def checked_outputs(res: Any, method: str) -> Iterable[Any]:
         f"into records (it may be one record or several): yield each record, or return "
         "[record, ...]"
     )
-
-
-async def maybe_await(value: Awaitable[Any] | Any) -> Any:
-    """Await ``value`` when it is awaitable (hooks may be sync or async)."""
-    if inspect.isawaitable(value):
-        return await value
-    return value
 
 
 class StreamOperator:

@@ -32,8 +32,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from ..awaiting import maybe_await
 from ..errors import ConfigurationError
-from ..runtime.operators import maybe_await
 from ..sinks import SinkWriter
 
 __all__ = ["DEFAULT_CAPACITY", "CommittedResults"]

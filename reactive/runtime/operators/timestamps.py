@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigurationError
-from ..runtime.operators import StreamOperator
-from .clock import Cancellable, ProcessingClock
-from .watermarks import ACTIVE, IDLE, BoundedOutOfOrdernessWatermarks
+from ...errors import ConfigurationError
+from ...time.clock import Cancellable, ProcessingClock
+from ...time.watermarks import ACTIVE, IDLE, BoundedOutOfOrdernessWatermarks
+from .base import StreamOperator
 
 __all__ = ["TimestampsAndWatermarksOperator"]
 

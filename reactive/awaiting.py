@@ -1,4 +1,9 @@
-"""Waiting with a timeout without ever losing a cancellation.
+"""Awaiting in the runtime: hooks that may be sync or async (:func:`maybe_await`), and
+waiting with a timeout without ever losing a cancellation (:func:`wait_with_timeout`).
+
+The plug-in protocols (sources, sinks, two-phase-commit sinks) and the operators declare
+hooks that may be plain functions or coroutine functions (``X | Awaitable[X]``); whoever
+calls one awaits what it returns when that is awaitable.
 
 On Python 3.11 (the oldest version we support) ``asyncio.wait_for`` returns the inner
 awaitable's result instead of raising ``CancelledError`` when the waiting task is cancelled
@@ -19,9 +24,25 @@ propagates).
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable
+from typing import Any
 
-__all__ = ["wait_with_timeout"]
+__all__ = ["maybe_await", "wait_with_timeout"]
+
+
+async def maybe_await(value: Awaitable[Any] | Any) -> Any:
+    """Await ``value`` when it is awaitable (hooks may be sync or async).
+
+    Args:
+        value: what a hook returned.
+
+    Returns:
+        the awaited result, or ``value`` itself when it is not awaitable.
+    """
+    if inspect.isawaitable(value):
+        return await value
+    return value
 
 
 async def wait_with_timeout(awaitable: Awaitable[object], timeout: float) -> bool:
