@@ -126,6 +126,50 @@ async def test_metadata_written_by_a_job_round_trips_byte_for_byte(
     _assert_round_trip(exported.path, tmp_path / "rewritten-sp")
 
 
+async def test_a_completed_checkpoint_reads_typed_and_as_the_v2_dict(tmp_path: Path) -> None:
+    """``CompletedCheckpoint.metadata`` reads through its typed fields and, as the dict of
+    the v2 JSON form it was before the types, through ``[]``, ``get``, ``in``, ``keys``,
+    ``items`` and ``dict(...)``: both give what the ``_metadata`` file holds, for a
+    checkpoint of a job and for the savepoint written by the code before the types; nothing
+    can be assigned through the dict view."""
+    items = zipf_words(2_000, 40, seed=5)
+    f = Dataflow("compat", parallelism=2, max_parallelism=16, batch_size=64)
+    (f.from_collection(items).uid("src").key_by(lambda w: w).process(Count()).uid("count")
+     .sink(ListSink()))
+    await f.run(checkpoints=CheckpointConfig(interval=0.01, directory=tmp_path / "chk"))
+    completed = CheckpointStorage(tmp_path / "chk", "compat").completed()[-1]
+    shutil.copytree(FIXTURE, tmp_path / "sp")
+    for checkpoint in (completed, CheckpointStorage.load(tmp_path / "sp")):
+        meta = checkpoint.metadata
+        body = json.loads((checkpoint.path / METADATA).read_text())["body"]
+        # a reader of the dict form, as written against the untyped metadata
+        assert dict(meta) == body and list(meta) == list(body) and len(meta) == len(body)
+        assert meta.keys() == body.keys() and dict(meta.items()) == body
+        assert meta.get("kind") == meta["kind"] == meta.kind
+        assert meta["checkpoint_id"] == meta.checkpoint_id == checkpoint.checkpoint_id
+        assert meta["max_parallelism"] == meta.max_parallelism == 16
+        assert "operators" in meta and "no such field" not in meta
+        assert meta.get("no such field") is None and meta.get("no such field", 7) == 7
+        with pytest.raises(KeyError, match="no such field"):
+            meta["no such field"]
+        for uid, operator in meta["operators"].items():
+            typed = meta.operators[uid]
+            assert operator["parallelism"] == typed.parallelism
+            for index, sub in operator["subtasks"].items():
+                handle = typed.subtasks[int(index)].keyed_state
+                if handle is None:
+                    assert sub["keyed_state"] is None
+                else:
+                    assert [f["path"] for f in sub["keyed_state"]["files"]] == [
+                        ref.path for ref in handle.files]
+        assert {uid for uid, op in meta["operators"].items() if op["keyed"]} == {"count"}
+        # read-only: the view is no way to change the metadata
+        with pytest.raises(TypeError):
+            meta["kind"] = "savepoint"  # type: ignore[index]
+        meta["operators"].clear()
+        assert meta.operators and meta["operators"] == body["operators"]
+
+
 # ---------------------------------------------------------------------- malformed input
 def _write_body(directory: Path, body: dict[str, Any]) -> None:
     import hashlib

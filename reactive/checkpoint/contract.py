@@ -473,9 +473,16 @@ class Reconfiguration:
 
 
 @dataclass(frozen=True, slots=True)
-class CheckpointMetadata:
+class CheckpointMetadata(Mapping[str, Any]):
     """A completed checkpoint's manifest (Flink's ``CheckpointMetadata``): the body of its
     ``_metadata`` (:mod:`.metadata` signs, checksums and writes it).
+
+    It is also a read-only ``Mapping`` of its JSON form (:meth:`to_json`, format version 2),
+    the reader for code written when the metadata was that dict: ``meta["operators"]``,
+    ``meta.get("kind")``, ``"stats" in meta``, ``meta.keys()``, ``dict(meta)`` give what the
+    ``_metadata`` body holds, nested values as plain JSON (dicts, lists, strings, numbers).
+    Each lookup builds the JSON form anew (take :meth:`to_json` once for many lookups);
+    changing what it returns does not change the metadata.
 
     Attributes:
         job: the dataflow's name.
@@ -516,6 +523,23 @@ class CheckpointMetadata:
     def is_savepoint(self) -> bool:
         """True for a savepoint (kind ``savepoint``)."""
         return self.kind == "savepoint"
+
+    # the v2 compatibility reader: the Mapping methods over the JSON form
+    def __getitem__(self, key: str) -> Any:
+        """``to_json()[key]``.
+
+        Raises:
+            KeyError: when the ``_metadata`` body has no field ``key``.
+        """
+        return self.to_json()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        """The fields of the JSON form, in the file's order."""
+        return iter(self.to_json())
+
+    def __len__(self) -> int:
+        """The number of fields of the JSON form."""
+        return len(self.to_json())
 
     def subtask_states(self) -> Iterator[tuple[str, int, OperatorSubtaskState]]:
         """``(uid, index, state)`` of every operator instance, in the document's order."""
