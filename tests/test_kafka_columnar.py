@@ -59,6 +59,8 @@ async def test_a_fetch_of_a_partition_is_one_batch_and_bad_values_are_dead_lette
     records[5] = (b"k5", b"\xff not json", 1, 1_005_000)  # partition 1 offset 2
     records[12] = (b"k12", b'{"word": "w", "n": "twelve"}', 0, 1_012_000)  # p0 offset 6
     records[20] = (None, None, 0, 1_020_000)  # a tombstone: a row of nulls (p0 offset 10)
+    records[30] = (b"k30", json.dumps({"word": "w2", "n": 30}, indent=1).encode(), 0,
+                   1_030_000)  # an object over several lines
     kafka_cluster.produce("col-1", records)
     reader = source(kafka_cluster, "col-1", errors="dead_letter",
                     partition_discovery_interval=None).create_reader(0, 1)
