@@ -3,7 +3,9 @@ librdkafka's mock cluster (``tests/kafka_cluster.py``): each fetch of a partitio
 record batch of the declared schema with the records' metadata; values that do not decode
 reach the dead-letter output with their partition and offset (or fail the job naming them);
 a job through a failure and a restore at another parallelism counts every record exactly
-once; record batches written to Kafka arrive as one record per row."""
+once; record batches written to Kafka arrive as one record per row; the source's
+per-partition watermarks drive columnar windows; a user decoder's wrong schema fails naming
+the column and the fetch."""
 
 from __future__ import annotations
 
@@ -199,3 +201,49 @@ async def test_the_sink_writes_a_batch_as_one_record_per_row(kafka_cluster, tmp_
                                    CLIENT_OPTIONS)
     got = sorted((r.key, json.loads(r.value or b"null")["n"]) for r in records)
     assert got == sorted((f"w{i % 5}".encode(), i) for i in range(300))
+
+
+async def test_columnar_windows_use_the_partitions_watermarks(kafka_cluster):
+    """The columnar source's per-partition watermarks drive columnar windows over its
+    ``timestamp`` column: the windows equal a batch count, and the record behind the
+    watermark of the fetches before it is late (without the source's watermarks it would
+    not be: nothing else moves event time)."""
+    from reactive import TumblingEventTimeWindows
+
+    value = json.dumps({"word": "x", "n": 1}).encode()
+    # partition 0 only (the empty ones end at once with stop_at_latest), then a late record
+    kafka_cluster.produce("col-wm", [(b"a", value, 0, (10 + i) * 1000) for i in range(300)]
+                          + [(b"a", value, 0, 5_000)])
+    flow = Dataflow("kafka-columnar-windows", parallelism=1)
+    windowed = (flow.columnar_source(source(kafka_cluster, "col-wm", stop_at_latest=True,
+                                            max_out_of_orderness=0.0, max_batch_records=25))
+                .key_by("key").window(TumblingEventTimeWindows.of(10), timestamp="timestamp"))
+    results, late = ListSink(), ListSink()
+    windowed.agg(n=("n", "sum")).to_records().sink(results)
+    windowed.late_data().to_records().sink(late)
+    await flow.run()
+    assert [(r["offset"], r["timestamp"].timestamp()) for r in late.records] == [(300, 5.0)]
+    got = collections.Counter()
+    for r in results.records:
+        got[(r["key"], r["window_start"].timestamp())] += r["n"]
+    assert got == collections.Counter({(b"a", 10.0 + 10 * i): 10 for i in range(30)})
+
+
+async def test_a_decoder_returning_another_schema_fails_naming_the_column_and_the_fetch(
+        kafka_cluster):
+    def decode(values: list[bytes | None]) -> Any:
+        return pa.record_batch([pa.array(["a"] * len(values)),
+                                pa.array([1.5] * len(values))], names=["word", "n"])
+
+    kafka_cluster.produce("col-schema", [(None, b"v", 2, None)])
+    reader = source(kafka_cluster, "col-schema", value_decoder=decode,
+                    partition_discovery_interval=None).create_reader(0, 1)
+    from reactive.columnar import SchemaMismatchError
+
+    try:
+        with pytest.raises(SchemaMismatchError) as info:
+            await read_all(reader, 1)
+    finally:
+        await reader.close()
+    assert info.value.column == "n" and info.value.position == "col-schema/2@0"
+    assert "double" in str(info.value)
