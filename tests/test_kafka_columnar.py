@@ -247,3 +247,40 @@ async def test_a_decoder_returning_another_schema_fails_naming_the_column_and_th
         await reader.close()
     assert info.value.column == "n" and info.value.position == "col-schema/2@0"
     assert "double" in str(info.value)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("seed", [1])
+def test_columnar_kafka_to_kafka_through_sigkills_and_rescales_is_exact(kafka_cluster,
+                                                                        tmp_path, seed):
+    """The Kafka -> count -> Kafka job of ``tests/test_kafka_exactly_once.py`` on record
+    batches (``kafka_count_job.py ... columnar``), killed with SIGKILL at its seeded moments
+    and restarted at other parallelisms: its committed output holds every record's running
+    count exactly once."""
+    import asyncio
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests import test_kafka_exactly_once as eo
+
+    items = eo.words(8_000, seed=seed)
+    topics = (f"col-kill-in-{seed}", f"col-kill-out-{seed}")
+    eo.produce_words(kafka_cluster, topics[0], items)
+    log = tmp_path / "kills.log"
+    env = {**os.environ, "PYTHONPATH": str(eo.ROOT), "REACTIVE_TEST_KILL_LOG": str(log)}
+    codes = []
+    for kill, parallelism in [*eo.kill_schedule(seed), ("none:0", 2)]:
+        proc = subprocess.run(
+            [sys.executable, str(eo.SCRIPT), kafka_cluster.bootstrap_servers, *topics,
+             str(tmp_path / "chk"), str(parallelism), "columnar"],
+            env={**env, "REACTIVE_TEST_KILL": kill}, capture_output=True, text=True,
+            timeout=120, check=False)
+        codes.append(proc.returncode)
+        assert proc.returncode in (0, -signal.SIGKILL), proc.stderr[-3000:]
+        if proc.returncode == 0:
+            break
+    assert codes[-1] == 0, "the job did not finish after the last kill"
+    assert codes.count(-signal.SIGKILL) >= 4  # the kills around commits always happen
+    assert asyncio.run(eo.committed_output(kafka_cluster, topics[1])) == eo.expected(items)
