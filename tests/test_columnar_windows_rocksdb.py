@@ -55,6 +55,18 @@ def counted(monkeypatch):
     return seen
 
 
+def stored_rows(completed: Any, uid: str) -> dict[Any, Any]:
+    """The window operator's rows (key -> panes) in a completed checkpoint."""
+    handles = [s.keyed_state.to_json() for s in
+               completed.metadata.operators[uid].subtasks.values() if s.keyed_state]
+    assert handles and all(h["backend"] == "rocksdb" for h in handles)
+    rows: dict[Any, Any] = {}
+    for h in handles:
+        for kg in read_key_groups(h, completed.job_dir):
+            rows.update(kg.states.get("_columnar", {}))
+    return rows
+
+
 async def windows(table: pa.Table, assigner: Any, batch_size: int, parallelism: int,
                   directory: Path | None) -> tuple[list[Any], list[Any]]:
     """Results and late rows of the windows, on RocksDB under ``directory`` (None: heap)."""
@@ -64,7 +76,7 @@ async def windows(table: pa.Table, assigner: Any, batch_size: int, parallelism: 
                     .key_by("k").window(assigner, timestamp="ts").allowed_lateness(20))
     results, late = ListSink(), ListSink()
     windowed.agg(n=("v", "count"), s=("v", "sum"), lo=("v", "min"), hi=("v", "max"),
-                 m=("v", "mean")).to_records().sink(results)
+                 m=("v", "mean")).uid("windows").to_records().sink(results)
     windowed.late_data().to_records().sink(late)
     if directory is None:
         await flow.run()
@@ -83,6 +95,9 @@ async def test_panes_in_rocksdb_give_the_heap_results(tmp_path, counted, kind):
     assert await windows(table, ASSIGNERS[kind], 97, 2, tmp_path / "a") == heap
     # the cache really was too small: keys went to RocksDB and came back by timer
     assert counted["evictions"] > 10 and counted["timer_reads"] > 10
+    # at the end every window is gone, and so is every key's row (deleted, not emptied)
+    final = CheckpointStorage(tmp_path / "a" / "c", "windows-rocksdb").completed()[-1]
+    assert stored_rows(final, "windows") == {}
     assert await windows(table, ASSIGNERS[kind], 500, 3, tmp_path / "b") == heap
 
 
@@ -102,18 +117,10 @@ async def test_panes_in_rocksdb_exactly_once_through_a_failure_and_a_rescale(
     before = [r for part in out.glob("part-*") for r in pq.read_table(part).to_pylist()]
 
     # the checkpoint holds the open panes as RocksDB rows, one per key
-    completed = CheckpointStorage(chk, "columnar-window-eo").completed()[-1]
-    handles = [s.keyed_state.to_json() for s in
-               completed.metadata.operators["windows"].subtasks.values() if s.keyed_state]
-    assert handles and all(h["backend"] == "rocksdb" for h in handles)
-    rows: dict[Any, Any] = {}
-    for h in handles:
-        for kg in read_key_groups(h, completed.job_dir):
-            rows.update(kg.states["_columnar"])
-    open_rows = {k: r for k, r in rows.items() if r}
-    assert open_rows and all(k.startswith("k") for k in open_rows)
+    rows = stored_rows(CheckpointStorage(chk, "columnar-window-eo").completed()[-1], "windows")
+    assert rows and all(k.startswith("k") for k in rows)
     # (starts, ends, *aggregate arrays): one entry per open pane in each
-    assert all(len({len(column) for column in r}) == 1 for r in open_rows.values())
+    assert all(r and len({len(column) for column in r}) == 1 for r in rows.values())
 
     await window_job(table, assigner, 3, out, chk, fail_at=None).run(
         checkpoints=config, resume=True, state_backend=backend)

@@ -2,8 +2,8 @@
 (RocksDB) behind a bounded cache of keys, with the keys' window timers on the heap.
 
 The store holds per key one row: all of the key's open panes, ``(starts, ends, *values)``
-(a list per pane array, in the order of the operator's arrays; ``()`` once the key has
-none). The operator works on the cached keys' panes in its usual arrays (:mod:`.panes`);
+(a list per pane array, in the order of the operator's arrays); a key whose panes are all
+gone is deleted (an empty row), so keys that come and go leave nothing behind. The operator works on the cached keys' panes in its usual arrays (:mod:`.panes`);
 :class:`PaneCache` moves them between the arrays and the store:
 
 * a batch's keys that are not cached are read with one multi-get (:meth:`PaneCache.lookup`),
