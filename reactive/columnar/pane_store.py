@@ -3,7 +3,8 @@
 
 The store holds per key one row: all of the key's open panes, ``(starts, ends, *values)``
 (a list per pane array, in the order of the operator's arrays); a key whose panes are all
-gone is deleted (an empty row), so keys that come and go leave nothing behind. The operator works on the cached keys' panes in its usual arrays (:mod:`.panes`);
+gone is deleted (an empty row), so keys that come and go leave nothing behind. The
+operator works on the cached keys' panes in its usual arrays (:mod:`.panes`);
 :class:`PaneCache` moves them between the arrays and the store:
 
 * a batch's keys that are not cached are read with one multi-get (:meth:`PaneCache.lookup`),
@@ -52,6 +53,9 @@ class PaneCache:
             written back and the cache emptied.
         sessions: the operator's windows are sessions (its panes are not looked up by
             window start).
+
+    Attributes:
+        evictions: how many times the cache was emptied.
     """
 
     def __init__(self, store: SlotStore, index: KeyIndex, panes: PaneTable,
@@ -166,10 +170,10 @@ class PaneCache:
         self._timer_keys.extend(keys)
         self._timer_times = np.concatenate([self._timer_times, times])
 
-    def _next_times(self, slots: np.ndarray, starts_ends: tuple[np.ndarray, np.ndarray],
-                    n_slots: int) -> np.ndarray:
-        """Per slot, the earliest watermark its panes need (inf: no pane)."""
-        _, ends = starts_ends
+    def _next_times(self, slots: np.ndarray, ends: np.ndarray, n_slots: int) -> np.ndarray:
+        """Per slot, the earliest watermark its panes (``slots``, ``ends``: per pane) need:
+        a window's end to fire it, or ``end + lateness`` to drop it once fired (inf: no
+        pane)."""
         wm = self.watermark()
         due = np.where(ends > wm, ends, ends + self.lateness)
         times = np.full(n_slots, np.inf)
@@ -209,8 +213,7 @@ class PaneCache:
         arrays = self.panes.arrays
         slots = arrays["_slot"][:n]
         live = slots >= 0
-        times = self._next_times(slots[live], (arrays["_start"][:n][live],
-                                               arrays["_end"][:n][live]), size)
+        times = self._next_times(slots[live], arrays["_end"][:n][live], size)
         waiting = np.flatnonzero(np.isfinite(times))
         self._add_timers([self.keys[s] for s in waiting.tolist()], times[waiting])
         self.panes.compact(np.zeros(n, bool))
