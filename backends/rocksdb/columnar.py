@@ -159,8 +159,9 @@ def _identity(value: bytes) -> bytes:
     return value
 
 
-def _dumps(row: tuple[Any, ...]) -> bytes:
-    return pickle.dumps(row, _PROTOCOL)
+def _dumps(row: tuple[Any, ...]) -> Any:
+    # an empty row (a window operator's key without open panes) is a delete
+    return pickle.dumps(row, _PROTOCOL) if row else ABSENT
 
 
 RocksDBStateBackend.columnar_keyed_backend_class = ColumnarRocksDBKeyedStateBackend

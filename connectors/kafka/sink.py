@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -94,6 +95,21 @@ def _identity(record: Any) -> Any:
     return record
 
 
+def rows_of(batch: list[Any]) -> list[Any]:
+    """The records of a channel batch, a columnar stream's record batches expanded to their
+    rows (``dict`` s, converted by Arrow in one call per batch)."""
+    pa = sys.modules.get("pyarrow")  # no record batch exists before pyarrow is imported
+    if pa is None or not any(isinstance(r, pa.RecordBatch) for r in batch):
+        return batch
+    out: list[Any] = []
+    for r in batch:
+        if isinstance(r, pa.RecordBatch):
+            out.extend(r.to_pylist())
+        else:
+            out.append(r)
+    return out
+
+
 class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
     """Write records to a Kafka topic, exactly once (default) or at least once.
 
@@ -107,7 +123,9 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         transactional_id_prefix: the stable prefix of this sink's transactional ids and
             commit markers (required for exactly once, as in Flink's ``KafkaSink``); unique
             per sink across every job writing to the cluster.
-        key: record -> key (None: no key; records then spread over the partitions).
+        key: record -> key (None: no key; records then spread over the partitions). The
+            rows of a columnar stream's record batches are records too, each a ``dict``
+            (column -> value, from one ``RecordBatch.to_pylist()`` per batch).
         value: record -> value (default: the record).
         headers: record -> ``[(name, bytes), ...]`` (optional).
         key_serializer: ``"str"``, ``"bytes"``, ``"json"`` or a callable, for the key.
@@ -237,7 +255,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         return KafkaTransaction(self.subtask)
 
     def write(self, txn: KafkaTransaction, batch: list[Any]) -> None:
-        txn.records.extend(map(self.serialize, batch))
+        txn.records.extend(map(self.serialize, rows_of(batch)))
 
     def pre_commit(self, txn: KafkaTransaction, checkpoint_id: int) -> None:
         # the records go into the checkpoint with the transaction (the write-ahead log)
@@ -361,7 +379,7 @@ class AtLeastOnceKafkaWriter(SinkWriter):
             self._producer = self.sink._new_producer(None)
             await self._producer.start()
         producer, topic = self._producer, self.sink.topic
-        for record in batch:
+        for record in rows_of(batch):
             key, value, headers = serialized = self.sink.serialize(record)
             future = await producer.send(topic, value, key=key, headers=headers)
             self._in_flight.append((future, serialized))

@@ -43,7 +43,8 @@ class SlotStore(KeyedStateBackend):
     @abstractmethod
     def store_rows(self, keys: list[Any], key_groups: np.ndarray,
                    rows: list[tuple[Any, ...]]) -> None:
-        """Write ``rows`` of ``keys`` back (visible to the next snapshot)."""
+        """Write ``rows`` of ``keys`` back (visible to the next snapshot); an empty row
+        ``()`` deletes its key."""
 
     @abstractmethod
     def iter_rows(self) -> Iterator[tuple[Any, tuple[Any, ...]]]:

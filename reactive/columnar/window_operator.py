@@ -27,6 +27,10 @@ are taken one at a time in input order, since whether such a row is late depends
 windows the rows before it opened; the others, whose merges do not depend on their order,
 are merged together (sorted by key and start, a new session where a start passes the
 running maximum end).
+
+With the RocksDB state backend the panes live in RocksDB, one row of panes per key, behind a
+bounded cache of keys with heap timers for the evicted ones (:mod:`.pane_store`); with any
+other backend they live in memory and are snapshotted in full (:mod:`.state`).
 """
 
 from __future__ import annotations
@@ -43,8 +47,10 @@ from ..windowing.assigners import EventTimeSessionWindows, PeriodicWindows, Wind
 from .aggregates import Spec, merge_states, results, update
 from .grouping import Grouping, combine_codes
 from .key_index import KeyIndex
+from .pane_store import PaneCache
 from .panes import META, PaneTable
 from .schema import pa, position_of
+from .slot_store import SlotStore
 from .state import ColumnarKeyedStateBackend, ColumnarStateBackend
 from .watermarks import event_times
 from .windows import LATE_KEY, assign_periodic, window_values
@@ -71,6 +77,9 @@ class ColumnarWindowOperator(StreamOperator):
     """
 
     keyed = True
+    #: keys cached in front of a :class:`SlotStore` (RocksDB) before the changed ones are
+    #: written back and the cache emptied
+    cache_keys = 1 << 16
 
     def __init__(self, name: str, uid: str, key_columns: list[str], timestamp: str,
                  assigner: WindowAssigner, specs: list[Spec],
@@ -90,17 +99,20 @@ class ColumnarWindowOperator(StreamOperator):
         self.arrays: dict[str, np.ndarray] = {}
         self.panes: PaneTable
         self.index: KeyIndex
+        self.cache: PaneCache | None = None
 
     def keyed_state_backend(self, job_backend: StateBackend) -> StateBackend:
-        """Columnar arrays in memory, whatever the job's backend; snapshots are full (the
+        """The job backend's columnar backend when it has one (RocksDB: a row of panes per
+        key, :mod:`.pane_store`), else columnar arrays in memory with full snapshots (the
         state is the open windows only: what was cleaned up is gone, nothing to chain)."""
+        columnar = job_backend.columnar_state_backend()
+        if columnar is not None:
+            return columnar
         return ColumnarStateBackend(incremental=False)
 
     def setup(self, subtask: int, parallelism: int, max_parallelism: int,
               keyed_backend: KeyedStateBackend | None) -> None:
         super().setup(subtask, parallelism, max_parallelism, keyed_backend)
-        assert isinstance(keyed_backend, ColumnarKeyedStateBackend)
-        self.backend = keyed_backend
         self.index = KeyIndex(self.key_columns, max_parallelism, self.uid)
         initial: dict[str, Any] = {}
         arrays: dict[str, np.ndarray] = {"_slot": np.zeros(1024, np.int64),
@@ -113,11 +125,22 @@ class ColumnarWindowOperator(StreamOperator):
                 arrays[name] = np.full(1024, s.initial(part), s.dtype(part))
         self.arrays = arrays
         self.panes = PaneTable(arrays, initial)
+        if isinstance(keyed_backend, SlotStore):
+            self.cache = PaneCache(
+                keyed_backend, self.index, self.panes,
+                [self.schema.field(c).type for c in self.key_columns], self.lateness,
+                lambda: self.watermark, self.cache_keys, self.sessions)
+            return
+        assert isinstance(keyed_backend, ColumnarKeyedStateBackend)
+        self.backend = keyed_backend
         keyed_backend.bind(self.index, arrays, self.specs, rows=self.panes)
 
     def open(self) -> None:
         self.emit_late = bool(self.late_output())
         self.watermark = restore_watermark(self)
+        if self.cache is not None:
+            self.cache.restore_timers()  # the panes stay in the store until needed
+            return
         for _keys, table in self.backend.restored:
             for b in table.combine_chunks().to_batches():
                 keys = self.index.lookup(b)
@@ -141,7 +164,8 @@ class ColumnarWindowOperator(StreamOperator):
             if not b.num_rows:
                 continue
             try:
-                self.backend.thaw()
+                if self.cache is None:
+                    self.backend.thaw()
                 if self.sessions:
                     self._sessions(b, out)
                 else:
@@ -156,7 +180,7 @@ class ColumnarWindowOperator(StreamOperator):
         assert isinstance(assigner, PeriodicWindows)
         wm, lateness = self.watermark, self.lateness
         ts = event_times(b, self.timestamp)
-        keys = self.index.lookup(b)
+        keys = self._lookup(b)
         rows, starts = assign_periodic(assigner, ts)
         ends = starts + assigner.size
         alive = ends + lateness > wm
@@ -194,6 +218,10 @@ class ColumnarWindowOperator(StreamOperator):
                 + self._bounds(starts[at], ends[at])
                 + [c.take(taken) for c in columns], schema=self.schema))
 
+    def _lookup(self, b: Any) -> Any:
+        """The batch's keys, read from the store first when they are not cached."""
+        return self.index.lookup(b) if self.cache is None else self.cache.lookup(b)
+
     def _state(self, s: Spec) -> dict[str, np.ndarray]:
         return {part: self.arrays[f"{s.output}.{part}"] for part in s.state_columns()}
 
@@ -222,7 +250,7 @@ class ColumnarWindowOperator(StreamOperator):
         assert isinstance(self.assigner, EventTimeSessionWindows)
         gap, wm = self.assigner.gap, self.watermark
         ts = event_times(b, self.timestamp)
-        keys = self.index.lookup(b)
+        keys = self._lookup(b)
         row_slot = keys.slots[keys.codes]
         behind = np.flatnonzero(ts + gap <= wm)
         bounds = [0, *behind.tolist(), len(ts)]
@@ -325,10 +353,14 @@ class ColumnarWindowOperator(StreamOperator):
         """Fire the windows whose end the watermark reached; drop those past their allowed
         lateness."""
         before, self.watermark = self.watermark, watermark
+        cache = self.cache
+        if cache is not None:
+            cache.fire_timers(watermark)  # evicted keys with windows due: read back first
         size = self.panes.size
         if not size:
             return []
-        self.backend.thaw()
+        if cache is None:
+            self.backend.thaw()
         arrays = self.arrays
         slot, end = arrays["_slot"][:size], arrays["_end"][:size]
         due = np.flatnonzero((end > before) & (end <= watermark) & (slot >= 0))
@@ -338,6 +370,9 @@ class ColumnarWindowOperator(StreamOperator):
             due = due[np.argsort(end[due], kind="stable")]
             out.append(self._results(due))
         gone = (end + self.lateness <= watermark) | (slot < 0)
+        if cache is not None:
+            cache.mark(slot[due])
+            cache.mark(slot[gone & (slot >= 0)])
         if gone.any():
             self.panes.compact(~gone)
         return out

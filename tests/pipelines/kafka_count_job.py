@@ -3,14 +3,16 @@
 
 Usage::
 
-    python kafka_count_job.py BOOTSTRAP INPUT OUTPUT CHECKPOINTS PARALLELISM
+    python kafka_count_job.py BOOTSTRAP INPUT OUTPUT CHECKPOINTS PARALLELISM [columnar]
 
 It reads INPUT (bounded: up to the end offsets of its first start), counts the words, writes
 ``[word, n]`` for the n-th occurrence of each word to OUTPUT with a transactional
 :class:`~reactive.connectors.kafka.KafkaSink`, resumes from the latest completed checkpoint in
 CHECKPOINTS (every 100 ms) at PARALLELISM, and exits 0 when the input is done. Each source
 reader reads at most ``PER_CHECKPOINT`` records per checkpoint, so every run spans several
-checkpoints (the kill points below count commits).
+checkpoints (the kill points below count commits). With ``columnar`` the same job runs on
+record batches: the source's columnar mode (one batch per fetch of a partition) ->
+``key_by("word").agg(count=...)`` -> the same sink, one record per row.
 
 ``REACTIVE_TEST_KILL`` names where the process kills itself (counters per process):
 
@@ -129,7 +131,8 @@ class PacedKafkaReader(KafkaSourceReader):
             return []
         batch = await super().read_batch(min(max_records, self.allowance))
         if batch:
-            self.allowance -= len(batch)
+            # a columnar source's batch counts its rows
+            self.allowance -= sum(getattr(b, "num_rows", 1) for b in batch)
         return batch
 
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
@@ -151,14 +154,50 @@ def build(bootstrap: str, input_topic: str, output_topic: str, parallelism: int)
     return flow
 
 
+def decode_words(values: list[bytes | None]) -> Any:
+    """The values as a ``word`` column (one UTF-8 check for the whole fetch)."""
+    import pyarrow as pa
+
+    return pa.record_batch([pa.array(values, pa.binary()).cast(pa.string())], names=["word"])
+
+
+def tick_rows(batch: Any) -> Any:
+    """The ``record`` kill point for each row of a batch of the columnar count."""
+    for _ in range(batch.num_rows):
+        tick("record")
+    return batch
+
+
+def build_columnar(bootstrap: str, input_topic: str, output_topic: str,
+                   parallelism: int) -> Dataflow:
+    """The job's dataflow on record batches."""
+    import pyarrow as pa
+
+    source = PacedKafkaSource(bootstrap, input_topic, stop_at_latest=True, columnar=True,
+                              value_schema=pa.schema([("word", pa.string())]),
+                              value_decoder=decode_words, metadata_columns=(),
+                              max_batch_records=250, client_options=CLIENT_OPTIONS)
+    flow = Dataflow(JOB, parallelism=parallelism, batch_size=256)
+    (flow.columnar_source(source, name="words").uid("words")
+         .key_by("word").agg(count=("word", "count")).uid("count")
+         .map_batches(tick_rows).uid("ticks")
+         .sink(KillingKafkaSink(bootstrap, output_topic, transactional_id_prefix=f"{JOB}-out",
+                                key=lambda r: r["word"],
+                                value=lambda r: [r["word"], r["count"]],
+                                marker_reader_options=CLIENT_OPTIONS))
+         .uid("kafka-out"))
+    return flow
+
+
 async def main(bootstrap: str, input_topic: str, output_topic: str, checkpoints: str,
-               parallelism: int) -> None:
+               parallelism: int, columnar: bool = False) -> None:
     """Run (resume) the job."""
-    flow = build(bootstrap, input_topic, output_topic, parallelism)
+    flow = (build_columnar if columnar else build)(bootstrap, input_topic, output_topic,
+                                                   parallelism)
     await flow.run(checkpoints=CheckpointConfig(interval=0.1, directory=checkpoints),
                    restart=RestartStrategy.fixed(5, 0.0), resume=True)
 
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    asyncio.run(main(a[0], a[1], a[2], a[3], int(a[4])))
+    asyncio.run(main(a[0], a[1], a[2], a[3], int(a[4]), a[5:] == ["columnar"]))
