@@ -526,3 +526,24 @@ def test_a_timer_outliving_its_keys_state_fires_and_finds_it_expired():
     assert h.set_processing_time(55.0) == [("b", 55.0, "none")]
     assert list(h.keyed_backend.keys("last")) == []
     assert h.num_processing_time_timers() == 0
+
+
+async def test_a_sweep_finding_nothing_expired_adds_nothing_to_the_next_checkpoint(
+        tmp_path: Path):
+    """The incremental cleanup checks live keys without making them current, so the keys it
+    checks do not count as changed: an incremental checkpoint after a pass over 1,000 live
+    keys holds the one key the records wrote, not the keys the sweep looked at."""
+    h = harness(Probe(StateTtlConfig(3600.0)),
+                state_backend=HeapStateBackend(incremental=True), directory=tmp_path)
+    at(h, 0.0)
+    for i in range(1_000):
+        ask(h, f"k{i}", "set", "x" * 200)
+    first = await h.snapshot()
+    await h.notify_checkpoint_complete(first.checkpoint_id)
+    for _ in range(20_000):  # at least 1,250 keys checked (1/16 a record): a whole pass
+        ask(h, "hot", "set", 1)
+    assert h.operator.fn.value.expired == 0
+    second = await h.snapshot()
+    sizes = [s.subtasks[0].keyed_state.size for s in (first, second)  # type: ignore[union-attr]
+             ]
+    assert sizes[0] > 200_000 and sizes[1] < 5_000, sizes
