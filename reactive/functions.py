@@ -96,8 +96,9 @@ class RuntimeContext:
         self._firing: tuple[float, TimeDomain] | None = None
         # the keyed states the operator's functions use, by name (for state queries)
         self.keyed_states: dict[str, State] = {}
-        # sweeps the expired entries of its TTL states' keys (created with the first one)
-        self._ttl_cleanup: IncrementalCleanup | None = None
+        #: sweeps the expired entries of its TTL states' keys (created with the first one),
+        #: advanced by the operator after each batch of records and each timer
+        self.ttl_cleanup: IncrementalCleanup | None = None
         #: the wall clock of its TTL states (at most one), frozen by the operator around each
         #: batch of records
         self.ttl_clocks: list[TtlClock] = []
@@ -191,16 +192,16 @@ class RuntimeContext:
         if config is None:
             state: State = self._keyed.get_state(descriptor)
         else:
-            if self._ttl_cleanup is None:
-                self._ttl_cleanup = IncrementalCleanup(self._keyed)
+            if self.ttl_cleanup is None:
+                self.ttl_cleanup = IncrementalCleanup(self._keyed)
             clock = self._ttl_clock(config)
             native = self._keyed.get_ttl_state(descriptor, config, clock)
             if native is not None:
-                self._ttl_cleanup.register(descriptor.name, native)
+                self.ttl_cleanup.register(descriptor.name, native)
                 state = native
             else:
                 inner = self._keyed.get_state(backend_descriptor(descriptor, config))
-                state = ttl_state(descriptor, config, inner, clock.now, self._ttl_cleanup)
+                state = ttl_state(descriptor, config, inner, clock.now, self.ttl_cleanup)
         self.keyed_states[descriptor.name] = state
         return state
 

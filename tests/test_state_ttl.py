@@ -486,3 +486,64 @@ async def test_the_job_reports_each_operators_keys_and_expired_entries(tmp_path:
     assert stats["expired"] >= 1  # a's expired count, found on access (b, c: by a sweep)
     assert stats["keys"] == 3 - (stats["expired"] - 1)
     await job.cancel()
+
+
+class Reminder(KeyedProcessFunction):
+    """Keeps a key's last value with a ttl and registers a processing-time timer
+    ``delay`` after each record; the timer reports what the state holds then."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def open(self, ctx: Any) -> None:
+        self.last = ctx.get_state(ValueStateDescriptor("last", default="none", ttl=TTL))
+
+    def process_element(self, record: Any, ctx: Any) -> Iterable[Any]:
+        _, value, t = record
+        self.last.update(value)
+        ctx.timer_service.register_processing_time_timer(t + self.delay)
+        return ()
+
+    def on_timer(self, timestamp: float, ctx: Any) -> Iterable[Any]:
+        yield (ctx.current_key, timestamp, self.last.value())
+
+
+def test_a_timer_outliving_its_keys_state_fires_and_finds_it_expired():
+    """A timer is not deleted when its key's TTL state expires (as in Flink, whose TTL
+    never touches timers): it fires, and reads the default, never the expired value (no
+    resurrection); the read removes the expired entry, so nothing is left of the key."""
+    h = harness(Reminder(delay=3 * TTL))
+    at(h, 0.0)
+    h.process_element(("a", "first", 0.0))
+    h.process_element(("b", "kept", 0.0))
+    at(h, 25.0)
+    h.process_element(("b", "second", 25.0))  # b's value lives until 35, its timer at 55
+    # a's state expired at 10; its timer (at 30) stays, with b's at 30 and 55
+    assert h.num_processing_time_timers() == 3
+    assert h.set_processing_time(30.0) == [("a", 30.0, "none"), ("b", 30.0, "second")]
+    assert h.keyed_backend is not None
+    assert sorted(h.keyed_backend.keys("last")) == ["b"]
+    assert h.set_processing_time(55.0) == [("b", 55.0, "none")]
+    assert list(h.keyed_backend.keys("last")) == []
+    assert h.num_processing_time_timers() == 0
+
+
+async def test_a_sweep_finding_nothing_expired_adds_nothing_to_the_next_checkpoint(
+        tmp_path: Path):
+    """The incremental cleanup checks live keys without making them current, so the keys it
+    checks do not count as changed: an incremental checkpoint after a pass over 1,000 live
+    keys holds the one key the records wrote, not the keys the sweep looked at."""
+    h = harness(Probe(StateTtlConfig(3600.0)),
+                state_backend=HeapStateBackend(incremental=True), directory=tmp_path)
+    at(h, 0.0)
+    for i in range(1_000):
+        ask(h, f"k{i}", "set", "x" * 200)
+    first = await h.snapshot()
+    await h.notify_checkpoint_complete(first.checkpoint_id)
+    for _ in range(20_000):  # at least 1,250 keys checked (1/16 a record): a whole pass
+        ask(h, "hot", "set", 1)
+    assert h.operator.fn.value.expired == 0
+    second = await h.snapshot()
+    sizes = [s.subtasks[0].keyed_state.size for s in (first, second)  # type: ignore[union-attr]
+             ]
+    assert sizes[0] > 200_000 and sizes[1] < 5_000, sizes

@@ -73,7 +73,7 @@ from .fork_snapshot import ForkedSnapshot, fork_snapshot, fork_supported
 from .format import BACKEND, is_heap_handle, iter_heap_key_groups
 from .snapshot import HeapSnapshot
 from .state import Table, create_state, descriptor_serializer
-from .ttl_state import HeapTtlValueState
+from .ttl_state import HeapTtlValueState, HeapTtlValueStateOnRead
 
 __all__ = ["HeapKeyedStateBackend", "HeapStateBackend", "SnapshotStrategy"]
 
@@ -293,8 +293,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         stored = backend_descriptor(descriptor, config)
         inner = self.get_state(stored)
         assert isinstance(inner, ValueState)
-        return HeapTtlValueState(inner, self, self._tables[stored.name], descriptor.default,
-                                 config, clock)
+        cls = HeapTtlValueStateOnRead if config.update_type == "on_read_and_write" else \
+            HeapTtlValueState
+        return cls(inner, self, self._tables[stored.name], descriptor.default, config, clock)
 
     def keys(self, state_name: str) -> Iterator[Any]:
         table = self._tables.get(state_name)

@@ -3,10 +3,11 @@
 
 :class:`reactive.state.ttl.TtlValueState` over a heap value state costs three Python calls
 per access (the decorator, the backend's state, the clock); this subclass reads and writes
-the key group's dict itself and reads the batch's frozen time (:mod:`reactive.state.ttl_clock`),
-so a TTL value costs one call per access like a value without TTL. It stores what the
-decorator stores (``(value, expires_at)`` in the table of
-:func:`reactive.state.ttl.backend_descriptor`), so snapshots are the same with or without it.
+the key group's dict itself and compares with the batch's frozen time, which its clock hands
+it once per batch (:mod:`reactive.state.ttl_clock`), so a TTL value costs one call per
+access like a value without TTL. It stores what the decorator stores (``(value, expires_at)``
+in the table of :func:`reactive.state.ttl.backend_descriptor`), so snapshots are the same
+with or without it.
 """
 
 from __future__ import annotations
@@ -20,12 +21,16 @@ from reactive.state.ttl_config import StateTtlConfig
 
 from .state import KeyScope, Table
 
-__all__ = ["HeapTtlValueState"]
+__all__ = ["HeapTtlValueState", "HeapTtlValueStateOnRead"]
 
 
 class HeapTtlValueState(TtlValueState):
     """A TTL value state reading the heap table directly (Flink's ``TtlValueState`` over
     its heap backend's ``HeapValueState``, the two layers merged into one).
+
+    Its fast paths are a read of a live value and a write inside a batch (the clock frozen);
+    a value due for expiry (or every access outside a batch, where the frozen time is
+    ``+inf``) takes the decorator's path, which reads the clock.
 
     Args:
         inner: the heap value state of the backend descriptor (kept for ``clear``, which
@@ -37,48 +42,48 @@ class HeapTtlValueState(TtlValueState):
         clock: the time the TTL is measured in.
     """
 
-    __slots__ = ("_at", "_b", "_clock", "_expires_at", "_maps")
+    __slots__ = ("_b", "_batch_expires", "_batch_now", "_maps")
 
     def __init__(self, inner: ValueState, backend: KeyScope, table: Table, default: Any,
                  config: StateTtlConfig, clock: TtlClock) -> None:
         super().__init__(inner, default, config, clock.now)
         self._b = backend
         self._maps = table.maps
-        self._clock = clock
-        # the expiry of a write at the frozen time ``_at``: computed once per batch, one
-        # float shared by the batch's writes (an addition per write allocates a float)
-        self._at: float | None = None
-        self._expires_at = 0.0
+        self._batch_now = float("inf")
+        self._batch_expires: float | None = None
+        clock.subscribe(self)
 
     def value(self) -> Any:
         b = self._b
         pair = self._maps[b._idx].get(b.current_key)
         if pair is None:
             return self._default
-        now = self._clock.frozen
-        if now is None:
-            now = self._clock.read()
-        if pair[1] <= now:
-            self._inner.clear()
-            self.expired += 1
-            return pair[0] if self._return_expired else self._default
-        if self._refresh:
-            self._maps[b._idx][b.current_key] = (pair[0], now + self._ttl)
-        return pair[0]
+        if pair[1] > self._batch_now:
+            return pair[0]
+        # due, or outside a batch: decide with the clock read now
+        return super().value()
 
     def update(self, value: Any) -> None:
-        cleanup = self._cleanup
-        if cleanup is not None:
-            cleanup.countdown -= 1
-            if cleanup.countdown <= 0:
-                cleanup.tick()
-        now = self._clock.frozen
-        if now is None:
-            expires = self._clock.read() + self._ttl
-        elif now is self._at:
-            expires = self._expires_at
-        else:
-            self._at = now
-            expires = self._expires_at = now + self._ttl
+        expires = self._batch_expires
+        if expires is None:
+            expires = self._now() + self._ttl
         b = self._b
         self._maps[b._idx][b.current_key] = (value, expires)
+
+    def expired_keys(self, index: int, keys: list[Any], now: float) -> list[Any]:
+        """Those of ``keys`` (all of the key group at ``index`` in the instance's range)
+        whose value is due at ``now``, read from the table without setting a current key:
+        the incremental cleanup's check, which then sets only these current to clear them.
+        """
+        d = self._maps[index]
+        return [k for k in keys if (p := d.get(k)) is not None and p[1] <= now]
+
+
+class HeapTtlValueStateOnRead(HeapTtlValueState):
+    """:class:`HeapTtlValueState` with ``update_type="on_read_and_write"``: a read restarts
+    the value's time to live, so every read takes the decorator's path (which writes the
+    refreshed expiry back)."""
+
+    __slots__ = ()
+
+    value = TtlValueState.value

@@ -156,7 +156,7 @@ def backend_descriptor(descriptor: StateDescriptor, config: StateTtlConfig) -> S
 # ---------------------------------------------------------------- the decorators
 class _Ttl:
     """What every TTL decorator shares: the clock, the expiry rules, the count of entries
-    it removed, and the incremental cleanup it drives (:class:`IncrementalCleanup`)."""
+    it removed, and the incremental cleanup it is registered with (:class:`IncrementalCleanup`)."""
 
     __slots__ = ("_cleanup", "_now", "_refresh", "_return_expired", "_ttl", "expired")
 
@@ -170,12 +170,6 @@ class _Ttl:
         self.expired = 0
 
     def _expires(self) -> float:
-        cleanup = self._cleanup
-        if cleanup is not None:
-            # IncrementalCleanup.tick inlined: once per write
-            cleanup.countdown -= 1
-            if cleanup.countdown <= 0:
-                cleanup.tick()
         return self._now() + self._ttl
 
     def purge(self, now: float) -> None:
@@ -397,24 +391,26 @@ class TtlReducingState(_Ttl, ReducingState):
 
 class IncrementalCleanup:
     """Removes expired entries of keys nobody reads again (Flink's incremental cleanup of
-    heap TTL state): every :data:`EVERY` writes to the operator's TTL states, the entries of
-    the next few keys of one of them are checked and the expired ones removed.
+    heap TTL state): after each batch of records (and each timer) the operator processed,
+    the next few keys of its TTL states are checked and the expired entries removed.
 
     A pass walks one state's keys key group by key group of the instance's range (each key
     group's keys read once, as a stable copy: ``keys_in_key_group``), then the next state's.
-    A step sets each key current, purges it, and sets the key that was current back, so the
-    record being processed sees its own key again. The work is proportional to the writes (an
-    idle operator sweeps nothing) and its rate follows what the recent steps found (a moving
-    average of the expired share of the keys they checked): ``rate`` keys checked per
-    write, between :data:`MIN_RATE` (nothing expired: a long-lived key set costs almost
-    nothing) and :data:`MAX_RATE` (nearly everything expired: an ever-growing key space,
-    whose new keys must be checked faster than they arrive for the state to stay flat).
+    A state that can check keys without making them current (``expired_keys(index, keys,
+    now)``, the heap backend's value state) is asked which are due, and only those are set
+    current and purged; for the others each checked key is set current and purged. The key
+    that was current is set back, so a record or timer still sees its own key. The work is
+    proportional to the records processed (an idle operator sweeps nothing) and its rate
+    follows what the recent steps found (a moving average of the expired share of the keys
+    they checked): ``rate`` keys checked per record, between :data:`MIN_RATE` (nothing
+    expired: a long-lived key set costs almost nothing) and :data:`MAX_RATE` (nearly
+    everything expired: an ever-growing key space, whose new keys must be checked faster
+    than they arrive for the state to stay flat).
 
     Args:
         backend: the operator's keyed state backend.
     """
 
-    EVERY = 16
     MIN_RATE = 1 / 16
     MAX_RATE = 4.0
 
@@ -422,17 +418,14 @@ class IncrementalCleanup:
         self.backend = backend
         self.rate = self.MIN_RATE
         self._states: list[tuple[str, _Ttl]] = []
-        #: writes until the next step (decremented by the states on each write)
-        self.countdown = self.EVERY
         self._turn = -1  # the state whose keys the current pass walks
         self._key_group = 0  # the next key group of the pass
         self._pending: list[Any] = []
         self._found = 0.0  # moving average of the expired share of the keys checked
         self._credit = 0.0  # keys owed to the sweep (fractions carried between steps)
-        self._sweeping = False
 
     def register(self, name: str, state: State) -> None:
-        """Sweep ``state`` (stored under ``name``) too; it ticks this cleanup on writes.
+        """Sweep ``state`` (stored under ``name``) too.
 
         Raises:
             TypeError: if ``state`` is not a TTL state (a decorator of this module or a
@@ -443,10 +436,11 @@ class IncrementalCleanup:
         self._states = [(n, s) for n, s in self._states if n != name] + [(name, state)]
         state._cleanup = self
 
-    def tick(self) -> None:
-        """:attr:`countdown` writes happened since the last step: run one."""
-        self.countdown = self.EVERY
-        if not self._sweeping:
+    def advance(self, n: int) -> None:
+        """``n`` records (or timers) were processed with the current key set: check the
+        keys they earned (``n * rate``, fractions carried over)."""
+        self._credit += n * self.rate
+        if self._credit >= 1.0:
             self.step()
 
     def _refill(self) -> bool:
@@ -467,32 +461,40 @@ class IncrementalCleanup:
         return False
 
     def step(self) -> None:
-        """Check the keys the writes since the last step earned (``EVERY * rate``)."""
+        """Check the keys the processed records earned (the whole part of the credit)."""
         if not self._states:
             return
-        self._credit += self.EVERY * self.rate
-        n = int(self._credit)
-        if n == 0:
-            return
-        self._credit -= n
-        if not self._pending and not self._refill():
-            return
+        budget = int(self._credit)
+        self._credit -= budget
         backend = self.backend
-        _, state = self._states[self._turn]
+        start = backend.key_group_range.start
         current = backend.current_key
-        now = state._now()
-        n = min(n, len(self._pending))
-        before = state.expired
-        self._sweeping = True
+        moved = False
+        checked = found = 0
         try:
-            for _ in range(n):
-                backend.set_current_key(self._pending.pop())
-                state.purge(now)
+            while budget > 0 and (self._pending or self._refill()):
+                _, state = self._states[self._turn]
+                pending = self._pending
+                chunk = pending[-budget:]
+                del pending[-budget:]
+                budget -= len(chunk)
+                checked += len(chunk)
+                now = state._now()
+                scan = getattr(state, "expired_keys", None)
+                # the pending keys are all of the key group the pass read last
+                due = chunk if scan is None else scan(self._key_group - 1 - start, chunk, now)
+                before = state.expired
+                for key in due:
+                    backend.set_current_key(key)
+                    moved = True
+                    state.purge(now)
+                found += state.expired - before
         finally:
-            self._sweeping = False
-            backend.set_current_key(current)
-        self._found = 0.9 * self._found + 0.1 * min(1.0, (state.expired - before) / n)
-        self.rate = min(self.MAX_RATE, max(self.MIN_RATE, 2 * self.MAX_RATE * self._found))
+            if moved:
+                backend.set_current_key(current)
+        if checked:
+            self._found = 0.9 * self._found + 0.1 * min(1.0, found / checked)
+            self.rate = min(self.MAX_RATE, max(self.MIN_RATE, 2 * self.MAX_RATE * self._found))
 
 
 def ttl_state(descriptor: StateDescriptor, config: StateTtlConfig, inner: State,

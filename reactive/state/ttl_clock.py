@@ -13,13 +13,35 @@ An entry written during a batch therefore expires at most one batch's processing
 (the batch runs within the task's time slice, milliseconds), and a read may find an entry
 live up to that long after its expiry; Flink's ``TtlTimeProvider`` has millisecond
 granularity for the same reason.
+
+A state on the per-record path subscribes to the clock (:meth:`TtlClock.subscribe`): at a
+freeze the clock hands it the batch's time and the expiry of a write at that time (one
+addition per state and batch, not per write), so an access compares with an attribute of
+its own. Thawed, the time handed out is ``+inf`` (every stored expiry compares as due), which
+sends an access to its slow path, where it reads the clock.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from typing import Protocol
 
-__all__ = ["TtlClock"]
+__all__ = ["TtlClock", "TtlClockSubscriber"]
+
+
+class TtlClockSubscriber(Protocol):
+    """A state told the batch's time by its clock.
+
+    Attributes:
+        _ttl: the state's time to live (seconds).
+        _batch_now: the frozen time, ``+inf`` while the clock is thawed.
+        _batch_expires: ``_batch_now + _ttl`` while frozen, None while thawed.
+    """
+
+    _ttl: float
+    _batch_now: float
+    _batch_expires: float | None
 
 
 class TtlClock:
@@ -33,21 +55,42 @@ class TtlClock:
         frozen: the batch's time while frozen, else None.
     """
 
-    __slots__ = ("frozen", "read")
+    __slots__ = ("_subscribers", "frozen", "read")
 
     def __init__(self, read: Callable[[], float]) -> None:
         self.read = read
         self.frozen: float | None = None
+        self._subscribers: list[TtlClockSubscriber] = []
 
     def now(self) -> float:
         """The frozen time inside a batch, else the time read now (seconds)."""
         t = self.frozen
         return self.read() if t is None else t
 
+    def subscribe(self, state: TtlClockSubscriber) -> None:
+        """Keep ``state``'s ``_batch_now`` / ``_batch_expires`` in step with the clock."""
+        self._subscribers.append(state)
+        self._tell(state)
+
+    def _tell(self, state: TtlClockSubscriber) -> None:
+        t = self.frozen
+        if t is None:
+            state._batch_now = math.inf
+            state._batch_expires = None
+        else:
+            state._batch_now = t
+            state._batch_expires = t + state._ttl
+
     def freeze(self) -> None:
         """Fix the time for the accesses until :meth:`thaw` (the start of a batch)."""
-        self.frozen = self.read()
+        self.frozen = t = self.read()
+        for state in self._subscribers:
+            state._batch_now = t
+            state._batch_expires = t + state._ttl
 
     def thaw(self) -> None:
         """Let accesses read the time source again (the end of a batch)."""
         self.frozen = None
+        for state in self._subscribers:
+            state._batch_now = math.inf
+            state._batch_expires = None

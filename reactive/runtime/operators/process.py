@@ -117,7 +117,10 @@ class TimedKeyedProcessOperator(KeyedProcessOperator):
         ctx = self.ctx
         ctx._firing = (timestamp, domain)
         try:
-            return call_once(on_timer, self._timer_convention, (timestamp, ctx), "on_timer")
+            out = call_once(on_timer, self._timer_convention, (timestamp, ctx), "on_timer")
+            if ctx.ttl_cleanup is not None:
+                ctx.ttl_cleanup.advance(1)  # a timer's share of the TTL cleanup
+            return out
         except Exception as exc:
             raise self.fail(f"{domain.value} timer {timestamp} of key {ctx.current_key!r}",
                             exc) from exc

@@ -191,6 +191,10 @@ def call_per_record(
                         extend(res)
                     elif res is not None:
                         extend(checked_outputs(res, method))
+            cleanup = op.ctx.ttl_cleanup
+            if cleanup is not None:
+                # the incremental TTL cleanup's share of the batch, at the batch's time
+                cleanup.advance(len(batch))
     except Exception as exc:
         where = None if side is None else f"input {side + 1} ({method})"
         raise op.fail(r, exc, where) from exc
