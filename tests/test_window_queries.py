@@ -282,3 +282,37 @@ def test_queries_added_and_retired_mid_stream_equal_brute_force(seed):
             assert all(e <= retired[j] for _, _, e in mine)
         else:
             assert mine == dict(want), f"query {j}: {q!r} from {start}"
+
+
+def _rescaled_flow(source: PushSource, sink: ListSink, parallelism: int) -> Dataflow:
+    flow = Dataflow("add-query-rescaled", parallelism=parallelism)
+    (flow.source(source).uid("src").assign_timestamps(lambda r: r[1], 2.0)
+     .key_by(lambda r: r[0]).windows(list(QUERIES)).aggregate(SumAmount()).uid("windows")
+     .sink(sink).uid("out"))
+    return flow
+
+
+async def test_a_savepoint_keeps_an_added_query_through_a_rescale(tmp_path):
+    """Stop with a savepoint after adding a query, resume at another parallelism: the
+    query is part of the operator's state, so the new run goes on with it."""
+    records = _records(0, 300)
+    cut = 150 * len(KEYS)
+    source, sink = PushSource(), ListSink()
+    job = await _rescaled_flow(source, sink, 2).start(
+        checkpoints=CheckpointConfig(interval=None, directory=str(tmp_path)))
+    await _send(source, records[:96 * len(KEYS)])
+    await job.add_window_query("windows", TumblingEventTimeWindows.of(30), name="30s")
+    await _send(source, records[96 * len(KEYS):cut])
+    savepoint = await job.stop()
+    assert savepoint is not None
+    source = PushSource()
+    job = await _rescaled_flow(source, sink, 3).start(
+        checkpoints=CheckpointConfig(interval=None, directory=str(tmp_path)),
+        restore_from=savepoint.path)
+    await _send(source, records[cut:])
+    source.close()
+    await job.wait()
+    got = _by_query(sink.records)
+    for q, assigner in enumerate(QUERIES):
+        assert got[q] == batch(records, assigner)
+    assert got[2] == batch(records, TumblingEventTimeWindows.of(30), since=120.0)

@@ -232,7 +232,8 @@ class EventTimeCuttyAggregator:
         self.ids.append(query_id)
         self.starts.append(start)
         self.active.append(True)
-        self.next_end.append(start + query.size)
+        # from the beginning (-inf: nothing folded yet) the first sealed slice sets it
+        self.next_end.append(start + query.size if start > float("-inf") else None)
         self._cache = (0.0, 0.0)
 
     def retire_query(self, query_id: int) -> None:

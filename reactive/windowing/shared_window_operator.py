@@ -23,9 +23,12 @@ from .window_outputs import EventTimeWindowOperatorBase
 __all__ = ["SharedWindowOperator"]
 
 QUERIES_STATE = "shared-window-queries"
-"""Operator state (split: one entry per instance): ``(version, next id, queries, horizon)``
-with queries ``(id, name, assigner, start)`` and horizon the latest event time the instance
-had seen (records and watermark) at the checkpoint."""
+"""Operator state (union: every instance's entry to every instance):
+``(subtask, parallelism, version, next id, queries, horizon)`` with queries
+``(id, name, assigner, start)`` and horizon the latest event time the instance had seen
+(records and watermark) at the checkpoint. A restore at the same parallelism takes its own
+entry's horizon (so a change re-applied there starts where it started live); a rescaled one
+takes the latest of all."""
 
 _Query = tuple[int, str, PeriodicWindows, float]
 
@@ -78,12 +81,14 @@ class SharedWindowOperator(EventTimeWindowOperatorBase):
         assert isinstance(state, ValueState)
         self.state = state
         self._open_timers()
-        entries = self.operator_state.get_list_state(QUERIES_STATE, "split").get()
+        entries = self.operator_state.get_list_state(QUERIES_STATE, "union").get()
         if entries:
-            version, next_id, queries, _ = max(entries, key=lambda e: e[0])
+            here = (self.ctx.subtask_index, self.ctx.parallelism)
+            own = [e for e in entries if (e[0], e[1]) == here]
+            _, _, version, next_id, queries, _ = max(own or entries, key=lambda e: e[2])
             self.query_version, self.next_id = version, next_id
             self.query_set = list(queries)
-            self._horizon = self.max_timestamp = max(e[3] for e in entries)
+            self._horizon = self.max_timestamp = max(e[5] for e in own or entries)
         for change in self._restored_changes:
             self._apply(change)
         self._restored_changes.clear()
@@ -93,8 +98,9 @@ class SharedWindowOperator(EventTimeWindowOperatorBase):
         watermark = self.timers.watermark
         self._horizon = max(self.max_timestamp,
                             watermark if watermark < math.inf else -math.inf)
-        self.operator_state.get_list_state(QUERIES_STATE, "split").update(
-            [(self.query_version, self.next_id, tuple(self.query_set), self._horizon)])
+        self.operator_state.get_list_state(QUERIES_STATE, "union").update(
+            [(self.ctx.subtask_index, self.ctx.parallelism, self.query_version, self.next_id,
+              tuple(self.query_set), self._horizon)])
 
     # ------------------------------------------------------------------ window queries
     def window_queries(self) -> dict[str, tuple[int, Any]]:
