@@ -316,3 +316,36 @@ async def test_a_savepoint_keeps_an_added_query_through_a_rescale(tmp_path):
     for q, assigner in enumerate(QUERIES):
         assert got[q] == batch(records, assigner)
     assert got[2] == batch(records, TumblingEventTimeWindows.of(30), since=120.0)
+
+
+async def test_a_failed_change_checkpoint_leaves_the_queries_before_it(tmp_path):
+    from .test_job_update import _FailingSnapshotSink
+
+    source = PushSource()
+    sink = _FailingSnapshotSink()
+    flow = Dataflow("add-fails", parallelism=2)
+    (flow.source(source).uid("src").assign_timestamps(lambda r: r[1], 2.0)
+     .key_by(lambda r: r[0]).windows(list(QUERIES)).aggregate(SumAmount()).uid("windows")
+     .sink(sink).uid("out"))
+    job = await flow.start(checkpoints=CheckpointConfig(interval=None, directory=str(tmp_path)),
+                           restart=RestartStrategy.fixed(1, delay=0.0))
+    results = job.results("out")
+    records = _records(0, 200)
+    await _send(source, records[:50 * len(KEYS)])
+    before = await job.checkpoint()
+    await _send(source, records[50 * len(KEYS):100 * len(KEYS)])
+    sink.armed[0] = True
+    with pytest.raises(ReconfigurationError, match="injected snapshot failure"):
+        await job.add_window_query("windows", TumblingEventTimeWindows.of(30))
+    await _send(source, records[100 * len(KEYS):])
+    source.close()
+    out = [r async for r in results]
+    await job.wait()
+    # the attempt restarted from the checkpoint before the change: no query 2
+    assert job.metrics.restarts == 1
+    assert job.restored_from is not None
+    assert job.restored_from.checkpoint_id == before.checkpoint_id
+    got = _by_query(out)
+    assert sorted(got) == [0, 1]
+    for q, assigner in enumerate(QUERIES):
+        assert got[q] == batch(records, assigner)
