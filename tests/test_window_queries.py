@@ -103,16 +103,20 @@ def _recorded(directory: Path, job: str) -> list[tuple[int, Reconfiguration]]:
     return found
 
 
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
 @pytest.mark.parametrize("interval", [None, 0.05])
 async def test_an_added_query_equals_batch_from_its_first_boundary_through_a_crash(
-        tmp_path, interval):
+        tmp_path, interval, backend):
     """Interval None: the restart restores the checkpoint that carried the change (the
     query is applied again from the state it captured); 0.05 s: a later checkpoint, whose
     state holds the query already."""
+    from .test_job_update import _backend
+
     source = PushSource()
     fail = FailOnce(at=200.0)
     job = await _flow("add-query", source, fail).start(
-        checkpoints=CheckpointConfig(interval=interval, directory=str(tmp_path)),
+        checkpoints=CheckpointConfig(interval=interval, directory=str(tmp_path / "chk")),
+        state_backend=_backend(backend, tmp_path),
         restart=RestartStrategy.fixed(2, delay=0.0))
     results = job.results("out")
     before, after = _records(0, 96), _records(96, 300)
@@ -133,7 +137,7 @@ async def test_an_added_query_equals_batch_from_its_first_boundary_through_a_cra
     # begins at 120, its first begin after 95, and equals the batch answer from there
     assert got[2] == batch(records, TumblingEventTimeWindows.of(30), since=120.0)
     assert min(s for _, s, _ in got[2]) == 120.0
-    recorded = _recorded(tmp_path, "add-query")
+    recorded = _recorded(tmp_path / "chk", "add-query")
     assert [r for _, r in recorded] == [Reconfiguration(
         "add_window_query", "windows", repr(TumblingEventTimeWindows.of(30)),
         extra={"name": "30s", "query": 2})]
