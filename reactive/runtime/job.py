@@ -24,7 +24,7 @@ import logging
 import os
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..checkpoint.checkpointable_task import Resumable
 from ..checkpoint.contract import Reconfiguration
@@ -57,6 +57,7 @@ from .source_lifecycle import describe_end, read_accepted_input, tell_end, tell_
 from .state_query import CommittedStateCache, StateQueryError, query_live
 from .switch_interval import short_switch_interval
 from .task import StreamTask
+from .window_queries import WindowQueryChange, send_change
 
 if TYPE_CHECKING:
     from ..checkpoint.coordinator import CheckpointCoordinator
@@ -580,6 +581,58 @@ class Job:
         log.info("operator %r updated to %s at checkpoint %d", uid, update.name,
                  completed.checkpoint_id)
         return completed
+
+    async def add_window_query(self, uid: str, assigner: Any,
+                               name: str | None = None) -> WindowQueryChange:
+        """Add a window query to the shared window aggregation ``uid``
+        (``KeyedStream.windows([...])``) while the job runs (Cutty's queries added at
+        runtime, Carbone 2018 (PhD thesis), section 5.5), carried by a checkpoint's barrier
+        as :meth:`update` is; see :mod:`reactive.runtime.window_queries`.
+
+        Args:
+            uid: the window operator's uid.
+            assigner: a tumbling or sliding event-time window definition.
+            name: the query's name (default: its id); the program's queries are named by
+                their index (``"0"``, ``"1"``...).
+
+        Returns:
+            the change applied: ``query`` is the id its results carry as
+            ``WindowResult.query``.
+
+        Raises:
+            IncompatibleUpdateError: refused before anything was sent, with the reason; the
+                job runs on unchanged.
+            ReconfigurationError: as :meth:`update`.
+        """
+        return await self._change_window_queries(uid, "add", name, assigner)
+
+    async def remove_window_query(self, uid: str, name: str) -> WindowQueryChange:
+        """Remove window query ``name`` of the shared window aggregation ``uid`` while the
+        job runs: it emits no window after the barrier that carries the change.
+
+        Raises:
+            IncompatibleUpdateError: no such query, or its last one (nothing was sent).
+            ReconfigurationError: as :meth:`update`.
+        """
+        return await self._change_window_queries(uid, "remove", name)
+
+    async def _change_window_queries(self, uid: str, action: Literal["add", "remove"],
+                                     name: str | None, assigner: Any = None
+                                     ) -> WindowQueryChange:
+        if self.options.checkpoints is None:
+            raise ReconfigurationError(
+                "window queries change with a checkpoint's barrier: pass "
+                "checkpoints=CheckpointConfig(...)")
+        uids = sorted(t.resolved_uid for t in self.flow.transformations)
+        if uid not in uids:
+            raise ReconfigurationError(f"job {self.name!r} has no operator {uid!r}; its "
+                                       f"operators: {uids}")
+        await read_accepted_input(self.flow.transformations)
+        try:
+            coordinator = await self._wait_running()
+        except CheckpointError as exc:
+            raise ReconfigurationError(f"cannot change operator {uid!r}: {exc}") from exc
+        return await send_change(self._runner, coordinator, uid, action, name, assigner)
 
     async def _main(self) -> None:
         """Run the job; then end every results iterator (with the job's error, if any)."""

@@ -46,7 +46,7 @@ from ..state.backend import StateBackend
 from ..two_phase_commit import TwoPhaseCommitSink
 from .execution_graph import ExecutionGraph
 from .metrics import JobMetrics
-from .reconfiguration import FunctionUpdate, apply_updates
+from .reconfiguration import FunctionUpdate, OperatorChange, apply_updates
 from .state_query import StateQueryError
 from .task import StreamTask, TaskEnvironment
 
@@ -170,7 +170,7 @@ class JobRunner:
         self.running = asyncio.Event()
         self.live_queries: set[asyncio.Future[Any]] = set()
         self.cancel_requested = False
-        self.updates: list[tuple[int, FunctionUpdate]] = []
+        self.updates: list[tuple[int, FunctionUpdate | OperatorChange]] = []
         self._tap_sinks = tap_sinks
         self._recover_results = recover_results
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import IncompatibleUpdateError
 from ..functions import RuntimeContext
@@ -33,7 +33,7 @@ from .operators.per_record import FilterOperator, FlatMapOperator, MapOperator, 
 from .operators.process import ProcessOperator, TimedKeyedProcessOperator
 from .operators.record_calls import output_convention
 
-__all__ = ["FunctionUpdate", "apply_updates", "check_update", "function_name",
+__all__ = ["FunctionUpdate", "OperatorChange", "apply_updates", "check_update", "function_name",
            "install_function", "switch_function", "updatable"]
 
 # operators whose user function is a plain callable held in ``fn``
@@ -197,13 +197,33 @@ def switch_function(op: StreamOperator, fn: Any) -> None:
         install_function(op, fn)
 
 
-def apply_updates(operators: Iterable[StreamOperator], updates: Iterable[FunctionUpdate],
+class OperatorChange(Protocol):
+    """A reconfiguration of one operator other than a new function (a window query added
+    or removed: :mod:`.window_queries`), carried by a barrier's ``updates``."""
+
+    @property
+    def uid(self) -> str: ...
+
+    def apply(self, op: StreamOperator, opened: bool) -> None:
+        """Apply the change to an instance of operator ``uid``: at the snapshot instant
+        (``opened``) or before ``open`` (a restore)."""
+        ...
+
+
+def apply_updates(operators: Iterable[StreamOperator],
+                  updates: Iterable[FunctionUpdate | OperatorChange],
                   opened: bool = True) -> None:
     """Give each operator of ``operators`` that an update names its new function:
     :func:`switch_function` on opened operators (at a barrier's snapshot instant),
-    :func:`install_function` before ``open`` (a restore)."""
-    by_uid = {u.uid: u.function for u in updates}
+    :func:`install_function` before ``open`` (a restore); an :class:`OperatorChange` is
+    applied by its own ``apply``, in the order of ``updates``."""
+    updates = list(updates)
+    by_uid = {u.uid: u.function for u in updates if isinstance(u, FunctionUpdate)}
+    changes = [u for u in updates if not isinstance(u, FunctionUpdate)]
     for op in operators:
         fn = by_uid.get(op.uid)
         if fn is not None:
             (switch_function if opened else install_function)(op, fn)
+        for change in changes:
+            if change.uid == op.uid:
+                change.apply(op, opened)

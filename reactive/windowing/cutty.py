@@ -189,12 +189,67 @@ class EventTimeCuttyAggregator:
         self.sealed_until = float("-inf")
         self.next_end: list[float | None] = [None] * len(self.queries)
         self._cache = (0.0, 0.0)  # last slice [start, end) looked up
+        # per query: its id (``WindowResult.query``), the start of its first window (-inf:
+        # from the beginning) and whether it still emits (see add_query, retire_query)
+        self.ids: list[int] = list(range(len(self.queries)))
+        self.starts: list[float] = [float("-inf")] * len(self.queries)
+        self.active: list[bool] = [True] * len(self.queries)
+        self.version = 0  # the owner's version of its query set this aggregator follows
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["agg"] = None
         state["stats"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # an aggregator pickled before queries could change: every query from the start
+        n = len(state["queries"])
+        state.setdefault("ids", list(range(n)))
+        state.setdefault("starts", [float("-inf")] * n)
+        state.setdefault("active", [True] * n)
+        state.setdefault("version", 0)
+        self.__dict__.update(state)
+
+    def add_query(self, query_id: int, query: PeriodicWindows, start: float) -> None:
+        """Add a window definition whose first window begins at ``start`` (one of its
+        window begins), sharing the slices from there on (Carbone 2018 (PhD thesis),
+        section 5.5: queries added at runtime).
+
+        Invariant: every record folded so far has a timestamp before ``start``, so a pending
+        slice reaching past ``start`` ends there instead (it holds nothing of the new
+        query's windows) and every later slice is cut at the new query's begins and ends.
+
+        Args:
+            query_id: the id its windows carry (``WindowEmission``'s first field).
+            query: the periodic definition.
+            start: the begin of its first window (event-time seconds).
+        """
+        for s, e in self.pending_end.items():
+            if s < start < e:
+                self.pending_end[s] = start
+        self.queries.append(query)
+        self.ids.append(query_id)
+        self.starts.append(start)
+        self.active.append(True)
+        # from the beginning (-inf: nothing folded yet) the first sealed slice sets it
+        self.next_end.append(start + query.size if start > float("-inf") else None)
+        self._cache = (0.0, 0.0)
+
+    def retire_query(self, query_id: int) -> None:
+        """Stop emitting the windows of query ``query_id``. Its begins and ends still cut
+        this aggregator's slices (slices already cut at them may be pending, and the store
+        needs slices in time order); an aggregator made after the change slices without it.
+        """
+        for qi, i in enumerate(self.ids):
+            if i == query_id:
+                self.active[qi] = False
+
+    def _first_end(self, qi: int, position: float) -> float:
+        """The end of query ``qi``'s earliest window that ends after ``position`` and
+        begins at or after the query's start."""
+        q = self.queries[qi]
+        return max(q.first_end_after(position), self.starts[qi] + q.size)
 
     def bind(self, agg: AggregateFunction, stats: AggregateStats) -> None:
         """Re-attach the aggregate function and counters after unpickling."""
@@ -211,7 +266,10 @@ class EventTimeCuttyAggregator:
             return s, e
         lo = float("-inf")
         hi = float("inf")
-        for q in self.queries:
+        for q, begin in zip(self.queries, self.starts, strict=True):
+            if begin > timestamp:
+                hi = min(hi, begin)  # a query added later cuts at its start only
+                continue
             b = timestamp - (timestamp - q.offset) % q.slide  # last begin <= ts
             en = timestamp - (timestamp - q.offset - q.size) % q.slide  # last end <= ts
             lo = max(lo, b, en)
@@ -248,9 +306,9 @@ class EventTimeCuttyAggregator:
         store = self.store
         ready = sorted(s for s, e in self.pending_end.items() if e <= watermark)
         for s in ready:
-            if self.next_end[0] is None or any(x is None for x in self.next_end):
-                self.next_end = [q.first_end_after(s) if x is None else x
-                                 for q, x in zip(self.queries, self.next_end, strict=True)]
+            if any(x is None for x in self.next_end):
+                self.next_end = [self._first_end(qi, s) if x is None else x
+                                 for qi, x in enumerate(self.next_end)]
             store.append(s, self.pending.pop(s))
             del self.pending_end[s]
         self.sealed_until = max(self.sealed_until, watermark)
@@ -259,6 +317,8 @@ class EventTimeCuttyAggregator:
             return out
         horizon = min(self.pending) if self.pending else watermark
         for qi, q in enumerate(self.queries):
+            if not self.active[qi]:
+                continue
             e = self.next_end[qi]
             assert e is not None
             size = q.size
@@ -266,19 +326,20 @@ class EventTimeCuttyAggregator:
                 s = e - size
                 i = store.index(s)
                 if i >= len(store.starts):
-                    e = q.first_end_after(min(watermark, horizon))
+                    e = self._first_end(qi, min(watermark, horizon))
                     break
                 if store.starts[i] >= e:
-                    e = q.first_end_after(store.starts[i])
+                    e = self._first_end(qi, store.starts[i])
                     continue
                 j = store.index(e, i)
                 acc = store.query(i, j)
-                out.append((qi, s, e, acc))
+                out.append((self.ids[qi], s, e, acc))
                 self.stats.windows += 1
                 e += q.slide
             self.next_end[qi] = e
-        oldest = min((x - q.size for x, q in zip(self.next_end, self.queries, strict=True)
-                      if x is not None), default=watermark)
+        oldest = min((x - q.size for x, q, on in zip(self.next_end, self.queries, self.active,
+                                                     strict=True)
+                      if x is not None and on), default=watermark)
         store.purge_before(oldest)
         out.sort(key=lambda w: (w[2], w[0]))
         return out
