@@ -33,10 +33,9 @@ from reactive.columnar.slot_store import BarrierRows, SlotStore
 from reactive.errors import RestoreError
 from reactive.state.backend import KeyedStateSnapshot, SnapshotContext
 
-from . import generations
 from .backend import RocksDBKeyedStateBackend, RocksDBStateBackend
 from .db import BACKEND
-from .generations import ABSENT, MISS, FrozenTable, Generation, raw_bytes
+from .generations import ABSENT, MISS, FrozenTable, Generation, raw_bytes, step_budget
 
 __all__ = ["COLUMNAR_STATE", "ColumnarRocksDBKeyedStateBackend"]
 
@@ -108,7 +107,7 @@ class ColumnarRocksDBKeyedStateBackend(RocksDBKeyedStateBackend, SlotStore):
             while isinstance(build, _BarrierBuild) and g.complete is build:
                 if self._gens.closed:
                     return
-                if not build.step(generations.STEP_SECONDS):
+                if not build.step(step_budget()[1]):
                     await asyncio.sleep(0)
             if g is gen:
                 return
@@ -250,7 +249,7 @@ class _BarrierBuild:
     def step(self, budget: float) -> bool:
         """Build rows for about ``budget`` seconds (at least one chunk); return whether all
         are built."""
-        now = generations.clock
+        now = step_budget()[0]
         deadline = now() + budget
         values, dirty, kg = self.ft.values, self.ft.dirty, self.kg
         while self.rows:
