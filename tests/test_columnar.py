@@ -560,6 +560,30 @@ async def test_several_key_columns_key_by_the_tuple():
         collections.Counter(zip(a, b, strict=True))
 
 
+def test_several_key_columns_group_dictionary_columns_by_value_not_by_code():
+    # dictionary columns are grouped by their own codes: a dictionary repeating a value,
+    # another batch's dictionary in another order, and null indices must still give one
+    # slot per distinct key tuple
+    index = KeyIndex(["a", "b"], 32)
+
+    def rows_of(a: pa.Array, b: list[int]) -> list[int]:
+        batch = pa.record_batch({"a": a, "b": pa.array(b, pa.int64())})
+        keys = index.lookup(batch)
+        return keys.slots[keys.codes].tolist()
+
+    first = rows_of(pa.DictionaryArray.from_arrays(pa.array([0, 2, 1, 0, 2], pa.int32()),
+                                                   pa.array(["x", "y", "x"])),
+                    [1, 1, 1, 2, 2])
+    assert first[0] == first[1] != first[2]  # ("x", 1) twice through two codes
+    assert first[3] == first[4] != first[0]  # ("x", 2)
+    second = rows_of(pa.DictionaryArray.from_arrays(pa.array([1, 0, None], pa.int32()),
+                                                    pa.array(["y", "x"])), [1, 1, 1])
+    assert second[:2] == [first[0], first[2]]
+    third = rows_of(pa.array(["x", "y", None]), [1, 1, 1])
+    assert third == second  # the null key: one slot, whatever the encoding
+    assert index.size == 4
+
+
 def test_the_parquet_sink_refuses_record_batches_of_another_schema_or_after_records(tmp_path):
     def transaction(directory: Path):
         directory.mkdir()

@@ -6,7 +6,9 @@ refusal to restore a snapshot of the other backend."""
 from __future__ import annotations
 
 import collections
+import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,3 +123,58 @@ async def test_rocksdb_running_counts_with_dictionary_keys(tmp_path):
         per_word[r["word"]].append(r["count"])
     expected = collections.Counter(table.column("word").to_pylist())
     assert dict(per_word) == {w: list(range(1, n + 1)) for w, n in expected.items()}
+
+
+async def test_a_snapshot_holds_the_rows_at_its_barrier_while_the_cache_moves_on(tmp_path):
+    """The synchronous part hands the changed slots over as copies; the rows are built
+    after it. Changes after the barrier, a cache emptied before the rows are built (its
+    keys read back through the pending generation) and a second snapshot taken before the
+    first is written must not leak into the first, nor be lost from the second."""
+    import pyarrow as pa
+
+    from reactive import KeyGroupRange
+    from reactive.backends.rocksdb import read_rocksdb_snapshot
+    from reactive.columnar.aggregates import parse_aggregates
+    from reactive.columnar.slot_store import SlotCache
+    from reactive.state.backend import SnapshotContext
+
+    maxp = 16
+    kb = RocksDBStateBackend(tmp_path / "state").columnar_state_backend() \
+        .create_keyed_backend(job_name="j", operator_uid="agg", subtask=0,
+                              key_group_range=KeyGroupRange(0, maxp - 1),
+                              max_parallelism=maxp)
+    schema = pa.schema([("word", pa.string()), ("n", pa.int64())])
+    specs = parse_aggregates(schema, {"count": ("n", "count")})
+    cache = SlotCache(kb, ["word"], specs, maxp, "agg", capacity=20)
+    counts: collections.Counter[str] = collections.Counter()
+
+    def count(words: list[str]) -> None:
+        batch = pa.record_batch([pa.array(words), pa.array([1] * len(words))], schema=schema)
+        keys = cache.lookup(batch)
+        np_slots = keys.slots[keys.codes]
+        for slot in np_slots.tolist():
+            cache.arrays["count.n"][slot] += 1
+        counts.update(words)
+
+    def snapshot(cid: int) -> Any:
+        job = tmp_path / "chk" / "j"
+        return kb.snapshot(SnapshotContext(cid, job, job / f"chk-{cid}", job / "shared",
+                                           "agg", 0))
+
+    def stored(handle: dict[str, Any], cid: int) -> dict[str, int]:
+        data = read_rocksdb_snapshot(handle, tmp_path / "chk" / "j", tmp_path / f"r{cid}")
+        return {k: pickle.loads(v)[0] for k, v in data["_columnar"].items()}
+
+    words = [f"w{i}" for i in range(30)]
+    count(words[:15] * 3)
+    first = snapshot(1)
+    at_first = dict(counts)
+    count(words[:10])        # changes after the barrier, in the cached slots
+    count(words[15:] * 2)    # fills the cache: the next lookup empties it
+    count(words[:15])        # reads the first snapshot's rows back, before they are built
+    second = snapshot(2)
+    at_second = dict(counts)
+    count(words)
+    assert stored(await first.write(), 1) == at_first
+    assert stored(await second.write(), 2) == at_second
+    kb.dispose()

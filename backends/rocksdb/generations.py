@@ -63,6 +63,7 @@ __all__ = [
     "Generation",
     "GenerationQueue",
     "clock",
+    "raw_bytes",
     "run_in_worker",
     "step_budget",
 ]
@@ -90,6 +91,12 @@ IMMUTABLE: frozenset[type] = frozenset({int, float, str, bytes, bool, type(None)
 # machine this targets has two cores, and these calls wait mostly on the disk, without the
 # GIL (``flush``, file copies and hashes, fsync)
 _WORKERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rocksdb-snapshot")
+
+
+def raw_bytes(value: bytes) -> bytes:
+    """The serializer of a state whose cached values are the stored bytes already (a
+    columnar operator's pickled rows): written as they are, without a call per entry."""
+    return value
 
 
 def step_budget() -> tuple[Callable[[], float], float, int]:
@@ -215,6 +222,9 @@ class Generation:
         self.error: BaseException | None = None
         self.checkpoint_error: BaseException | None = None
         self.job: Future[None] | None = None
+        #: called before the first entry is written or looked up, once: completes frozen
+        #: entries the synchronous part left to build (a columnar cache's barrier rows)
+        self.complete: Callable[[], None] | None = None
         self._entries = self._iter_entries()
 
     def _iter_entries(self) -> Iterator[tuple[FrozenTable, Any, bytes]]:
@@ -233,6 +243,8 @@ class Generation:
         """
         if self.error is not None:
             raise self.error
+        if self.complete is not None:
+            self.complete()
         if self.persisted:
             return True
         wb = WriteBatch(raw_mode=True)
@@ -255,7 +267,7 @@ class Generation:
                         if not n % every and now() >= deadline:
                             break
                         continue
-                    data = ft.serialize(key, value)
+                    data = value if ft.dumps is raw_bytes else ft.serialize(key, value)
                 wb.put(kgb + ft.sid + encode(key), data)
                 n += 1
                 if not n % every and now() >= deadline:
@@ -271,6 +283,8 @@ class Generation:
 
     def lookup(self, name: str, key: Any) -> Any:
         """The value of ``key`` in state ``name`` here, promoted (``MISS`` if absent)."""
+        if self.complete is not None:
+            self.complete()
         ft = self.tables.get(name)
         return MISS if ft is None else ft.promote(key)
 

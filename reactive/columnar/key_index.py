@@ -233,12 +233,17 @@ class KeyIndex:
         dictionaries = []
         for name in self.key_columns:
             column = batch.column(name)
-            if pa.types.is_dictionary(column.type):
-                column = column.cast(column.type.value_type)
-            encoded = column.dictionary_encode(null_encoding="encode")
-            d = encoded.dictionary
+            if pa.types.is_dictionary(column.type) and not column.null_count:
+                # its own codes: a value the dictionary holds twice gives two codes of one
+                # key, which _slots_for maps to one slot
+                d, indices = column.dictionary, column.indices
+            else:
+                if pa.types.is_dictionary(column.type):
+                    column = column.cast(column.type.value_type)
+                encoded = column.dictionary_encode(null_encoding="encode")
+                d, indices = encoded.dictionary, encoded.indices
             # the distinct tuples so far (dense codes) combined with this column's codes
-            codes, pairs = combine_codes(codes, len(uniques), encoded.indices.to_numpy(
+            codes, pairs = combine_codes(codes, len(uniques), indices.to_numpy(
                 zero_copy_only=False).astype(np.int64, copy=False), len(d))
             uniques = uniques[pairs // len(d)] * len(d) + pairs % len(d)
             dictionaries.append((d, len(d)))

@@ -6,9 +6,13 @@ keys at once (a batched multi-get, a write batch), never one call per record.
 :class:`SlotCache` is the operator's side: the cached keys mapped to dense slots
 (:class:`~.key_index.KeyIndex`), their state in arrays, and the slots changed since they
 were last written back. A batch's keys not cached are read from the store in one call; the
-changed slots are written back in one call when the cache is full (then emptied) and in the
-synchronous part of every checkpoint (so the store's own snapshot holds them: Flink's
-RocksDB backend with a write-back cache in front).
+changed slots are written back in one call when the cache is full (then emptied), and at
+every checkpoint's barrier as :class:`BarrierRows`: the synchronous part copies the changed
+slots' values (a few numpy copies, no Python call per key) and the store turns them into
+stored rows off the synchronous part, so its snapshot holds exactly the state at the
+barrier (Flink's RocksDB backend with a write-back cache in front; the copy is the
+copy-on-write of Carbone et al., "Lightweight Asynchronous Snapshots for Distributed
+Dataflows", 2015, section 4).
 """
 
 from __future__ import annotations
@@ -24,7 +28,44 @@ from .aggregates import Spec
 from .key_index import BatchKeys, KeyIndex
 from .schema import pa
 
-__all__ = ["SlotCache", "SlotStore"]
+__all__ = ["BarrierRows", "SlotCache", "SlotStore"]
+
+
+class BarrierRows:
+    """The changed slots of a :class:`SlotCache` at a barrier, copied: their keys, key
+    groups and state values, turned into stored rows in chunks later (:meth:`take`).
+
+    Args:
+        keys: the cache's key of every slot (append-only: the cache starts a new list
+            when it is emptied, so this one keeps the slots' keys).
+        slots: the changed slots (``int64``).
+        key_groups: their key groups (``int32``, a copy).
+        columns: per state array, its values at ``slots`` (copies, the store's row order).
+    """
+
+    __slots__ = ("columns", "done", "key_groups", "keys", "slots")
+
+    def __init__(self, keys: list[Any], slots: np.ndarray, key_groups: np.ndarray,
+                 columns: list[np.ndarray]) -> None:
+        self.keys = keys
+        self.slots = slots
+        self.key_groups = key_groups
+        self.columns = columns
+        #: rows already taken (the next :meth:`take` starts here)
+        self.done = 0
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def take(self, n: int) -> tuple[list[Any], np.ndarray, list[tuple[Any, ...]]]:
+        """The next (at most) ``n`` rows: ``(keys, key_groups, rows)`` as
+        :meth:`SlotStore.store_rows` takes them."""
+        lo = self.done
+        hi = min(lo + n, len(self.slots))
+        self.done = hi
+        keys = self.keys
+        return ([keys[s] for s in self.slots[lo:hi].tolist()], self.key_groups[lo:hi],
+                list(zip(*[c[lo:hi].tolist() for c in self.columns], strict=True)))
 
 
 class SlotStore(KeyedStateBackend):
@@ -45,6 +86,13 @@ class SlotStore(KeyedStateBackend):
                    rows: list[tuple[Any, ...]]) -> None:
         """Write ``rows`` of ``keys`` back (visible to the next snapshot); an empty row
         ``()`` deletes its key."""
+
+    def store_barrier_rows(self, rows: BarrierRows) -> None:
+        """Take the rows a cache had changed at a barrier (called in the synchronous part
+        of a snapshot, by its :meth:`before_snapshot` hook): they belong to the snapshot
+        being taken. This default writes them at once (:meth:`store_rows`); a store may
+        keep them and write them in the asynchronous part."""
+        self.store_rows(*rows.take(len(rows)))
 
     @abstractmethod
     def iter_rows(self) -> Iterator[tuple[Any, tuple[Any, ...]]]:
@@ -82,7 +130,7 @@ class SlotCache:
         self.keys: list[Any] = []  # per slot, its key as the per-record API sees it
         self.dirty = np.zeros(0, bool)
         self._reset(1024)
-        store.before_snapshot(self.flush)
+        store.before_snapshot(self._at_barrier)
 
     def _reset(self, capacity: int) -> None:
         self.arrays.clear()
@@ -154,6 +202,18 @@ class SlotCache:
         keys = self.keys
         self.store.store_rows([keys[s] for s in slots.tolist()], self.index.key_groups[slots],
                               list(zip(*columns, strict=True)))
+        self.dirty[:size] = False
+
+    def _at_barrier(self) -> None:
+        """Synchronous part of a snapshot: hand the changed slots, copied, to the store
+        (O(changed slots) numpy copies) and mark them clean."""
+        size = self.index.size
+        slots = np.flatnonzero(self.dirty[:size])
+        if not len(slots):
+            return
+        self.store.store_barrier_rows(BarrierRows(
+            self.keys, slots, self.index.key_groups[slots],
+            [self.arrays[n][slots] for n in self.names]))
         self.dirty[:size] = False
 
     def all_rows(self) -> tuple[list[Any], dict[str, np.ndarray]]:
