@@ -505,8 +505,6 @@ class Job:
         log.info("savepoint %d written to %s", completed.checkpoint_id, completed.path)
         return completed
 
-
-
     async def update(self, uid: str, function: Any) -> CompletedCheckpoint:
         """Replace operator ``uid``'s function by a new version while the job runs
         (reconfiguration carried by the epoch marker: Carbone 2018 (PhD thesis), section
@@ -580,6 +578,49 @@ class Job:
         log.info("operator %r updated to %s at checkpoint %d", uid, update.name,
                  completed.checkpoint_id)
         return completed
+
+    @property
+    def parallelism(self) -> dict[str, int]:
+        """The parallelism each operator runs at, by uid (after ``rescale``, the new one)."""
+        return dict(self._runner.parallelism)
+
+    async def rescale(self, parallelism: int | dict[str, int]) -> CompletedCheckpoint:
+        """Change the parallelism of the running job, without a stop (Carbone 2018 (PhD
+        thesis), sections 4.5.5 and 4.2; see ``docs/reconfiguration.md``).
+
+        A checkpoint is triggered whose barrier carries the plan; each source stops reading
+        right after it injected the barrier, and once the checkpoint completed and every
+        task committed its side effects, the job restores that checkpoint in this process at
+        the new parallelism (keyed state and timers by key groups, operator state round
+        robin, union or broadcast, sources from their positions). Exactly once for state and
+        committed output; this handle, its results iterators and metrics carry on. The
+        checkpoint's metadata records the change (``reconfigurations`` of kind
+        ``"rescale"``, and ``rescaled``: a restart or a ``resume`` restores the rescaled job).
+
+        Args:
+            parallelism: one parallelism for every operator (an operator that supports less,
+                a non-parallel source say, gets its bound), or ``{uid: parallelism}``.
+
+        Returns:
+            the completed checkpoint that carried the rescale, once the rescaled job runs.
+
+        Raises:
+            ReconfigurationError: without checkpointing, an unknown uid or a parallelism the
+                job cannot take (nothing was sent); the job is not running; or the checkpoint
+                carrying it failed or the job failed meanwhile (the reason is the
+                ``__cause__``): the job then runs from its last completed checkpoint, at the
+                parallelism that checkpoint recorded.
+        """
+        if self.options.checkpoints is None:
+            raise ReconfigurationError(
+                "job.rescale needs checkpointing: the rescale travels with a checkpoint's "
+                "barrier (pass checkpoints=CheckpointConfig(...))")
+        await read_accepted_input(self.flow.transformations)
+        try:
+            coordinator = await self._wait_running()
+        except CheckpointError as exc:
+            raise ReconfigurationError(f"cannot rescale: {exc}") from exc
+        return await self._runner.rescale(coordinator, parallelism)
 
     async def _main(self) -> None:
         """Run the job; then end every results iterator (with the job's error, if any)."""
