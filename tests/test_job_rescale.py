@@ -14,6 +14,7 @@ import pytest
 from reactive import (
     CheckpointConfig,
     Dataflow,
+    JobFailedError,
     PushSource,
     ReconfigurationError,
     RestartStrategy,
@@ -26,6 +27,7 @@ from reactive.connectors.files import CommittingFileSink
 from reactive.state.backend import StateBackend
 from tests.support import Count, FailureInjector, failing_count
 from tests.test_committing_file_sink import committed_records
+from tests.test_job_update import _FailingSnapshotSink
 
 WORDS = [f"w{i}" for i in range(40)]
 
@@ -146,3 +148,105 @@ async def test_a_failure_after_a_rescale_restores_the_rescaled_job(tmp_path, bac
     assert job.parallelism["count"] == 3
     assert sorted(got) == _expected(8)
     assert committed_records(out) == collections.Counter(_expected(8))
+
+
+class _OnceFailingCommitSink(CommittingFileSink):
+    """Fails its first commit once ``armed`` (a class attribute: shared by the instances),
+    like a crash between the rescale checkpoint's completion and its commit."""
+
+    armed = [False]
+
+    def commit(self, txn: Any) -> None:
+        if _OnceFailingCommitSink.armed[0]:
+            _OnceFailingCommitSink.armed[0] = False
+            raise OSError("injected commit failure")
+        super().commit(txn)
+
+
+async def test_a_failed_rescale_checkpoint_leaves_the_parallelism(tmp_path):
+    source = PushSource()
+    sink = _FailingSnapshotSink()
+    flow = Dataflow("rescale-fails", parallelism=2)
+    counts = flow.source(source).uid("src").key_by(lambda w: w).process(Count()).uid("count")
+    counts.sink(ListSink()).uid("out")
+    counts.sink(sink).uid("broken")
+    job = await flow.start(checkpoints=CheckpointConfig(interval=None,
+                                                        directory=str(tmp_path)))
+    results = job.results("out")
+    await _send_rounds(source, 3)
+    sink.armed[0] = True
+    with pytest.raises(ReconfigurationError, match="injected snapshot failure") as info:
+        await job.rescale(4)
+    assert "at the parallelism that checkpoint recorded" in str(info.value)
+    # no restart: the sources read on, at parallelism 2
+    assert job.status == "running"
+    assert job.parallelism["count"] == 2
+    await _send_rounds(source, 3)
+    completed = await job.checkpoint()
+    assert completed.metadata.rescaled == {}
+    assert completed.metadata.operators["count"].parallelism == 2
+    source.close()
+    assert sorted([r async for r in results]) == _expected(6)
+    await job.wait()
+    assert job.metrics.restarts == 0
+
+
+async def test_a_failure_after_the_rescale_checkpoint_restores_it_rescaled(tmp_path):
+    source = PushSource()
+    out = tmp_path / "out"
+    flow = Dataflow("rescale-commit-fails", parallelism=2)
+    counts = flow.source(source).uid("src").key_by(lambda w: w).process(Count()).uid("count")
+    counts.sink(ListSink()).uid("out")
+    counts.sink(_OnceFailingCommitSink(out)).uid("files")
+    job = await flow.start(checkpoints=CheckpointConfig(interval=None,
+                                                        directory=str(tmp_path / "chk")),
+                           restart=RestartStrategy.fixed(1, delay=0.0))
+    results = job.results("out")
+    await _send_rounds(source, 3)
+    await job.checkpoint()
+    await _send_rounds(source, 3)
+    _OnceFailingCommitSink.armed[0] = True
+    with pytest.raises(ReconfigurationError, match="injected commit failure|did not complete"):
+        await job.rescale(3)
+    await _send_rounds(source, 3)
+    source.close()
+    got = [r async for r in results]
+    await job.wait()
+    # the rescale's checkpoint had completed: the restart restored it, rescaled, and
+    # committed its pending transactions once
+    assert job.metrics.restarts == 1
+    assert job.restored_from is not None
+    assert job.restored_from.metadata.reconfigurations[0].kind == "rescale"
+    assert job.parallelism["count"] == 3
+    assert sorted(got) == _expected(9)
+    assert committed_records(out) == collections.Counter(_expected(9))
+
+
+async def test_a_resume_after_a_crash_runs_the_rescaled_job(tmp_path):
+    injector = FailureInjector([len(WORDS) * 6 + 10])
+    source = PushSource()
+    out = tmp_path / "out"
+    config = CheckpointConfig(interval=None, directory=str(tmp_path / "chk"))
+    job = await _flow("rescale-resume", source, out, failing_count(injector)).start(
+        checkpoints=config, restart=RestartStrategy.none())
+    await _send_rounds(source, 3)
+    await job.rescale({"count": 3})
+    await _send_rounds(source, 3)
+    await job.checkpoint()
+    await _send_rounds(source, 3)  # the count fails on the 10th record of these
+    with pytest.raises(JobFailedError) as info:
+        await job.wait()
+    assert info.value.resumable
+    # a new run of the same program (parallelism 2) resumes the rescaled job
+    source2 = PushSource()
+    job2 = await _flow("rescale-resume", source2, out).start(checkpoints=config, resume=True)
+    results = job2.results("out")
+    await _send_rounds(source2, 3)
+    source2.close()
+    got = [r async for r in results]
+    await job2.wait()
+    assert job2.restored_from is not None
+    assert job2.restored_from.metadata.rescaled == {"count": 3}
+    assert job2.parallelism["count"] == 3
+    assert sorted(got) == sorted((w, n) for w in WORDS for n in range(7, 10))
+    assert committed_records(out) == collections.Counter(_expected(9))

@@ -581,7 +581,9 @@ class Job:
 
     @property
     def parallelism(self) -> dict[str, int]:
-        """The parallelism each operator runs at, by uid (after ``rescale``, the new one)."""
+        """The parallelism each operator runs at, by uid: the running attempt's (after
+        ``rescale``, the new one; after a ``resume``, the one the restored checkpoint
+        recorded, once the attempt started), else the program's."""
         return dict(self._runner.parallelism)
 
     async def rescale(self, parallelism: int | dict[str, int]) -> CompletedCheckpoint:
