@@ -206,7 +206,7 @@ async def test_a_failure_after_the_rescale_checkpoint_restores_it_rescaled(tmp_p
     await job.checkpoint()
     await _send_rounds(source, 3)
     _OnceFailingCommitSink.armed[0] = True
-    with pytest.raises(ReconfigurationError, match="injected commit failure|did not complete"):
+    with pytest.raises(ReconfigurationError, match="injected commit failure"):
         await job.rescale(3)
     await _send_rounds(source, 3)
     source.close()
