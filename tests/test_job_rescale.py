@@ -27,7 +27,7 @@ from reactive.connectors.files import CommittingFileSink
 from reactive.state.backend import StateBackend
 from tests.support import Count, FailureInjector, failing_count
 from tests.test_committing_file_sink import committed_records
-from tests.test_job_update import _FailingSnapshotSink
+from tests.test_job_update import TaggedCount, _FailingSnapshotSink
 
 WORDS = [f"w{i}" for i in range(40)]
 
@@ -250,3 +250,48 @@ async def test_a_resume_after_a_crash_runs_the_rescaled_job(tmp_path):
     assert job2.parallelism["count"] == 3
     assert sorted(got) == sorted((w, n) for w in WORDS for n in range(7, 10))
     assert committed_records(out) == collections.Counter(_expected(9))
+
+
+async def _reconfigured_run(tmp_path: Path) -> tuple[Path, int, int]:
+    """A run rescaled once and updated once; its job directory and the two checkpoint
+    ids."""
+    source = PushSource()
+    job = await _flow("reconfigured", source, tmp_path / "out").start(
+        checkpoints=CheckpointConfig(interval=None, directory=str(tmp_path / "chk"),
+                                     retained=10))
+    await _send_rounds(source, 1)
+    rescaled = await job.rescale({"count": 3})
+    await _send_rounds(source, 1)
+    updated = await job.update("count", TaggedCount())
+    source.close()
+    await job.wait()
+    return tmp_path / "chk" / "reconfigured", rescaled.checkpoint_id, updated.checkpoint_id
+
+
+async def test_checkpoints_list_shows_each_checkpoints_reconfigurations(tmp_path, capsys):
+    from reactive.cli import main
+
+    job_dir, rescaled, updated = await _reconfigured_run(tmp_path)
+    capsys.readouterr()
+    assert main(["checkpoints", "list", str(job_dir)]) == 0
+    rows = {int(r.split()[1]): r.split() for r in capsys.readouterr().out.splitlines()[1:]}
+    assert rows[rescaled][-2] == "rescale(count:2->3)"
+    assert rows[updated][-2] == f"update(count:{TaggedCount.__module__}.TaggedCount)"
+    assert all(r[-2] == "-" for n, r in rows.items() if n not in (rescaled, updated))
+    assert main(["checkpoints", "inspect", str(job_dir / f"chk-{rescaled}")]) == 0
+    text = capsys.readouterr().out
+    assert "reconfigured at this checkpoint: rescale count 2 -> 3" in text
+    assert "operator 'count' (Count), parallelism 2" in text  # taken before the switch
+
+
+async def test_the_spark_bridge_reads_the_reconfiguration_history(tmp_path, spark):
+    from reactive.connectors.spark import CheckpointReader, reconfiguration_history
+
+    job_dir, rescaled, updated = await _reconfigured_run(tmp_path)
+    history = reconfiguration_history(spark, job_dir).collect()
+    assert [tuple(r) for r in history] == [
+        (rescaled, "rescale", "count", None, 2, 3),
+        (updated, "update", "count", f"{TaggedCount.__module__}.TaggedCount", None, None)]
+    reader = CheckpointReader(spark, job_dir / f"chk-{rescaled}")
+    assert [r.parallelism for r in reader.reconfigurations().collect()] == [3]
+    assert reader.reconfiguration_entries[0].kind == "rescale"
