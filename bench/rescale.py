@@ -136,10 +136,15 @@ async def live(words: list[str], keys: int, backend: str, steps: list[int], betw
         stats = next(s for s in job.metrics.checkpoints
                      if s.checkpoint_id == completed.checkpoint_id)
         ck = stats.trigger_time - w_call + stats.duration
+        phases = job._runner.rescale_phases[-1]
+        commit = t_ret - t_call - ck - sum(phases.values())
         out.append(Step("live", f"{p} -> {target}",
                         recorder.longest_gap(t_call, t_ret + 0.2), ck, t_ret - t_call - ck,
-                        f"align {stats.alignment * 1e3:.0f} ms, sync {stats.sync * 1e3:.0f} ms,"
-                        f" async {stats.async_ * 1e3:.0f} ms, {stats.size / 1e6:.0f} MB"))
+                        f"checkpoint: wait {(stats.trigger_time - w_call) * 1e3:.0f}, "
+                        f"align {stats.alignment * 1e3:.0f}, sync {stats.sync * 1e3:.0f}, "
+                        f"async {stats.async_ * 1e3:.0f} ({stats.size / 1e6:.0f} MB); "
+                        f"switch: commit {commit * 1e3:.0f}, "
+                        + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in phases.items())))
         p = target
     await job.wait()
     return out, recorder, quiet
@@ -196,10 +201,16 @@ def main() -> None:
             steps, recorder, quiet = asyncio.run(
                 live(words, args.keys, backend, args.steps, args.between, Path(tmp)))
             _check(words, recorder, "live")
+            for s in steps:
+                print(backend, "live", s.change, f"pause {s.pause * 1e3:.0f} ms;", s.detail,
+                      flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             restarts, recorder2 = asyncio.run(
                 restarted(words, args.keys, backend, args.steps, args.between, Path(tmp)))
             _check(words, recorder2, "stop-with-savepoint")
+            for s in restarts:
+                print(backend, "stop+restore", s.change, f"pause {s.pause * 1e3:.0f} ms",
+                      flush=True)
         for live_step, restart_step in zip(steps, restarts, strict=True):
             for s in (live_step, restart_step):
                 rows.append([backend, s.way, s.change, s.pause * 1e3, s.checkpoint * 1e3,
@@ -210,7 +221,7 @@ def main() -> None:
                      "-", "-", "-", "periodic checkpoints included"])
     print(f"{args.keys:,} keys, {args.records:,} records; output exact in every run")
     print_table(["backend", "way", "change", "pause (ms)", "checkpoint / stop (ms)",
-                 "switch / restart (ms)", "x stop+restore", "rescale checkpoint"], rows)
+                 "switch / restart (ms)", "x stop+restore", "where the time goes (ms)"], rows)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +150,11 @@ class JobRunner:
             checkpoint n runs every update carried by a checkpoint <= n; Carbone 2018 (PhD
             thesis), section 4.5.5).
         parallelism: the running (or next) attempt's parallelism of each operator, by uid.
+        rescale_phases: per completed ``rescale`` of the run, seconds spent in each phase
+            of its switch after the commits: ``teardown`` (the old tasks end), ``prepare``
+            (checkpoint store, state assignment, the new graph built), ``restore`` (the
+            checkpoint's state read into the new instances), ``start`` (until the new tasks
+            run).
     """
 
     def __init__(self, flow: LogicalGraph, options: JobOptions,
@@ -179,6 +185,9 @@ class JobRunner:
         # resolved once that attempt runs
         self._switch_to: CompletedCheckpoint | None = None
         self._switched: asyncio.Future[None] | None = None
+        self.rescale_phases: list[dict[str, float]] = []
+        self._phases: dict[str, float] | None = None
+        self._phase_start = 0.0
         self._tap_sinks = tap_sinks
         self._recover_results = recover_results
 
@@ -224,6 +233,13 @@ class JobRunner:
             return {}
         known = {t.resolved_uid for t in self.flow.transformations}
         return {uid: p for uid, p in restore.metadata.rescaled.items() if uid in known}
+
+    def _phase(self, name: str) -> None:
+        """A phase of a rescale's switch ended (nothing when no switch runs)."""
+        if self._phases is not None:
+            now = time.perf_counter()
+            self._phases[name] = now - self._phase_start
+            self._phase_start = now
 
     def _resumable(self) -> bool:
         """Whether ``resume=True`` has a completed checkpoint to continue from: one this run
@@ -330,6 +346,7 @@ class JobRunner:
                     # not a failure: the next attempt restores the rescale's checkpoint
                     # at its parallelism, and no restart is counted
                     restore, self._switch_to = self._switch_to, None
+                    self._phase("teardown")
                     attempt -= 1
                     self._recover_results(restore.checkpoint_id)
                     continue
@@ -451,7 +468,9 @@ class JobRunner:
             if assignment is not None:
                 # off the loop, one operator instance per worker-thread step, before any
                 # task runs (so nothing else touches the backends meanwhile)
+                self._phase("prepare")
                 await graph.restore(assignment)
+                self._phase("restore")
                 # the versions the restored checkpoint ran: before any operator opens
                 restored_id = assignment.checkpoint.checkpoint_id
                 updates = [u for cid, u in self.updates if cid <= restored_id]
@@ -477,7 +496,11 @@ class JobRunner:
             self.running.set()
             switched, self._switched = self._switched, None
             if switched is not None and not switched.done():
+                self._phase("start")
+                if self._phases is not None:
+                    self.rescale_phases.append(self._phases)
                 switched.set_result(None)
+            self._phases = None
         self.metrics.attach([])
 
     async def rescale(self, coordinator: CheckpointCoordinator,
@@ -522,6 +545,7 @@ class JobRunner:
                 "last completed checkpoint, at the parallelism that checkpoint recorded")
         switched = asyncio.get_running_loop().create_future()
         self._switched, self._switch_to = switched, completed
+        self._phases, self._phase_start = {}, time.perf_counter()
         self.running.clear()
         self.fail_attempt(RescaleSwitch(completed.checkpoint_id, plan))
         await switched
