@@ -233,19 +233,17 @@ class CheckpointCoordinator:
             commit: notify the tasks on completion (see the module docstring).
             updates: a reconfiguration the barrier carries (``CheckpointBarrier.updates``).
             reconfigurations: how its metadata records them.
-            rescaled: a rescale's new :attr:`rescaled`, recorded by this checkpoint and
-                every later one (None: unchanged).
+            rescaled: a rescale's new :attr:`rescaled`, recorded by this checkpoint and,
+                once it completed, by every later one (None: unchanged).
         """
         cid = self.next_id
         self.next_id += 1
-        if rescaled is not None:
-            self.rescaled = dict(rescaled)
         now = time.monotonic()
         stats = CheckpointStats(cid, kind=kind, trigger_time=time.time())
         pending = PendingCheckpoint(
             cid, kind, now + self.config.timeout, time.perf_counter(),
             {t.task_id for t in self.tasks}, stats, commit, self.operators,
-            reconfigurations, self.rescaled,
+            reconfigurations, self.rescaled if rescaled is None else dict(rescaled),
         )
         self.pending[cid] = pending
         self.history.append(stats)
@@ -384,6 +382,9 @@ class CheckpointCoordinator:
             return None
         completed = CompletedCheckpoint(p.checkpoint_id, path, metadata)
         self.latest_completed = completed
+        # a rescale is in effect from its checkpoint on (no later checkpoint was triggered
+        # while it was pending: a reconfiguration takes every slot)
+        self.rescaled = p.rescaled
         self.consecutive_failures = 0
         self._failure_streak.clear()
         for older in [cid for cid in self.pending if cid < p.checkpoint_id]:

@@ -522,16 +522,14 @@ class JobRunner:
                 raise ReconfigurationError(f"rescale of job {self.name!r}: {exc}") from exc
         program = parallelism_of(self.flow.transformations, self.flow.parallelism)
         rescaled = {uid: p for uid, p in plan.parallelism.items() if p != program[uid]}
-        tasks, before = self.tasks, dict(coordinator.rescaled)
+        tasks = self.tasks
         what = ", ".join(r.describe() for r in plan.changed)
         try:
             completed = await coordinator.checkpoint(
                 await_commit=True, updates=(plan,), reconfigurations=plan.changed,
                 rescaled=rescaled)
         except BaseException as exc:
-            # the sources read on; a later checkpoint records the old parallelism again
-            coordinator.rescaled = before
-            plan.resume()
+            plan.resume()  # the sources read on, at the parallelism they had
             if not isinstance(exc, CheckpointError):
                 raise
             raise ReconfigurationError(
