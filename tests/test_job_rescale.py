@@ -295,3 +295,21 @@ async def test_the_spark_bridge_reads_the_reconfiguration_history(tmp_path, spar
     reader = CheckpointReader(spark, job_dir / f"chk-{rescaled}")
     assert [r.parallelism for r in reader.reconfigurations().collect()] == [3]
     assert reader.reconfiguration_entries[0].kind == "rescale"
+
+
+async def test_a_rescale_keeps_the_updated_function(tmp_path):
+    source = PushSource()
+    job = await _flow("update-then-rescale", source, tmp_path / "out").start(
+        checkpoints=CheckpointConfig(interval=None, directory=str(tmp_path / "chk")))
+    results = job.results("out")
+    await _send_rounds(source, 2)
+    await job.update("count", TaggedCount())
+    await _send_rounds(source, 2)
+    await job.rescale(3)
+    await _send_rounds(source, 2)
+    source.close()
+    got = [r async for r in results]
+    await job.wait()
+    # the instances built by the rescale run version 2, with the counts carried over
+    assert sorted(got) == sorted([(w, n) for w in WORDS for n in (1, 2)]
+                                 + [(w, n, "v2") for w in WORDS for n in range(3, 7)])
