@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from .checkpoint.contract import Reconfiguration
 from .checkpoint.history_plot import CheckpointHistoryError, plot_checkpoint_history
 from .checkpoint.metadata import METADATA, read_metadata
 from .checkpoint.savepoints import export_savepoint
@@ -183,6 +184,16 @@ def _job_dirs(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.is_dir())
 
 
+def _reconfigured(entries: tuple[Reconfiguration, ...]) -> str:
+    """A checkpoint's reconfigurations in one word: ``rescale(count:1->2)``,
+    ``update(m:mod.f)``, comma separated; ``-`` for none."""
+    if not entries:
+        return "-"
+    return ",".join(
+        f"rescale({r.operator}:{r.previous_parallelism}->{r.parallelism})"
+        if r.kind == "rescale" else f"{r.kind}({r.operator}:{r.function})" for r in entries)
+
+
 def cmd_checkpoints_list(args: argparse.Namespace) -> int:
     directory = Path(args.directory)
     if (directory / METADATA).exists():
@@ -208,7 +219,7 @@ def cmd_checkpoints_list(args: argparse.Namespace) -> int:
             chk = completed.get(n)
             if chk is None:
                 size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-                rows.append((job_dir.name, n, "-", size, "-", "no"))
+                rows.append((job_dir.name, n, "-", size, "-", "-", "no"))
                 continue
             meta = chk.metadata
             when = datetime.datetime.fromtimestamp(meta.timestamp or 0.0).isoformat(
@@ -216,10 +227,14 @@ def cmd_checkpoints_list(args: argparse.Namespace) -> int:
             size = int(meta.metrics.size or 0) if meta.metrics is not None else 0
             kind = "savepoint" if meta.is_savepoint else (
                 "incremental" if meta.shared_paths() else "full")
-            rows.append((job_dir.name, n, when, size, kind, "yes"))
-    print(f"{'job':<16} {'id':>6}  {'time':<19}  {'bytes':>12}  {'kind':<11}  completed")
-    for job, n, when, size, kind, done in rows:
-        print(f"{job:<16} {n:>6}  {when:<19}  {size:>12,}  {kind:<11}  {done}")
+            rows.append((job_dir.name, n, when, size, kind,
+                         _reconfigured(meta.reconfigurations), "yes"))
+    width = max([len("reconfigured")] + [len(r[5]) for r in rows])
+    print(f"{'job':<16} {'id':>6}  {'time':<19}  {'bytes':>12}  {'kind':<11}  "
+          f"{'reconfigured':<{width}}  completed")
+    for job, n, when, size, kind, reconfigured, done in rows:
+        print(f"{job:<16} {n:>6}  {when:<19}  {size:>12,}  {kind:<11}  "
+              f"{reconfigured:<{width}}  {done}")
     return 0
 
 
@@ -235,6 +250,8 @@ def cmd_checkpoints_inspect(args: argparse.Namespace) -> int:
         return 0
     print(f"checkpoint {meta.checkpoint_id} of job {meta.job!r} ({meta.kind}), "
           f"max parallelism {meta.max_parallelism}, mode {meta.mode}")
+    for r in meta.reconfigurations:
+        print(f"reconfigured at this checkpoint: {r.describe()}")
     for uid, op in meta.operators.items():
         print(f"operator {uid!r} ({op.name}), parallelism {op.parallelism}")
         for i, sub in op.by_index():

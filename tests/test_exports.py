@@ -125,7 +125,8 @@ PUBLIC_MODULES: dict[str, set[str]] = {
         "ResultLogError", "SavepointWriteError", "SavepointWriter", "SparkBridgeError",
         "SparkJob", "SparkJobError", "SparkRunner", "TranslationError", "ValidationReport",
         "find_java", "list_part_files", "local_session", "read_keyed_state",
-        "register_state_reader", "supported_backends", "validate_exactly_once",
+        "reconfiguration_history", "register_state_reader", "supported_backends",
+        "validate_exactly_once",
     },
 }
 

@@ -14,7 +14,7 @@ See DESIGN.md, "The PySpark bridge". ``pyspark`` is imported lazily: importing t
 does not start a JVM.
 """
 
-from .checkpoint_reader import CheckpointReader, OperatorSummary
+from .checkpoint_reader import CheckpointReader, OperatorSummary, reconfiguration_history
 from .errors import (
     JavaNotFoundError,
     ResultLogError,
@@ -49,6 +49,7 @@ __all__ = [
     "list_part_files",
     "local_session",
     "read_keyed_state",
+    "reconfiguration_history",
     "register_state_reader",
     "supported_backends",
     "validate_exactly_once",

@@ -5,6 +5,8 @@ like Flink's State Processor API ``SavepointReader.readKeyedState``).
 reader = CheckpointReader(spark, "chk/job/chk-42")
 reader.operators()                       # uids, parallelism, state names, sizes
 df = reader.keyed_state("count", "count")  # key_group, key, value: one row per key
+reader.reconfigurations()                # what its barrier reconfigured (rescale, update)
+reconfiguration_history(spark, "chk/job")  # every retained checkpoint's reconfigurations
 ```
 
 Only completed checkpoints are read (their ``_metadata`` exists and passes its checksum; by
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reactive.checkpoint.contract import KeyedStateHandle, OperatorState
+from reactive.checkpoint.contract import KeyedStateHandle, OperatorState, Reconfiguration
 from reactive.checkpoint.metadata import CompletedCheckpoint
 from reactive.checkpoint.storage import CheckpointStorage
 from reactive.errors import RestoreError
@@ -33,7 +35,45 @@ from .state_readers import read_keyed_state
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["CheckpointReader", "OperatorSummary"]
+__all__ = ["RECONFIGURATION_SCHEMA", "CheckpointReader", "OperatorSummary",
+           "reconfiguration_history"]
+
+RECONFIGURATION_SCHEMA = ("checkpoint_id long, kind string, operator string, "
+                          "function string, previous_parallelism int, parallelism int")
+"""The columns of :meth:`CheckpointReader.reconfigurations` and
+:func:`reconfiguration_history`, as Spark DDL."""
+
+
+def _reconfiguration_rows(checkpoint: CompletedCheckpoint) -> list[tuple[Any, ...]]:
+    return [(checkpoint.checkpoint_id, r.kind, r.operator, r.function or None,
+             r.previous_parallelism, r.parallelism)
+            for r in checkpoint.metadata.reconfigurations]
+
+
+def reconfiguration_history(spark: SparkSession, job_dir: str | Path) -> DataFrame:
+    """The reconfigurations recorded by every completed checkpoint a job's checkpoint
+    directory holds (``<directory>/<job>``), oldest first: the job's version history of
+    epochs and reconfigurations (Carbone 2018 (PhD thesis), section 4.5.5). Retention
+    keeps the last checkpoints only, so older reconfigurations are gone with theirs; the
+    parallelism every operator ran at is in each checkpoint's ``operators()``.
+
+    Args:
+        spark: the session.
+        job_dir: the job's checkpoint directory.
+
+    Returns:
+        a DataFrame of :data:`RECONFIGURATION_SCHEMA`: one row per reconfiguration
+        (``function`` is null for a rescale, the parallelisms for an update).
+
+    Raises:
+        RestoreError: if ``job_dir`` is not a directory.
+    """
+    p = Path(job_dir)
+    if not p.is_dir():
+        raise RestoreError(f"checkpoint directory {p} does not exist")
+    rows = [row for chk in CheckpointStorage(p.parent, p.name).completed()
+            for row in _reconfiguration_rows(chk)]
+    return spark.createDataFrame(rows, RECONFIGURATION_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -104,6 +144,19 @@ class CheckpointReader:
     def max_parallelism(self) -> int:
         """The job's max parallelism (number of key groups) the state is split into."""
         return self.checkpoint.metadata.max_parallelism
+
+    @property
+    def reconfiguration_entries(self) -> tuple[Reconfiguration, ...]:
+        """What this checkpoint's barrier reconfigured, as the metadata records it (plain
+        Python, no Spark)."""
+        return self.checkpoint.metadata.reconfigurations
+
+    def reconfigurations(self) -> DataFrame:
+        """What this checkpoint's barrier reconfigured (``job.rescale``, ``job.update``),
+        one row per operator, as a DataFrame of :data:`RECONFIGURATION_SCHEMA` (empty when
+        nothing was)."""
+        return self.spark.createDataFrame(_reconfiguration_rows(self.checkpoint),
+                                          RECONFIGURATION_SCHEMA)
 
     def _operator(self, uid: str) -> OperatorState:
         ops = self.checkpoint.metadata.operators

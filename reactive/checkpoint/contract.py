@@ -10,13 +10,16 @@ read and written again is byte for byte the same JSON::
 
     body = {"format": 2, "job", "checkpoint_id", "kind", "timestamp", "max_parallelism",
             "mode", "run_id", "commits", "operators": {uid: operator}, "stats": metrics,
-            "self_contained", "reconfigurations": [reconfiguration, ...]}
+            "self_contained", "reconfigurations": [reconfiguration, ...], "rescaled"}
     operator = {"name", "parallelism", "keyed", "subtasks": {"<index>": subtask}}
     subtask  = {"keyed_state": keyed handle | null, "operator_state": handle | null,
                 "key_group_range": [start, end], "channel_state": handle}
     handle   = {"format", "files": [{"path", "size", "sha256"}, ...]}
     keyed handle = {"backend", "format", "files", "shared", "shared_reused", ...}
     reconfiguration = {"version": 1, "kind": "update", "operator", "function"}
+                    | {"version": 1, "kind": "rescale", "operator",
+                       "previous_parallelism", "parallelism"}
+    rescaled = {uid: parallelism}   (the operators a job.rescale of the run changed)
 
 ``"reconfigurations"`` is written only by a checkpoint whose barrier carried one (a
 document without it, from before or from another writer, reads as none).
@@ -437,25 +440,45 @@ class Reconfiguration:
     or a later one of the run restores the reconfigured job.
 
     Attributes:
-        kind: ``"update"`` (a new version of an operator's function, ``job.update``).
+        kind: ``"update"`` (a new version of an operator's function, ``job.update``) or
+            ``"rescale"`` (a new parallelism, ``job.rescale``).
         operator: the uid of the operator reconfigured.
-        function: the new function's ``module.qualname``.
+        function: an update's new function, ``module.qualname`` (empty for a rescale).
+        parallelism: a rescale's new parallelism (None for an update).
+        previous_parallelism: a rescale's parallelism before it (None for an update).
         version: the entry's format version (:data:`RECONFIGURATION_VERSION`).
         extra: fields of other writers or later versions, in their order.
     """
 
     kind: str
     operator: str
-    function: str
+    function: str = ""
     version: int = RECONFIGURATION_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
+    parallelism: int | None = None
+    previous_parallelism: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """Return the entry."""
+        """Return the entry: ``{"version", "kind", "operator", "function"}`` for an
+        update, ``{"version", "kind", "operator", "previous_parallelism", "parallelism"}``
+        for a rescale."""
         out: dict[str, Any] = {"version": self.version, "kind": self.kind,
-                               "operator": self.operator, "function": self.function}
+                               "operator": self.operator}
+        if self.function or self.parallelism is None:
+            out["function"] = self.function
+        if self.previous_parallelism is not None:
+            out["previous_parallelism"] = self.previous_parallelism
+        if self.parallelism is not None:
+            out["parallelism"] = self.parallelism
         out.update(self.extra)
         return out
+
+    def describe(self) -> str:
+        """One line for people: ``update m -> mod.f`` or ``rescale count 1 -> 2``."""
+        if self.kind == "rescale":
+            return (f"rescale {self.operator} {self.previous_parallelism} -> "
+                    f"{self.parallelism}")
+        return f"{self.kind} {self.operator} -> {self.function}"
 
     @classmethod
     def from_json(cls, doc: Any, where: str = "reconfiguration") -> Reconfiguration:
@@ -465,11 +488,23 @@ class Reconfiguration:
             CorruptCheckpointError: if a field is missing or of the wrong type.
         """
         d = _obj(doc, where)
-        known = ("version", "kind", "operator", "function")
-        return cls(kind=_get(d, "kind", str, where), operator=_get(d, "operator", str, where),
-                   function=_get(d, "function", str, where),
+        known = ("version", "kind", "operator", "function", "parallelism",
+                 "previous_parallelism")
+        kind = _get(d, "kind", str, where)
+        return cls(kind=kind, operator=_get(d, "operator", str, where),
+                   function=(_opt(d, "function", str, where) or "") if kind == "rescale"
+                   else _get(d, "function", str, where),
                    version=_get(d, "version", int, where),
-                   extra={k: v for k, v in d.items() if k not in known})
+                   extra={k: v for k, v in d.items() if k not in known},
+                   parallelism=_opt(d, "parallelism", int, where),
+                   previous_parallelism=_opt(d, "previous_parallelism", int, where))
+
+
+def _rescaled(doc: Mapping[str, Any]) -> dict[str, int]:
+    for uid, p in doc.items():
+        if not isinstance(p, int) or isinstance(p, bool) or p < 1:
+            raise _malformed("body", f"'rescaled' gives operator {uid!r} parallelism {p!r}")
+    return dict(doc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -501,6 +536,9 @@ class CheckpointMetadata(Mapping[str, Any]):
         self_contained: a savepoint whose paths are relative to its own directory.
         format: the format version (:data:`FORMAT_VERSION`).
         reconfigurations: what its barrier reconfigured (empty: nothing).
+        rescaled: the parallelism of each operator a ``job.rescale`` of the run changed,
+            by uid, as the job ran when it was taken (empty: the program's); a resume of
+            the run restores it at that parallelism.
         extra: fields of other writers, in their order.
     """
 
@@ -518,6 +556,7 @@ class CheckpointMetadata(Mapping[str, Any]):
     format: int = FORMAT_VERSION
     reconfigurations: tuple[Reconfiguration, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
+    rescaled: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def is_savepoint(self) -> bool:
@@ -591,6 +630,8 @@ class CheckpointMetadata(Mapping[str, Any]):
             out["self_contained"] = True
         if self.reconfigurations:
             out["reconfigurations"] = [r.to_json() for r in self.reconfigurations]
+        if self.rescaled:
+            out["rescaled"] = dict(self.rescaled)
         out.update(self.extra)
         return out
 
@@ -605,7 +646,7 @@ class CheckpointMetadata(Mapping[str, Any]):
         d = _obj(doc, "body")
         known = ("format", "job", "checkpoint_id", "kind", "timestamp", "max_parallelism",
                  "mode", "run_id", "commits", "operators", "stats", "self_contained",
-                 "reconfigurations")
+                 "reconfigurations", "rescaled")
         operators = {
             uid: OperatorState.from_json(op, f"operator {uid!r}")
             for uid, op in _obj(_get(d, "operators", dict, "body"), "body").items()}
@@ -627,6 +668,7 @@ class CheckpointMetadata(Mapping[str, Any]):
                 Reconfiguration.from_json(r, f"reconfiguration {i}")
                 for i, r in enumerate(_opt(d, "reconfigurations", list, "body") or ())),
             extra={k: v for k, v in d.items() if k not in known},
+            rescaled=_rescaled(_opt(d, "rescaled", dict, "body") or {}),
         )
 
     def with_paths(self, mapping: Mapping[str, str]) -> Self:

@@ -90,6 +90,10 @@ class CheckpointCoordinator:
             metadata so failover restores only this run's lineage.
         store: the job's completed checkpoints, already read (``CompletedCheckpointStore.open``
             reads them off the loop); None reads them here, on the calling thread.
+
+    Attributes:
+        rescaled: the parallelism of the operators a ``job.rescale`` of the run changed,
+            by uid (set by the job's runner; every checkpoint's metadata records it).
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class CheckpointCoordinator:
         self.next_id = first_id
         self.history = history
         self.run_id = run_id
+        self.rescaled: Mapping[str, int] = {}
         # checkpoints completed with commit=True whose notifications have not all run yet
         self._committing: dict[int, PendingCheckpoint] = {}
         # all acknowledged, _metadata being written: out of `pending` (nothing may abort it
@@ -214,7 +219,8 @@ class CheckpointCoordinator:
 
     def trigger(self, kind: str = "checkpoint", commit: bool = True,
                 updates: tuple[Any, ...] = (),
-                reconfigurations: tuple[Reconfiguration, ...] = ()) -> PendingCheckpoint:
+                reconfigurations: tuple[Reconfiguration, ...] = (),
+                rescaled: Mapping[str, int] | None = None) -> PendingCheckpoint:
         """Inject barrier n into every source task and return the pending checkpoint.
 
         Args:
@@ -222,6 +228,8 @@ class CheckpointCoordinator:
             commit: notify the tasks on completion (see the module docstring).
             updates: a reconfiguration the barrier carries (``CheckpointBarrier.updates``).
             reconfigurations: how its metadata records them.
+            rescaled: a rescale's new :attr:`rescaled`, recorded by this checkpoint and,
+                once it completed, by every later one (None: unchanged).
         """
         cid = self.next_id
         self.next_id += 1
@@ -230,7 +238,7 @@ class CheckpointCoordinator:
         pending = PendingCheckpoint(
             cid, kind, now + self.config.timeout, time.perf_counter(),
             {t.task_id for t in self.tasks}, stats, commit, self.operators,
-            reconfigurations,
+            reconfigurations, self.rescaled if rescaled is None else dict(rescaled),
         )
         self.pending[cid] = pending
         self.history.append(stats)
@@ -259,6 +267,7 @@ class CheckpointCoordinator:
         await_commit: bool = False,
         updates: tuple[Any, ...] = (),
         reconfigurations: tuple[Reconfiguration, ...] = (),
+        rescaled: Mapping[str, int] | None = None,
     ) -> CompletedCheckpoint:
         """Trigger a checkpoint (when a concurrency slot is free) and wait for completion.
 
@@ -270,8 +279,8 @@ class CheckpointCoordinator:
                 stop-with-savepoint parks the sources this way).
             await_commit: with ``commit``, return only after every task has finished its
                 ``notify_checkpoint_complete`` (its commits).
-            updates, reconfigurations: a reconfiguration its barrier carries (see
-                :meth:`trigger`).
+            updates, reconfigurations, rescaled: a reconfiguration its barrier carries
+                (see :meth:`trigger`).
 
         Raises:
             CheckpointError: if it is aborted, the coordinator is stopped, or the attempt
@@ -286,7 +295,7 @@ class CheckpointCoordinator:
                 raise CheckpointError("the job is finishing or stopped: no more checkpoints")
             self._slot_free.clear()
             await self._slot_free.wait()
-        pending = self.trigger(kind, commit, updates, reconfigurations)
+        pending = self.trigger(kind, commit, updates, reconfigurations, rescaled)
         if on_trigger is not None:
             on_trigger()
         completed = await pending.done
@@ -368,6 +377,9 @@ class CheckpointCoordinator:
             return None
         completed = CompletedCheckpoint(p.checkpoint_id, path, metadata)
         self.latest_completed = completed
+        # a rescale is in effect from its checkpoint on (no later checkpoint was triggered
+        # while it was pending: a reconfiguration takes every slot)
+        self.rescaled = p.rescaled
         self.consecutive_failures = 0
         self._failure_streak.clear()
         for older in [cid for cid in self.pending if cid < p.checkpoint_id]:

@@ -87,6 +87,8 @@ class PendingCheckpoint:
             an intermediate savepoint.
         operators: every operator of the job by uid (what the metadata records of them).
         reconfigurations: what its barrier reconfigures (recorded in its metadata).
+        rescaled: the parallelism of the operators a rescale changed, by uid (recorded
+            in its metadata, ``CheckpointMetadata.rescaled``).
 
     Attributes:
         done: resolved with the completed checkpoint once its metadata is durable, or
@@ -104,6 +106,7 @@ class PendingCheckpoint:
     commit: bool = True
     operators: Mapping[str, OperatorInfo] = field(default_factory=dict)
     reconfigurations: tuple[Reconfiguration, ...] = ()
+    rescaled: Mapping[str, int] = field(default_factory=dict)
     done: asyncio.Future[CompletedCheckpoint] = field(default_factory=_done_future)
     committed: asyncio.Future[None] = field(default_factory=_committed_future)
     _states: dict[str, dict[int, OperatorSubtaskState]] = field(default_factory=dict)
@@ -195,6 +198,7 @@ class PendingCheckpoint:
                 stats.duration, stats.alignment, stats.sync, stats.async_, stats.size,
                 stats.path, stats.failure, stats.failure_reason),
             reconfigurations=self.reconfigurations,
+            rescaled=dict(self.rescaled),
         )
         if self.kind == "savepoint":
             return rebase_savepoint_paths(metadata, checkpoint_dir_name)

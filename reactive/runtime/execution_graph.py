@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..checkpoint.coordinator import OperatorInfo
@@ -40,7 +41,7 @@ from .record_writer import RecordWriter
 from .task import StreamTask, TaskEnvironment
 from .task_mailbox import TaskMailbox
 
-__all__ = ["ExecutionGraph", "validate"]
+__all__ = ["ExecutionGraph", "parallelism_of", "validate"]
 
 
 @dataclass(frozen=True)
@@ -72,13 +73,21 @@ class _Chain:
         return " -> ".join(t.name for t in self.transformations)
 
 
-def _parallelism(t: Transformation, default: int) -> int:
+def _parallelism(t: Transformation, default: int,
+                 overrides: Mapping[str, int] | None = None) -> int:
+    if overrides:
+        p = overrides.get(t.resolved_uid)
+        if p is not None:
+            return p
     return t.parallelism if t.parallelism is not None else default
 
 
 def validate(transformations: list[Transformation], default_parallelism: int,
-             max_parallelism: int) -> None:
+             max_parallelism: int, overrides: Mapping[str, int] | None = None) -> None:
     """Refuse an invalid program before anything runs.
+
+    Args:
+        overrides: parallelism by uid in place of the program's (a rescaled job).
 
     Raises:
         ConfigurationError: no source or no sink, duplicate uid, a parallelism above the max
@@ -97,7 +106,7 @@ def validate(transformations: list[Transformation], default_parallelism: int,
                 "every operator needs its own uid"
             )
         seen[uid] = t
-        p = _parallelism(t, default_parallelism)
+        p = _parallelism(t, default_parallelism, overrides)
         if p > max_parallelism:
             raise ConfigurationError(
                 f"operator {t.name!r} has parallelism {p} > max_parallelism {max_parallelism}"
@@ -108,15 +117,22 @@ def validate(transformations: list[Transformation], default_parallelism: int,
             )
 
 
-def _parallelisms(transformations: list[Transformation],
-                  default_parallelism: int) -> dict[int, int]:
+def _parallelisms(transformations: list[Transformation], default_parallelism: int,
+                  overrides: Mapping[str, int] | None = None) -> dict[int, int]:
     """Each transformation's parallelism, by id; a loop's tail gets its head's (tail
     instance i feeds head instance i)."""
-    par = {t.id: _parallelism(t, default_parallelism) for t in transformations}
+    par = {t.id: _parallelism(t, default_parallelism, overrides) for t in transformations}
     for t in transformations:
         if t.loop_head is not None:
             par[t.id] = par[t.loop_head.id]
     return par
+
+
+def parallelism_of(transformations: list[Transformation], default_parallelism: int,
+                   overrides: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Each operator's parallelism, by uid (``overrides`` in place of the program's)."""
+    par = _parallelisms(transformations, default_parallelism, overrides)
+    return {t.resolved_uid: par[t.id] for t in transformations}
 
 
 def _chain(transformations: list[Transformation],
@@ -169,6 +185,8 @@ class ExecutionGraph:
         default_parallelism, max_parallelism, batch_size, channel_capacity: dataflow settings.
         env: shared by all tasks.
         state_backend: creates each keyed operator's backend.
+        overrides: parallelism by uid in place of the program's (a rescaled job,
+            ``job.rescale``).
     """
 
     def __init__(
@@ -180,10 +198,11 @@ class ExecutionGraph:
         channel_capacity: int,
         env: TaskEnvironment,
         state_backend: StateBackend,
+        overrides: Mapping[str, int] | None = None,
     ) -> None:
-        validate(transformations, default_parallelism, max_parallelism)
+        validate(transformations, default_parallelism, max_parallelism, overrides)
         self.max_parallelism = max_parallelism
-        self.parallelism = _parallelisms(transformations, default_parallelism)
+        self.parallelism = _parallelisms(transformations, default_parallelism, overrides)
         self.operator_transformations = transformations
         chains, chain_of = _chain(transformations, self.parallelism)
         # channels: inputs[chain head id][subtask] -> channels, writers[tail id][subtask]

@@ -24,10 +24,9 @@ import logging
 import os
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.checkpointable_task import Resumable
-from ..checkpoint.contract import Reconfiguration
 from ..checkpoint.durable_files import sync_created
 from ..checkpoint.lineage import committed_output
 from ..checkpoint.metadata import CompletedCheckpoint
@@ -41,7 +40,6 @@ from ..errors import (
     ConfigurationError,
     JobCancelledError,
     ReactiveError,
-    ReconfigurationError,
     RestoreError,
     StateNotReadyError,
 )
@@ -49,15 +47,14 @@ from ..sinks import Sink
 from .committed_results import DEFAULT_CAPACITY, CommittedResults
 from .directory_lock import DirectoryLock
 from .execution_graph import validate
+from .job_reconfiguration import JobReconfiguration
 from .job_runner import JobOptions, JobRunner, JobStatus
 from .metrics import JobMetrics
 from .operators import SinkOperator
-from .reconfiguration import FunctionUpdate, check_update, function_name
 from .source_lifecycle import describe_end, read_accepted_input, tell_end, tell_start
 from .state_query import CommittedStateCache, StateQueryError, query_live
 from .switch_interval import short_switch_interval
 from .task import StreamTask
-from .window_queries import WindowQueryChange, send_change
 
 if TYPE_CHECKING:
     from ..checkpoint.coordinator import CheckpointCoordinator
@@ -80,7 +77,7 @@ def _occupied(target: Path) -> bool:
     return target.exists() and (not target.is_dir() or any(target.iterdir()))
 
 
-class Job:
+class Job(JobReconfiguration):
     """Handle of a started job (returned by ``Dataflow.start``).
 
     Attributes:
@@ -505,134 +502,6 @@ class Job:
             raise
         log.info("savepoint %d written to %s", completed.checkpoint_id, completed.path)
         return completed
-
-
-
-    async def update(self, uid: str, function: Any) -> CompletedCheckpoint:
-        """Replace operator ``uid``'s function by a new version while the job runs
-        (reconfiguration carried by the epoch marker: Carbone 2018 (PhD thesis), section
-        4.5.5).
-
-        First the new version is checked against the running one: each version's ``open``
-        runs against a probe context that records the state it asks for (and touches no
-        state); a state both use must keep its kind and its serializer's type. Then a
-        checkpoint is triggered whose barrier carries the new version: each instance of
-        the operator switches at that barrier's snapshot instant, after the synchronous part
-        of its snapshot (the old version is closed, the new one opened with the same runtime
-        context, so keyed state, operator state and timers carry over). Records before the
-        barrier saw the old version, records after it the new one; like :meth:`checkpoint`,
-        every record a :class:`~reactive.PushSource` accepted before the call is before it.
-        The checkpoint's metadata records the update (``metadata.reconfigurations``), and a
-        restart that restores it or a later checkpoint of this run runs the new version; a
-        restore of an earlier one runs the old version.
-
-        Args:
-            uid: the operator's uid (a map, filter, flat_map, reduce or process operator).
-            function: the new version: a callable, or a ``ProcessFunction`` for process.
-
-        Returns:
-            the completed checkpoint that carried the update.
-
-        Raises:
-            IncompatibleUpdateError: before anything was sent: the operator cannot be
-                updated, or the new version's state differs in kind or serializer (the
-                message names the state); the job runs the old version unchanged.
-            ReconfigurationError: without checkpointing, no operator ``uid``, the job is not
-                running, or the checkpoint carrying the update failed (its reason is the
-                ``__cause__``): the attempt is then failed, so the restart strategy restores
-                the last completed checkpoint, which runs the old version (with no restart
-                left, the job fails).
-        """
-        if self.options.checkpoints is None:
-            raise ReconfigurationError(
-                "job.update needs checkpointing: the update travels with a checkpoint's "
-                "barrier (pass checkpoints=CheckpointConfig(...))")
-        uids = sorted(t.resolved_uid for t in self.flow.transformations)
-        if uid not in uids:
-            raise ReconfigurationError(f"job {self.name!r} has no operator {uid!r}; its "
-                                       f"operators: {uids}")
-        await read_accepted_input(self.flow.transformations)
-        try:
-            coordinator = await self._wait_running()
-        except CheckpointError as exc:
-            raise ReconfigurationError(f"cannot update operator {uid!r}: {exc}") from exc
-        tasks = self._runner.tasks
-        running = [op for task in tasks for op in task.operators if op.uid == uid]
-        if not running:
-            raise ReconfigurationError(f"cannot update operator {uid!r}: job {self.name!r} "
-                                       "has no running instance of it")
-        check_update(running[0], function)
-        update = FunctionUpdate(uid, function, function_name(function))
-        try:
-            completed = await coordinator.checkpoint(
-                updates=(update,),
-                reconfigurations=(Reconfiguration("update", uid, update.name),))
-        except CheckpointError as exc:
-            error = ReconfigurationError(
-                f"update of operator {uid!r} to {update.name} failed: the checkpoint carrying "
-                f"it did not complete ({exc}); the job returns to the previous version "
-                "(restart from the last completed checkpoint)")
-            if self._runner.tasks is tasks:
-                # instances that switched already must not commit output of the new
-                # version under an epoch no completed checkpoint records
-                self._runner.fail_attempt(error)
-            raise error from exc
-        self._runner.updates.append((completed.checkpoint_id, update))
-        log.info("operator %r updated to %s at checkpoint %d", uid, update.name,
-                 completed.checkpoint_id)
-        return completed
-
-    async def add_window_query(self, uid: str, assigner: Any,
-                               name: str | None = None) -> WindowQueryChange:
-        """Add a window query to the shared window aggregation ``uid``
-        (``KeyedStream.windows([...])``) while the job runs (Cutty's queries added at
-        runtime, Carbone 2018 (PhD thesis), section 5.5), carried by a checkpoint's barrier
-        as :meth:`update` is; see :mod:`reactive.runtime.window_queries`.
-
-        Args:
-            uid: the window operator's uid.
-            assigner: a tumbling or sliding event-time window definition.
-            name: the query's name (default: its id); the program's queries are named by
-                their index (``"0"``, ``"1"``...).
-
-        Returns:
-            the change applied: ``query`` is the id its results carry as
-            ``WindowResult.query``.
-
-        Raises:
-            IncompatibleUpdateError: refused before anything was sent, with the reason; the
-                job runs on unchanged.
-            ReconfigurationError: as :meth:`update`.
-        """
-        return await self._change_window_queries(uid, "add", name, assigner)
-
-    async def remove_window_query(self, uid: str, name: str) -> WindowQueryChange:
-        """Remove window query ``name`` of the shared window aggregation ``uid`` while the
-        job runs: it emits no window after the barrier that carries the change.
-
-        Raises:
-            IncompatibleUpdateError: no such query, or its last one (nothing was sent).
-            ReconfigurationError: as :meth:`update`.
-        """
-        return await self._change_window_queries(uid, "remove", name)
-
-    async def _change_window_queries(self, uid: str, action: Literal["add", "remove"],
-                                     name: str | None, assigner: Any = None
-                                     ) -> WindowQueryChange:
-        if self.options.checkpoints is None:
-            raise ReconfigurationError(
-                "window queries change with a checkpoint's barrier: pass "
-                "checkpoints=CheckpointConfig(...)")
-        uids = sorted(t.resolved_uid for t in self.flow.transformations)
-        if uid not in uids:
-            raise ReconfigurationError(f"job {self.name!r} has no operator {uid!r}; its "
-                                       f"operators: {uids}")
-        await read_accepted_input(self.flow.transformations)
-        try:
-            coordinator = await self._wait_running()
-        except CheckpointError as exc:
-            raise ReconfigurationError(f"cannot change operator {uid!r}: {exc}") from exc
-        return await send_change(self._runner, coordinator, uid, action, name, assigner)
 
     async def _main(self) -> None:
         """Run the job; then end every results iterator (with the job's error, if any)."""

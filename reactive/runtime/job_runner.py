@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,14 +40,16 @@ from ..errors import (
     ConfigurationError,
     JobFailedError,
     ReactiveError,
+    ReconfigurationError,
     RestoreError,
     StateSerializationError,
 )
 from ..state.backend import StateBackend
 from ..two_phase_commit import TwoPhaseCommitSink
-from .execution_graph import ExecutionGraph
+from .execution_graph import ExecutionGraph, parallelism_of
 from .metrics import JobMetrics
 from .reconfiguration import FunctionUpdate, OperatorChange, apply_updates
+from .rescale import RescaleSwitch, plan_rescale
 from .state_query import StateQueryError
 from .task import StreamTask, TaskEnvironment
 
@@ -146,6 +149,12 @@ class JobRunner:
             carried it, oldest first (the run's version history: an attempt restoring
             checkpoint n runs every update carried by a checkpoint <= n; Carbone 2018 (PhD
             thesis), section 4.5.5).
+        parallelism: the running (or next) attempt's parallelism of each operator, by uid.
+        rescale_phases: per completed ``rescale`` of the run, seconds spent in each phase
+            of its switch after the commits: ``teardown`` (the old tasks end), ``prepare``
+            (checkpoint store, state assignment, the new graph built), ``restore`` (the
+            checkpoint's state read into the new instances), ``start`` (until the new tasks
+            run).
     """
 
     def __init__(self, flow: LogicalGraph, options: JobOptions,
@@ -171,6 +180,14 @@ class JobRunner:
         self.live_queries: set[asyncio.Future[Any]] = set()
         self.cancel_requested = False
         self.updates: list[tuple[int, FunctionUpdate | OperatorChange]] = []
+        self.parallelism = parallelism_of(flow.transformations, flow.parallelism)
+        # a rescale in progress: the checkpoint the next attempt restores, and the future
+        # resolved once that attempt runs
+        self._switch_to: CompletedCheckpoint | None = None
+        self._switched: asyncio.Future[None] | None = None
+        self.rescale_phases: list[dict[str, float]] = []
+        self._phases: dict[str, float] | None = None
+        self._phase_start = 0.0
         self._tap_sinks = tap_sinks
         self._recover_results = recover_results
 
@@ -206,6 +223,23 @@ class JobRunner:
         return select_restore(
             lineage_candidates(self.storage, self.run_id, self._first_id, self.initial),
             self._replay_policy(), "failover")
+
+    def _overrides(self, restore: CompletedCheckpoint | None) -> dict[str, int]:
+        """The parallelism a restore of ``restore`` runs at, where it is not the program's:
+        what the checkpoint recorded (``CheckpointMetadata.rescaled``), except for the
+        checkpoint a ``restore_from`` names, which runs as the program says."""
+        if restore is None or (self.options.restore_from is not None
+                               and restore is self.initial):
+            return {}
+        known = {t.resolved_uid for t in self.flow.transformations}
+        return {uid: p for uid, p in restore.metadata.rescaled.items() if uid in known}
+
+    def _phase(self, name: str) -> None:
+        """A phase of a rescale's switch ended (nothing when no switch runs)."""
+        if self._phases is not None:
+            now = time.perf_counter()
+            self._phases[name] = now - self._phase_start
+            self._phase_start = now
 
     def _resumable(self) -> bool:
         """Whether ``resume=True`` has a completed checkpoint to continue from: one this run
@@ -271,6 +305,16 @@ class JobRunner:
             except OSError as exc:
                 self.status = "failed"
                 raise JobFailedError(self.name, 1, exc) from exc
+        try:
+            await self._run_attempts(restore)
+        finally:
+            switched, self._switched = self._switched, None
+            if switched is not None and not switched.done():
+                switched.set_exception(ReconfigurationError(
+                    f"job {self.name!r} ended ({self.status}) before the rescaled job ran"))
+                switched.exception()  # retrieved: the rescale may have stopped waiting
+
+    async def _run_attempts(self, restore: CompletedCheckpoint | None) -> None:
         attempt = 0
         strategy = self.options.restart
         while True:
@@ -298,6 +342,14 @@ class JobRunner:
                               type(cause).__name__, cause)
                     self.status = "cancelled"
                     raise asyncio.CancelledError from exc
+                if isinstance(cause, RescaleSwitch) and self._switch_to is not None:
+                    # not a failure: the next attempt restores the rescale's checkpoint
+                    # at its parallelism, and no restart is counted
+                    restore, self._switch_to = self._switch_to, None
+                    self._phase("teardown")
+                    attempt -= 1
+                    self._recover_results(restore.checkpoint_id)
+                    continue
                 if attempt > strategy.attempts or _not_restartable(cause):
                     self.status = "failed"
                     await self._forget_if_nothing_completed()
@@ -332,6 +384,8 @@ class JobRunner:
             # the restored snapshots may be of another backend than the one restoring them
             register_builtin_key_group_readers()
         assignment = None
+        overrides = self._overrides(restore)
+        self.parallelism = parallelism_of(flow.transformations, flow.parallelism, overrides)
         uids = {t.resolved_uid for t in flow.transformations}
         if restore is not None:
             assignment = StateAssignmentOperation(restore, flow.max_parallelism, uids,
@@ -356,8 +410,10 @@ class JobRunner:
                 self.run_id,
                 store,
             )
+            coordinator.rescaled = overrides
         try:
-            await self._run_tasks(flow, options, config, backend, assignment, coordinator)
+            await self._run_tasks(flow, options, config, backend, assignment, coordinator,
+                                  overrides)
         except BaseException as exc:
             if coordinator is not None:
                 coordinator.shutdown(f"job {self.name!r} attempt ended before the checkpoint "
@@ -378,7 +434,8 @@ class JobRunner:
     async def _run_tasks(self, flow: LogicalGraph, options: JobOptions,
                          config: CheckpointConfig | None, backend: StateBackend,
                          assignment: StateAssignmentOperation | None,
-                         coordinator: CheckpointCoordinator | None) -> None:
+                         coordinator: CheckpointCoordinator | None,
+                         overrides: dict[str, int]) -> None:
         # by identity: task ids are display names, and two sources may share one
         sources_left: set[int] = set()
         all_sources_done = asyncio.Event()
@@ -407,12 +464,14 @@ class JobRunner:
             )
             graph = ExecutionGraph(
                 flow.transformations, flow.parallelism, flow.max_parallelism, flow.batch_size,
-                flow.channel_capacity, env, backend,
+                flow.channel_capacity, env, backend, overrides,
             )
             if assignment is not None:
                 # off the loop, one operator instance per worker-thread step, before any
                 # task runs (so nothing else touches the backends meanwhile)
+                self._phase("prepare")
                 await graph.restore(assignment)
+                self._phase("restore")
                 # the versions the restored checkpoint ran: before any operator opens
                 restored_id = assignment.checkpoint.checkpoint_id
                 updates = [u for cid, u in self.updates if cid <= restored_id]
@@ -436,7 +495,62 @@ class JobRunner:
             tg.create_task(self._finish(all_sources_done, sources, coordinator))
             self.status = "running"
             self.running.set()
+            switched, self._switched = self._switched, None
+            if switched is not None and not switched.done():
+                self._phase("start")
+                if self._phases is not None:
+                    self.rescale_phases.append(self._phases)
+                switched.set_result(None)
+            self._phases = None
         self.metrics.attach([])
+
+    async def rescale(self, coordinator: CheckpointCoordinator,
+                      request: int | dict[str, int]) -> CompletedCheckpoint:
+        """Rescale the running attempt (see ``Job.rescale``): a checkpoint whose barrier
+        carries the plan, its commits, then the next attempt restores it at the new
+        parallelism in this process.
+
+        Raises:
+            ReconfigurationError: the request is invalid (nothing was sent), or the
+                checkpoint failed (the job runs on at its parallelism), or the job failed
+                or ended before the rescaled attempt ran.
+        """
+        plan = plan_rescale(self.flow, self.parallelism, request)
+        if not plan.changed:
+            try:
+                return await coordinator.checkpoint()
+            except CheckpointError as exc:
+                raise ReconfigurationError(f"rescale of job {self.name!r}: {exc}") from exc
+        program = parallelism_of(self.flow.transformations, self.flow.parallelism)
+        rescaled = {uid: p for uid, p in plan.parallelism.items() if p != program[uid]}
+        tasks = self.tasks
+        what = ", ".join(r.describe() for r in plan.changed)
+        try:
+            completed = await coordinator.checkpoint(
+                await_commit=True, updates=(plan,), reconfigurations=plan.changed,
+                rescaled=rescaled)
+        except BaseException as exc:
+            plan.resume()  # the sources read on, at the parallelism they had
+            if not isinstance(exc, CheckpointError):
+                raise
+            raise ReconfigurationError(
+                f"rescale of job {self.name!r} ({what}) failed: the checkpoint carrying it "
+                f"did not complete ({exc}); the job runs on from its last completed "
+                "checkpoint, at the parallelism that checkpoint recorded") from exc
+        if self.tasks is not tasks:
+            raise ReconfigurationError(
+                f"rescale of job {self.name!r} ({what}): the attempt ended right after "
+                f"checkpoint {completed.checkpoint_id} completed; the job restarts from its "
+                "last completed checkpoint, at the parallelism that checkpoint recorded")
+        switched = asyncio.get_running_loop().create_future()
+        self._switched, self._switch_to = switched, completed
+        self._phases, self._phase_start = {}, time.perf_counter()
+        self.running.clear()
+        self.fail_attempt(RescaleSwitch(completed.checkpoint_id, plan))
+        await switched
+        log.info("job %r rescaled at checkpoint %d: %s", self.name, completed.checkpoint_id,
+                 what)
+        return completed
 
     async def _finish(self, all_sources_done: asyncio.Event, sources: list[StreamTask],
                       coordinator: CheckpointCoordinator | None) -> None:

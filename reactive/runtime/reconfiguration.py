@@ -15,15 +15,19 @@ descriptors it asks for and touches no state: a state of the same name must keep
 (value, list, map, reducing...) and its serializer's type, else the update is refused with
 :class:`~reactive.errors.IncompatibleUpdateError` (Flink's state schema compatibility, in
 its simplest form: the same serializer or none).
+
+A barrier may carry a :class:`RescalePlan` instead (``job.rescale``, see
+:mod:`reactive.runtime.rescale`): a source task quiesces at its snapshot instant.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..checkpoint.contract import Reconfiguration
 from ..errors import IncompatibleUpdateError
 from ..functions import RuntimeContext
 from ..state.descriptors import StateDescriptor
@@ -32,9 +36,10 @@ from .operators.base import instance_copy
 from .operators.per_record import FilterOperator, FlatMapOperator, MapOperator, ReduceOperator
 from .operators.process import ProcessOperator, TimedKeyedProcessOperator
 from .operators.record_calls import output_convention
+from .task_mailbox import Suspension, TaskMailbox
 
-__all__ = ["FunctionUpdate", "OperatorChange", "apply_updates", "check_update", "function_name",
-           "install_function", "switch_function", "updatable"]
+__all__ = ["FunctionUpdate", "OperatorChange", "RescalePlan", "apply_updates", "check_update",
+           "function_name", "install_function", "switch_function", "updatable"]
 
 # operators whose user function is a plain callable held in ``fn``
 _CALLABLE_OPERATORS = (MapOperator, FilterOperator, FlatMapOperator, ReduceOperator)
@@ -54,6 +59,33 @@ class FunctionUpdate:
     uid: str
     function: Any
     name: str
+
+
+@dataclass(frozen=True, eq=False)
+class RescalePlan:
+    """The new parallelism of a job, carried by a checkpoint barrier.
+
+    Attributes:
+        parallelism: the parallelism of every operator after the rescale, by uid.
+        changed: the :class:`~reactive.checkpoint.Reconfiguration` entries recorded in the
+            checkpoint's metadata, one per operator whose parallelism changes.
+        quiesced: the suspensions of the source tasks that injected the barrier; resumed
+            when the rescale's checkpoint fails.
+    """
+
+    parallelism: Mapping[str, int]
+    changed: tuple[Reconfiguration, ...]
+    quiesced: list[Suspension] = field(default_factory=list)
+
+    def quiesce(self, mailbox: TaskMailbox) -> None:
+        """At a source task's snapshot instant: it reads no more input (it runs its mail)
+        until :meth:`resume` or the end of the attempt."""
+        self.quiesced.append(mailbox.suspend_default_action())
+
+    def resume(self) -> None:
+        """The rescale failed: every quiesced task reads input again."""
+        for suspension in self.quiesced:
+            suspension.resume()
 
 
 def function_name(fn: Any) -> str:
@@ -211,15 +243,20 @@ class OperatorChange(Protocol):
 
 
 def apply_updates(operators: Iterable[StreamOperator],
-                  updates: Iterable[FunctionUpdate | OperatorChange],
+                  updates: Iterable[FunctionUpdate | OperatorChange | RescalePlan],
                   opened: bool = True) -> None:
     """Give each operator of ``operators`` that an update names its new function:
     :func:`switch_function` on opened operators (at a barrier's snapshot instant),
     :func:`install_function` before ``open`` (a restore); an :class:`OperatorChange` is
-    applied by its own ``apply``, in the order of ``updates``."""
-    updates = list(updates)
-    by_uid = {u.uid: u.function for u in updates if isinstance(u, FunctionUpdate)}
-    changes = [u for u in updates if not isinstance(u, FunctionUpdate)]
+    applied by its own ``apply``, in the order of ``updates``. A :class:`RescalePlan` the
+    barrier may carry beside them is not an operator's change: the runner acts on it."""
+    by_uid: dict[str, Any] = {}
+    changes: list[OperatorChange] = []
+    for u in updates:
+        if isinstance(u, FunctionUpdate):
+            by_uid[u.uid] = u.function
+        elif not isinstance(u, RescalePlan):
+            changes.append(u)
     for op in operators:
         fn = by_uid.get(op.uid)
         if fn is not None:

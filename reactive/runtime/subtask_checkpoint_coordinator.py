@@ -44,7 +44,7 @@ from ..errors import ReactiveError, StateSerializationError
 from ..state.backend import KeyedStateSnapshot, SnapshotContext
 from .events import CheckpointBarrier
 from .operators import StreamOperator, maybe_await
-from .reconfiguration import apply_updates
+from .reconfiguration import RescalePlan, apply_updates
 
 if TYPE_CHECKING:
     from ..checkpoint.storage import CheckpointStorage
@@ -182,6 +182,14 @@ class SubtaskCheckpointCoordinator:
             # section 4.5.5)
             try:
                 apply_updates(self.operators, barrier.updates)
+                # a rescale: a source reads nothing after its barrier (its mail, the
+                # commits, still runs), so the old graph receives no record after the
+                # snapshot instant. Only sources: a downstream task quiesced too could block
+                # a timer's output, and with it the commits, on a full channel.
+                if getattr(self.task, "source", None) is not None:
+                    for plan in barrier.updates:
+                        if isinstance(plan, RescalePlan):
+                            plan.quiesce(self.task.mailbox)  # type: ignore[attr-defined]
             except BaseException:
                 for _, _, keyed, _ in captures:
                     if keyed is not None:

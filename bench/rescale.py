@@ -1,0 +1,228 @@
+"""Live rescaling of W1 (``job.rescale``) against stop-with-savepoint + restore.
+
+    python -m bench.rescale [--keys 1000000] [--records 8000000] [--backends heap rocksdb]
+                            [--steps 2 4 3 1] [--between 1.0]
+
+W1 (``from_collection -> key_by -> KeyedProcessFunction count -> sink``, checkpoints every
+1 s) runs over ``--keys`` distinct words first (so the keyed state holds that many keys),
+then Zipf(1.1) words over the same vocabulary. Once the distinct words are counted, the job
+is rescaled through ``--steps`` (from parallelism 1), ``--between`` seconds apart, while the
+source reads at full speed. The pause of a rescale is the longest gap between two records
+reaching the sink (any instance) from the call to its return plus 0.2 s. The same steps are
+then run as Flink does without live rescaling: stop-with-savepoint, and a new run that
+restores the savepoint at the new parallelism (the gap from the last record before the stop
+to the first record of the new run).
+
+Both ways must be exact: the sink keeps each word's last count and the number of records;
+every record reaches the sink once (the sources read nothing after the rescale's barrier),
+so the counts must equal the input's and the records its length. The per-rescale phases
+say where the time goes: the checkpoint (trigger to completion: alignment, synchronous and
+asynchronous parts, metadata), then the switch (commits, tear-down of the old tasks, restore
+of the checkpoint's files at the new parallelism, start of the new tasks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import ALL_CHECKPOINTS, print_table, zipf_keys
+from reactive import CheckpointConfig, Dataflow, KeyedProcessFunction, ValueStateDescriptor
+from reactive.backends.heap import HeapStateBackend
+from reactive.backends.rocksdb import RocksDBStateBackend
+from reactive.sinks import Sink, SinkWriter
+from reactive.state.backend import StateBackend
+
+
+class Count(KeyedProcessFunction):
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+    def process_element(self, word: str, ctx: Any, out: list[Any]) -> None:
+        n = self.count.value() + 1
+        self.count.update(n)
+        out.append((word, n))
+
+
+@dataclass
+class Recorder:
+    """What every sink instance of a run writes into: last count per word, records, and
+    the gaps between two batches reaching the sink."""
+
+    last: dict[str, int] = field(default_factory=dict)
+    records: int = 0
+    previous: float = 0.0
+    gaps: list[tuple[float, float]] = field(default_factory=list)  # (end time, gap s)
+
+    def write(self, batch: list[Any]) -> None:
+        now = time.perf_counter()
+        if self.previous and now - self.previous > 0.002:
+            self.gaps.append((now, now - self.previous))
+        self.previous = now
+        self.last.update(batch)
+        self.records += len(batch)
+
+    def longest_gap(self, start: float, end: float) -> float:
+        return max((g for t, g in self.gaps if start <= t <= end), default=0.0)
+
+
+class RecordingSink(Sink[Any]):
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    def create_writer(self, subtask: int, parallelism: int) -> SinkWriter[Any]:
+        return _Writer(self.recorder)
+
+
+class _Writer(SinkWriter[Any]):
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    def write(self, batch: list[Any]) -> None:
+        self.recorder.write(batch)
+
+
+def _flow(words: list[str], recorder: Recorder, parallelism: int) -> Dataflow:
+    flow = Dataflow("w1-rescale", parallelism=parallelism)
+    (flow.from_collection(words).uid("words").key_by(lambda w: w)
+     .process(Count()).uid("count").sink(RecordingSink(recorder)).uid("sink"))
+    return flow
+
+
+def _backend(name: str, work: Path) -> StateBackend:
+    return HeapStateBackend() if name == "heap" else RocksDBStateBackend(path=work / "rocks")
+
+
+async def _counted(job: Any, n: int) -> None:
+    """Wait until the count has taken ``n`` records (in this run)."""
+    while job.metrics.operators.get("count", {}).get("records_in", 0) < n:
+        await asyncio.sleep(0.01)
+
+
+@dataclass
+class Step:
+    way: str
+    change: str
+    pause: float
+    checkpoint: float = 0.0
+    switch: float = 0.0
+    detail: str = ""
+
+
+async def live(words: list[str], keys: int, backend: str, steps: list[int], between: float,
+               work: Path) -> tuple[list[Step], Recorder, float]:
+    recorder = Recorder()
+    job = await _flow(words, recorder, 1).start(
+        checkpoints=CheckpointConfig(interval=1.0, directory=str(work / "chk"),
+                                     history=ALL_CHECKPOINTS),
+        state_backend=_backend(backend, work))
+    await _counted(job, keys)
+    out, p, quiet = [], 1, 0.0
+    for target in steps:
+        t0 = time.perf_counter()
+        await asyncio.sleep(between)
+        # the longest gap of a stretch without a rescale (periodic checkpoints included)
+        quiet = max(quiet, recorder.longest_gap(t0, time.perf_counter()))
+        t_call, w_call = time.perf_counter(), time.time()
+        completed = await job.rescale(target)
+        t_ret = time.perf_counter()
+        await asyncio.sleep(0.2)
+        stats = next(s for s in job.metrics.checkpoints
+                     if s.checkpoint_id == completed.checkpoint_id)
+        ck = stats.trigger_time - w_call + stats.duration
+        phases = job._runner.rescale_phases[-1]
+        commit = t_ret - t_call - ck - sum(phases.values())
+        out.append(Step("live", f"{p} -> {target}",
+                        recorder.longest_gap(t_call, t_ret + 0.2), ck, t_ret - t_call - ck,
+                        f"checkpoint: wait {(stats.trigger_time - w_call) * 1e3:.0f}, "
+                        f"align {stats.alignment * 1e3:.0f}, sync {stats.sync * 1e3:.0f}, "
+                        f"async {stats.async_ * 1e3:.0f} ({stats.size / 1e6:.0f} MB); "
+                        f"switch: commit {commit * 1e3:.0f}, "
+                        + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in phases.items())))
+        p = target
+    await job.wait()
+    return out, recorder, quiet
+
+
+async def restarted(words: list[str], keys: int, backend: str, steps: list[int],
+                    between: float, work: Path) -> tuple[list[Step], Recorder]:
+    recorder = Recorder()
+    config = CheckpointConfig(interval=1.0, directory=str(work / "chk-sp"),
+                              history=ALL_CHECKPOINTS)
+    job = await _flow(words, recorder, 1).start(checkpoints=config,
+                                                state_backend=_backend(backend, work))
+    await _counted(job, keys)
+    out, p = [], 1
+    for i, target in enumerate(steps):
+        await asyncio.sleep(between)
+        t_call = time.perf_counter()
+        savepoint = await job.stop(path=work / f"savepoint-{i}")
+        t_stopped = time.perf_counter()
+        assert savepoint is not None
+        job = await _flow(words, recorder, target).start(
+            checkpoints=config, state_backend=_backend(backend, work / f"run-{i}"),
+            restore_from=savepoint.path)
+        await _counted(job, 1)
+        t_ret = time.perf_counter()
+        await asyncio.sleep(0.2)
+        out.append(Step("stop-with-savepoint + restore", f"{p} -> {target}",
+                        recorder.longest_gap(t_call, t_ret + 0.2), t_stopped - t_call,
+                        t_ret - t_stopped))
+        p = target
+    await job.wait()
+    return out, recorder
+
+
+def _check(words: list[str], recorder: Recorder, way: str) -> None:
+    expected = collections.Counter(words)
+    assert recorder.records == len(words), (way, recorder.records, len(words))
+    assert recorder.last == dict(expected), f"{way}: final counts differ from the input's"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--records", type=int, default=8_000_000)
+    ap.add_argument("--backends", nargs="+", default=["heap", "rocksdb"])
+    ap.add_argument("--steps", nargs="+", type=int, default=[2, 4, 3, 1])
+    ap.add_argument("--between", type=float, default=1.0)
+    args = ap.parse_args()
+    words = [f"w{i}" for i in range(args.keys)]
+    words += zipf_keys(args.records - args.keys, args.keys)
+    rows = []
+    for backend in args.backends:
+        with tempfile.TemporaryDirectory() as tmp:
+            steps, recorder, quiet = asyncio.run(
+                live(words, args.keys, backend, args.steps, args.between, Path(tmp)))
+            _check(words, recorder, "live")
+            for s in steps:
+                print(backend, "live", s.change, f"pause {s.pause * 1e3:.0f} ms;", s.detail,
+                      flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            restarts, recorder2 = asyncio.run(
+                restarted(words, args.keys, backend, args.steps, args.between, Path(tmp)))
+            _check(words, recorder2, "stop-with-savepoint")
+            for s in restarts:
+                print(backend, "stop+restore", s.change, f"pause {s.pause * 1e3:.0f} ms",
+                      flush=True)
+        for live_step, restart_step in zip(steps, restarts, strict=True):
+            for s in (live_step, restart_step):
+                rows.append([backend, s.way, s.change, s.pause * 1e3, s.checkpoint * 1e3,
+                             s.switch * 1e3,
+                             s.pause / restart_step.pause if restart_step.pause else 0.0,
+                             s.detail])
+        rows.append([backend, "live: longest gap between rescales", "-", quiet * 1e3,
+                     "-", "-", "-", "periodic checkpoints included"])
+    print(f"{args.keys:,} keys, {args.records:,} records; output exact in every run")
+    print_table(["backend", "way", "change", "pause (ms)", "checkpoint / stop (ms)",
+                 "switch / restart (ms)", "x stop+restore", "where the time goes (ms)"], rows)
+
+
+if __name__ == "__main__":
+    main()
