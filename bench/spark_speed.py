@@ -215,7 +215,9 @@ def main(argv: list[str] | None = None) -> None:
                 # machine: the other runs' rows still count
                 print(f"the Spark run on {master} failed:\n{done.stderr[-4000:]}",
                       file=sys.stderr)
-                why = (done.stderr.strip().splitlines() or ["?"])[-1][:120]
+                errors = [line for line in done.stderr.splitlines()
+                          if "Error" in line or "Exception" in line]
+                why = (errors or ["?"])[-1][-160:]
                 table.append([f"Spark {master}, {args.reader} reader, read partitions "
                               f"{parts}, {queries}", "failed", "-", "-", why])
                 continue
