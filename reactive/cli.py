@@ -154,8 +154,15 @@ def _run_on_spark(flow: Dataflow, checkpoint_dir: Path, master: str) -> int:
     except ImportError as exc:
         raise CliError(f"the Spark runner is not available: {exc}") from exc
     translate(flow)  # refuse an untranslatable program before starting Spark's JVM
-    runner = runner_class(session(master), checkpoint_dir / "spark")
-    job = runner.run(flow)
+    spark = session(master)
+    runner = runner_class(spark, checkpoint_dir / "spark")
+    # a line per micro-batch of each query while it runs (Spark's progress reports)
+    printer = builtin("reactive.connectors.spark.progress:progress_printer")()
+    spark.streams.addListener(printer)
+    try:
+        job = runner.run(flow)
+    finally:
+        spark.streams.removeListener(printer)
     print(f"job {flow.name!r} finished on Spark ({master}):")
     for uid, q in job.summary().items():
         print(f"  query of sink {uid} ({q['shape']}): {q['micro_batches']} micro-batches, "

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import io
 import itertools
-import pickle
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from .record_chain import END_OF_INPUT_TIME
+from .record_chain import END_OF_INPUT, END_OF_INPUT_TIME
 
 __all__ = ["CsvStreamReader"]
 
@@ -66,7 +65,8 @@ class CsvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         limit: records per micro-batch at most, counted as lines and rounded up to a block
             (a checkpoint never falls inside a block).
         parts: Spark tasks per micro-batch (consecutive ranges of blocks).
-        as_arrow: turns ``(record, ts, seq)`` rows into the Arrow record batches of the
+        as_arrow: turns ``(record, ts, seq)`` rows (the end-of-input marker's record is
+            :data:`~.record_chain.END_OF_INPUT`) into the Arrow record batches of the
             source's schema (the reactive data source's own, shared by its readers).
     """
 
@@ -150,7 +150,6 @@ class CsvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         src = self.source
         start, end = partition.start, partition.end
         f, pos, line, seq = start["file"], start["pos"], start["line"], start["seq"]
-        dumps, proto = pickle.dumps, pickle.HIGHEST_PROTOCOL
         while f < len(self.files) and (f, pos) < (end["file"], end["pos"]):
             path = self.files[f]
             names, data_offset, data_line = src.read_header(path)
@@ -164,11 +163,11 @@ class CsvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             stop = end["pos"] if f == end["file"] else None
             for offset, first, data in _blocks(src, path, pos, line, stop):
                 for i, record in enumerate(converter.convert(path, offset, first, data)):
-                    yield (dumps(record, protocol=proto), None, seq + i)
+                    yield (record, None, seq + i)
                 seq += _lines(data)
             f, pos, line = f + 1, 0, 1
         if end["done"] and not start["done"]:
-            yield (None, END_OF_INPUT_TIME, end["seq"])
+            yield (END_OF_INPUT, END_OF_INPUT_TIME, end["seq"])
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release."""

@@ -3,9 +3,10 @@
 ``withWatermark(ts).groupBy(window(ts), key).agg(count, sum, avg, min, max, min_by, max_by)``,
 with its state in Spark's state store and no Python per record in the aggregation.
 
-The query: the source's records go through the per-record steps before ``key_by`` in one
-``mapInArrow`` (Python, as in every plan), which also gives each record its event time, the
-canonical bytes of its key and the aggregated fields as typed columns; Spark aggregates them
+The query: the source's reader runs the per-record steps before ``key_by`` on the records
+it reads (Python, as in every plan; :mod:`.stream_source`'s first chain), which also
+gives each record its event time, the canonical bytes of its key and the aggregated fields
+as typed columns; Spark aggregates them
 natively, in append mode, and emits each window once the watermark passes its end; a last
 ``mapInArrow`` turns the window rows into the ``WindowResult`` records the steps after the
 window and the sink receive. The end-of-input marker (:mod:`.record_chain`) moves the
@@ -14,7 +15,7 @@ watermark past every window, so the last windows are emitted as embedded.
 Late records, as embedded (``end <= watermark``, Flink's rule with no allowed lateness): the
 embedded watermark before a record is the largest timestamp of the records before it minus
 the bound. Spark drops a window row whose end is at or before its watermark, which is that
-value over the micro-batches before the current one; the first ``mapInArrow`` drops the
+value over the micro-batches before the current one; the first chain drops the
 records late against the records before them in the same micro-batch (it reads the
 micro-batch's one partition in source order). Together: exactly the embedded rule, for
 timestamps in whole milliseconds (Spark's watermark unit). Spark's watermark starts at the
@@ -49,7 +50,7 @@ from .translation import QueryPlan
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["NativeWindow", "native_aggregate", "native_query", "native_row_fields",
+__all__ = ["NativeWindow", "native_aggregate", "native_columns", "native_row_fields",
            "native_window"]
 
 
@@ -150,29 +151,28 @@ def _aggregate(i: int, a: BuiltinAggregate) -> Column:
     return column.alias(f"a{i}")
 
 
-def native_query(frame: DataFrame, plan: QueryPlan, window: NativeWindow,
-                 encoder: Any) -> DataFrame:
-    """The streaming DataFrame of the sink's rows for a native window plan.
+def native_columns(plan: QueryPlan, window: NativeWindow) -> tuple[Any, str]:
+    """The first chain of a native window plan, run by the source's reader: the records'
+    :data:`~.record_chain.Chunk` s through the steps before ``key_by`` to the rows the
+    aggregation reads (:func:`native_row_fields`).
 
     Args:
-        frame: the source's streaming DataFrame (``record, ts, seq``).
         plan: the plan (its keyed step is the window).
         window: its native form (:func:`native_window`).
-        encoder: the sink's :class:`~.record_chain.SinkEncoder`.
 
     Returns:
-        the DataFrame to write with the sink's format, in append mode.
+        ``(function, Spark DDL schema of its rows)`` for
+        :func:`~.stream_source.source_options`'s ``then`` and ``schema``.
     """
     values = ", ".join(f"v{i} {_spark_type(a.dtype)}"
                        for i, a in enumerate(window.aggregations))
-    schema = f"key binary, ts timestamp, seq bigint, sub int, {values}"
-    rows = frame.mapInArrow(_records_to_columns(plan, window), schema)
-    return native_aggregate(rows, plan, window, encoder)
+    return (_records_to_columns(plan, window),
+            f"key binary, ts timestamp, seq bigint, sub int, {values}")
 
 
 def native_aggregate(rows: DataFrame, plan: QueryPlan, window: NativeWindow,
                      encoder: Any) -> DataFrame:
-    """The aggregation of a native window plan, from the rows its first ``mapInArrow``
+    """The aggregation of a native window plan, from the rows its first chain
     makes (``key, ts, seq, sub, v0, v1, ...``: :func:`native_row_fields`), to the sink's
     rows.
 
@@ -200,8 +200,8 @@ def native_aggregate(rows: DataFrame, plan: QueryPlan, window: NativeWindow,
 
 
 def _records_to_columns(plan: QueryPlan, window: NativeWindow) -> Any:
-    """The ``mapInArrow`` function before the aggregation: source records through the
-    steps, as ``key, ts, seq, sub`` and one typed column per aggregated field; records late
+    """The chain before the aggregation: source records (:data:`~.record_chain.Chunk` s)
+    through the steps, as ``key, ts, seq, sub`` and one typed column per aggregated field; records late
     against the records before them in the micro-batch are dropped here (see the module
     docstring)."""
     steps = plan.before_key
@@ -214,32 +214,27 @@ def _records_to_columns(plan: QueryPlan, window: NativeWindow) -> Any:
     size, offset, delay = window.size, window.offset, window.delay
     shift = time_shift(window)
 
-    def run(batches: Any) -> Any:
-        import pickle
-
+    def run(chunks: Any) -> Any:
         import pyarrow as pa
 
         from reactive.errors import UserFunctionError
         from reactive.key_encoding import encode_key
 
-        from .record_chain import END_OF_INPUT_TIME, run_steps
+        from .record_chain import END_OF_INPUT, END_OF_INPUT_TIME, run_steps
 
         end_micros = int(END_OF_INPUT_TIME.timestamp() * 1_000_000)
         ts_type = pa.timestamp("us", tz="UTC")
         value_types = [pa.int64() if t == "int" else pa.float64() for t in types]
         encode = key_serializer.serialize if key_serializer is not None else encode_key
-        loads = pickle.loads
         watermark = float("-inf")  # of the records before, in this micro-batch
-        for batch in batches:
+        for records, _, batch_seqs in chunks:
             keys: list[bytes | None] = []
             tss: list[int] = []
             seqs: list[int] = []
             subs: list[int] = []
             cols: list[list[Any]] = [[] for _ in extractors]
-            records = batch.column("record").to_pylist()
-            batch_seqs = batch.column("seq").to_pylist()
-            for data, seq in zip(records, batch_seqs, strict=True):
-                if data is None:  # the end-of-input marker
+            for record, seq in zip(records, batch_seqs, strict=True):
+                if record is END_OF_INPUT:
                     keys.append(None)
                     tss.append(end_micros)
                     seqs.append(seq)
@@ -248,7 +243,7 @@ def _records_to_columns(plan: QueryPlan, window: NativeWindow) -> Any:
                         c.append(None)
                     continue
                 sub = 0
-                for r, t in run_steps(steps, loads(data), None, f"record {seq}"):
+                for r, t in run_steps(steps, record, None, f"record {seq}"):
                     assert t is not None
                     # late: its window ended at or before the watermark (no lateness)
                     late = t - (t - offset) % size + size <= watermark

@@ -4,13 +4,13 @@ output) run once per record, and every sink is written from the same micro-batch
 
 The plan (Spark SQL, one checkpoint location):
 
-1. the source's records go through the per-record steps in one ``mapInArrow`` that walks
-   the dataflow's tree of steps (:class:`StepTree`): a step two sinks share runs once, and
-   each record that reaches a branch's end becomes a row of that branch, tagged with its
-   number, in one wide Arrow batch (a branch's columns are null in the other branches'
-   rows). A branch ends at a per-record sink (the sink's row), at a native window
-   (:mod:`.native_plan`'s columns) or at a keyed operator run in Python (the pickled record,
-   its event time and key bytes);
+1. the source's reader runs the per-record steps on the records it reads (the first chain of
+   :mod:`.stream_source`), walking the dataflow's tree of steps (:class:`StepTree`): a step
+   two sinks share runs once, and each record that reaches a branch's end becomes a row of
+   that branch, tagged with its number, in one wide Arrow batch (a branch's columns are null
+   in the other branches' rows). A branch ends at a per-record sink (the sink's row), at a
+   native window (:mod:`.native_plan`'s columns) or at a keyed operator run in Python (the
+   pickled record, its event time and key bytes);
 2. the rows are hash-partitioned by source position: one shuffle (Spark's ``Exchange``),
    which every branch reads; Spark plans it once and hands the same shuffle output to each
    branch (``ReusedExchange``), so nothing before it runs twice. A branch takes its rows in
@@ -287,7 +287,7 @@ class _Branch:
 
 
 def _wide_fields(branches: list[_Branch]) -> list[tuple[str, Any]]:
-    """The columns of the first ``mapInArrow``'s rows: ``branch``, ``seq``, then each
+    """The columns of the first chain's rows: ``branch``, ``seq``, then each
     branch's own columns as ``b<i>_<name>``."""
     import pyarrow as pa
 
@@ -298,34 +298,31 @@ def _wide_fields(branches: list[_Branch]) -> list[tuple[str, Any]]:
 
 
 def _split_records(branches: list[_Branch]) -> Any:
-    """The ``mapInArrow`` function that runs the step tree on the source's records and
-    emits every branch's rows in one wide batch."""
+    """The source reader's chain: runs the step tree on the source's records
+    (:data:`~.record_chain.Chunk` s) and emits every branch's rows in one wide batch."""
     tree = StepTree.of([b.plan.before_key for b in branches])
     fields = _wide_fields(branches)
 
-    def run(batches: Any) -> Any:
-        import pickle
-
+    def run(chunks: Any) -> Any:
         import pyarrow as pa
 
+        from .record_chain import END_OF_INPUT
+
         schema = pa.schema(fields)
-        loads = pickle.loads
         position = [0]  # the source position of the record being run (for errors)
 
-        for batch in batches:
+        for records, _, seqs in chunks:
             ends = [b.end() for b in branches]
             push = _compile(tree, ends, position)
-            records = batch.column("record").to_pylist()
-            seqs = batch.column("seq").to_pylist()
-            for data, seq in zip(records, seqs, strict=True):
-                if data is None:  # the end-of-input marker
+            for record, seq in zip(records, seqs, strict=True):
+                if record is END_OF_INPUT:
                     for e in ends:
                         e.marker(seq)
                     continue
                 for e in ends:
                     e.begin()
                 position[0] = seq
-                push(loads(data), None)
+                push(record, None)
             sizes = [len(e.seqs) for e in ends]
             total = sum(sizes)
             columns: list[Any] = [
@@ -432,14 +429,15 @@ def _take_branch(i: int, names: list[str]) -> Any:
     return run
 
 
-def start_one_query(spark: SparkSession, frame: DataFrame, plans: list[QueryPlan],
-                    location: Path, native: bool, partitions: int
+def start_one_query(spark: SparkSession, read: Callable[[Any, Any], DataFrame],
+                    plans: list[QueryPlan], location: Path, native: bool, partitions: int
                     ) -> tuple[StreamingQuery, dict[str, str]]:
     """Start the one query of ``plans`` (see the module docstring).
 
     Args:
         spark: the session.
-        frame: the source's streaming DataFrame (``record, ts, seq``).
+        read: ``(then, schema) ->`` the source's streaming DataFrame, its reader running
+            ``then`` as its first chain (:func:`~.stream_source.source_options`).
         plans: the dataflow's plans (one per sink; :func:`one_query_refusal` is None).
         location: the query's checkpoint location.
         native: whether a window of built-in aggregations runs as Spark SQL.
@@ -474,8 +472,7 @@ def start_one_query(spark: SparkSession, frame: DataFrame, plans: list[QueryPlan
             shapes[plan.sink.uid] = "transformWithState"
     import pyarrow as pa
 
-    wide = frame.mapInArrow(_split_records(branches),
-                            from_arrow_schema(pa.schema(_wide_fields(branches))))
+    wide = read(_split_records(branches), from_arrow_schema(pa.schema(_wide_fields(branches))))
     shuffled = wide.repartition(partitions, "seq")
     encoders = [SinkEncoder(b.plan.sink) for b in branches]  # type: ignore[arg-type]
     sink_fields = [[(f"s{j}_{f.name}", f.type) for f in e.arrow_schema()]

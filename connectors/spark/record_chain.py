@@ -2,7 +2,9 @@
 ``filter`` / ``flat_map`` / ``assign_timestamps`` steps run over a batch of records, and the
 records a sink receives turned into the rows of Spark's file sink.
 
-Between the stages of a query a record travels as its pickle in a ``record binary`` column
+The source's reader runs the first chain of steps itself, on the records it has just read
+(:func:`row_chunks`; no pickling, no extra pass through the JVM). Between the later stages
+of a query a record travels as its pickle in a ``record binary`` column
 (any Python object, as in the embedded runtime), beside ``seq`` (its source position, for
 the order of a key's records), ``ts`` (its event time) and ``key`` (the canonical bytes of
 its key). A row whose ``record`` is null is the source's end-of-input marker: it passes
@@ -13,6 +15,7 @@ timer once the input is consumed (the final watermark of Flink's bounded streams
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,10 +25,38 @@ from reactive.runtime.operators.base import refuse_text
 
 from .translation import RecordStep, SinkStep
 
-__all__ = ["END_OF_INPUT_TIME", "SinkEncoder", "run_steps"]
+__all__ = ["END_OF_INPUT", "END_OF_INPUT_TIME", "Chunk", "SinkEncoder", "row_chunks",
+           "run_steps"]
 
 END_OF_INPUT_TIME = datetime.datetime(9999, 12, 31, tzinfo=datetime.UTC)
 """The event time of the end-of-input marker: past any record's."""
+
+
+class _EndOfInput:
+    """The type of :data:`END_OF_INPUT`."""
+
+    def __repr__(self) -> str:
+        return "END_OF_INPUT"
+
+
+END_OF_INPUT = _EndOfInput()
+"""The end-of-input marker among the records a source's reader hands its first chain of
+steps (any record, None included, is data; a pickled batch has a null ``record``)."""
+
+#: records, their event times (None, or :data:`END_OF_INPUT_TIME` for the marker) and
+#: source positions, as three lists of equal length
+Chunk = tuple[list[Any], list[Any], list[int]]
+
+_CHUNK_ROWS = 8192
+
+
+def row_chunks(rows: Iterator[tuple[Any, Any, int]], size: int = _CHUNK_ROWS
+               ) -> Iterator[Chunk]:
+    """``(record, ts, seq)`` rows as :data:`Chunk` s of at most ``size`` rows (the unit of
+    an Arrow batch a first chain of steps emits)."""
+    while chunk := list(itertools.islice(rows, size)):
+        records, tss, seqs = zip(*chunk, strict=True)
+        yield list(records), list(tss), list(seqs)
 
 
 def _subtask() -> int:

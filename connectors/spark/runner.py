@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-__all__ = ["SparkJob", "SparkRunner", "shuffle_partitions_for"]
+__all__ = ["SparkJob", "SparkRunner", "batch_records", "shuffle_partitions_for"]
 
 log = logging.getLogger(__name__)
 
@@ -98,14 +98,16 @@ class SparkJob:
 
     def summary(self) -> dict[str, dict[str, Any]]:
         """Per query (by sink uid), from Spark's progress reports: ``micro_batches`` run,
-        ``input_rows`` and ``rows_per_second`` (input rows over the micro-batches' trigger
-        execution time) of the recent reports, ``state_rows`` and ``state_bytes`` (memory
-        used) of the stateful operators after the last micro-batch, and ``shape``."""
+        ``input_rows`` (the source records the recent micro-batches read, by their offsets,
+        and the end-of-input marker: :func:`batch_records`) and ``rows_per_second`` (those
+        over the micro-batches' trigger execution time), ``state_rows`` and ``state_bytes``
+        (memory used) of the stateful operators after the last micro-batch, and
+        ``shape``."""
         out: dict[str, dict[str, Any]] = {}
         for uid, q in self.queries.items():
             reports = [json.loads(p.json) for p in q.recentProgress]
             last: dict[str, Any] = reports[-1] if reports else {}
-            rows = sum(int(p["numInputRows"]) for p in reports)
+            rows = sum(batch_records(p) for p in reports)
             millis = sum(int(p.get("durationMs", {}).get("triggerExecution", 0))
                          for p in reports)
             operators = last.get("stateOperators") or []
@@ -120,9 +122,45 @@ class SparkJob:
         return out
 
     def records_read(self) -> dict[str, int]:
-        """Input rows of each query over its recent micro-batches, by sink uid."""
-        return {uid: sum(int(p["numInputRows"]) for p in q.recentProgress)
+        """Source records (and the end-of-input marker) each query read over its recent
+        micro-batches, by sink uid (:func:`batch_records`)."""
+        return {uid: sum(batch_records(json.loads(p.json)) for p in q.recentProgress)
                 for uid, q in self.queries.items()}
+
+
+def batch_records(progress: dict[str, Any]) -> int:
+    """The source records one micro-batch read, from its progress report's offsets (the
+    reader hands Spark what its first chain of steps makes, so Spark's ``numInputRows``
+    counts those rows, not the records): the positions between the start and end offsets
+    (records; lines for the CSV source), plus one for the end-of-input marker in the
+    micro-batch that carries it.
+
+    Args:
+        progress: a ``StreamingQueryProgress`` as a dict (its ``json`` parsed).
+
+    Returns:
+        the count; a source without the reactive offsets counts its ``numInputRows``.
+    """
+    total = 0
+    for source in progress.get("sources") or []:
+        start, end = (_offset(source.get(k)) for k in ("startOffset", "endOffset"))
+        if end is None or not ({"seq", "index"} & end.keys()):
+            total += int(source.get("numInputRows", 0))
+            continue
+        where = "seq" if "seq" in end else "index"
+        first = 0 if start is None else int(start[where])
+        total += int(end[where]) - first
+        total += bool(end.get("done")) and not (start or {}).get("done", False)
+    return total
+
+
+def _offset(value: Any) -> dict[str, Any] | None:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return value if isinstance(value, dict) else None
 
 
 class SparkRunner:
@@ -279,12 +317,15 @@ class SparkRunner:
         return job
 
     # ------------------------------------------------------------------ one query
-    def _source_frame(self, plan: QueryPlan) -> DataFrame:
+    def _source_frame(self, plan: QueryPlan, then: Any, schema: Any) -> DataFrame:
+        """The source of ``plan`` read with ``then`` as its first chain of steps (see
+        :func:`~.stream_source.source_options`): a DataFrame of ``schema``."""
         from .stream_source import SOURCE_FORMAT, source_options
 
         return (self.spark.readStream.format(getattr(self, "_source_format", SOURCE_FORMAT))
                 .options(**source_options(plan.source.kind, plan.source.source,
-                                          self.max_records_per_batch, self.read_partitions))
+                                          self.max_records_per_batch, self.read_partitions,
+                                          then, schema))
                 .load())
 
     def _start_one_query(self, plans: list[QueryPlan], location: Path
@@ -292,38 +333,38 @@ class SparkRunner:
         from .one_query import start_one_query
 
         partitions = int(self.spark.conf.get(SHUFFLE_PARTITIONS, "200") or 200)
-        query, shapes = start_one_query(self.spark, self._source_frame(plans[0]), plans,
-                                        location, self.native, partitions)
+        query, shapes = start_one_query(
+            self.spark, lambda then, schema: self._source_frame(plans[0], then, schema),
+            plans, location, self.native, partitions)
         log.info("starting the one Spark query of sinks %s (%s; checkpoint location %s)",
                  ", ".join(shapes), ", ".join(f"{u}: {s}" for u, s in shapes.items()),
                  location)
         return query, shapes
 
     def _start_query(self, plan: QueryPlan, location: Path) -> tuple[StreamingQuery, str]:
-        from .native_plan import native_query, native_window
+        from .keyed_processor import keyed_from
+        from .native_plan import native_aggregate, native_columns, native_window
         from .record_chain import SinkEncoder
-        from .stream_source import SOURCE_FORMAT, source_options
 
         assert plan.sink is not None
         encoder = SinkEncoder(plan.sink)
-        frame = (self.spark.readStream.format(getattr(self, "_source_format", SOURCE_FORMAT))
-                 .options(**source_options(plan.source.kind, plan.source.source,
-                                           self.max_records_per_batch,
-                                           self.read_partitions))
-                 .load())
+        # the source's reader runs the steps before the keyed operator (or the sink)
         if plan.keyed is None:
             shape = "per-record"
-            out = frame.mapInArrow(_records_to_sink(plan, encoder), encoder.spark_schema())
+            out = self._source_frame(plan, _records_to_sink(plan, encoder),
+                                     encoder.spark_schema())
         else:
             window, why_not = native_window(plan) if self.native else (None, "native=False")
             if window is not None:
                 shape = "native window aggregation"
-                out = native_query(frame, plan, window, encoder)
+                out = native_aggregate(self._source_frame(plan, *native_columns(plan, window)),
+                                       plan, window, encoder)
             else:
                 shape = "transformWithState"
                 log.info("operator %r runs in Python (transformWithState): %s",
                          plan.keyed.name, why_not)
-                out = self._keyed(frame, plan, encoder)
+                out = keyed_from(self._source_frame(plan, _records_to_keyed(plan), _PRE_SCHEMA),
+                                 plan, encoder)
         writer = (out.writeStream.format(encoder.spark_format)
                   .outputMode("append")
                   .option("path", plan.sink.directory)
@@ -333,12 +374,6 @@ class SparkRunner:
         log.info("starting the Spark query of sink %r (%s; checkpoint location %s)",
                  plan.sink.uid, shape, location)
         return writer.start(), shape
-
-    def _keyed(self, frame: DataFrame, plan: QueryPlan, encoder: Any) -> DataFrame:
-        from .keyed_processor import keyed_from
-
-        return keyed_from(frame.mapInArrow(_records_to_keyed(plan), _PRE_SCHEMA), plan,
-                          encoder)
 
 
 def shuffle_partitions_for(flow: LogicalGraph) -> int:
@@ -391,24 +426,20 @@ def _export_python_path(spark: SparkSession) -> None:
 
 
 def _records_to_sink(plan: QueryPlan, encoder: Any) -> Any:
-    """The ``mapInArrow`` function of a query without a keyed operator: source records
-    through the steps to the sink's rows."""
+    """The source reader's chain of a query without a keyed operator: source records
+    (:data:`~.record_chain.Chunk` s) through the steps to the sink's rows."""
     steps = plan.before_key
 
-    def run(batches: Any) -> Any:
-        import pickle
-
-        from .record_chain import run_steps
+    def run(chunks: Any) -> Any:
+        from .record_chain import END_OF_INPUT, run_steps
 
         row = encoder.row
-        for batch in batches:
+        for records, _, seqs in chunks:
             rows: list[tuple[Any, ...]] = []
-            records = batch.column("record").to_pylist()
-            seqs = batch.column("seq").to_pylist()
-            for data, seq in zip(records, seqs, strict=True):
-                if data is None:  # the end-of-input marker: no watermark to move here
+            for record, seq in zip(records, seqs, strict=True):
+                if record is END_OF_INPUT:  # no watermark to move here
                     continue
-                for r, _ in run_steps(steps, pickle.loads(data), None, f"record {seq}"):
+                for r, _ in run_steps(steps, record, None, f"record {seq}"):
                     rows.append(row(r))
             if rows:
                 yield encoder.batch(rows)
@@ -417,15 +448,16 @@ def _records_to_sink(plan: QueryPlan, encoder: Any) -> Any:
 
 
 def _records_to_keyed(plan: QueryPlan) -> Any:
-    """The ``mapInArrow`` function before the keyed operator: source records through the
-    steps, with their event time and the canonical bytes of their key."""
+    """The source reader's chain before the keyed operator: source records
+    (:data:`~.record_chain.Chunk` s) through the steps, pickled, with their event time and
+    the canonical bytes of their key."""
     steps = plan.before_key
     assert plan.keyed is not None
     key_of = plan.keyed.key_selector
     key_serializer = plan.keyed.key_serializer
     name, uid = plan.keyed.name, plan.keyed.uid
 
-    def run(batches: Any) -> Any:
+    def run(chunks: Any) -> Any:
         import datetime
         import pickle
 
@@ -434,29 +466,26 @@ def _records_to_keyed(plan: QueryPlan) -> Any:
         from reactive.errors import UserFunctionError
         from reactive.key_encoding import encode_key
 
-        from .record_chain import run_steps
+        from .record_chain import END_OF_INPUT, run_steps
 
         schema = pa.schema([("record", pa.binary()), ("ts", pa.timestamp("us", tz="UTC")),
                             ("seq", pa.int64()), ("key", pa.binary())])
         utc = datetime.UTC
         encode = key_serializer.serialize if key_serializer is not None else encode_key
         dumps, proto = pickle.dumps, pickle.HIGHEST_PROTOCOL
-        for batch in batches:
+        for records, tss, seqs in chunks:
             out_r: list[Any] = []
             out_t: list[Any] = []
             out_s: list[int] = []
             out_k: list[bytes | None] = []
-            records = batch.column("record").to_pylist()
-            tss = batch.column("ts").to_pylist()
-            seqs = batch.column("seq").to_pylist()
-            for data, ts, seq in zip(records, tss, seqs, strict=True):
-                if data is None:
+            for record, ts, seq in zip(records, tss, seqs, strict=True):
+                if record is END_OF_INPUT:
                     out_r.append(None)
                     out_t.append(ts)
                     out_s.append(seq)
                     out_k.append(None)
                     continue
-                for r, t in run_steps(steps, pickle.loads(data), None, f"record {seq}"):
+                for r, t in run_steps(steps, record, None, f"record {seq}"):
                     try:
                         k = encode(key_of(r))
                     except Exception as exc:

@@ -8,6 +8,11 @@ checkpoints, followed by one end-of-input marker.
   ``errors="dead_letter"`` (Spark's own text source knows no byte offsets);
 - a collection is read by index.
 
+Given a first chain of steps (``source_options(then=...)``), the reader runs it on the
+records it reads and hands Spark that chain's Arrow batches (the source's schema is then the
+chain's): the records are never pickled, and the first stage of every plan is the read
+itself. Without one, it hands Spark the records pickled (:data:`SOURCE_SCHEMA`).
+
 The offsets live in Spark's offset log, so a query restarted on its checkpoint location
 continues after the last committed micro-batch. ``max_records_per_batch`` caps a
 micro-batch (Spark's ``ReadMaxRows``), also under ``Trigger.AvailableNow``. After the last
@@ -20,7 +25,7 @@ from __future__ import annotations
 import base64
 import itertools
 import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -31,7 +36,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from .record_chain import END_OF_INPUT_TIME
+from .record_chain import END_OF_INPUT, END_OF_INPUT_TIME, Chunk, row_chunks
 
 __all__ = ["SOURCE_FORMAT", "SOURCE_SCHEMA", "ReactiveSource", "source_options"]
 
@@ -40,7 +45,9 @@ SOURCE_SCHEMA = "record binary, ts timestamp, seq bigint"
 
 
 def source_options(kind: str, source: Any, max_records_per_batch: int,
-                   read_partitions: int = 1) -> dict[str, str]:
+                   read_partitions: int = 1,
+                   then: Callable[[Iterator[Chunk]], Iterator[Any]] | None = None,
+                   schema: Any = None) -> dict[str, str]:
     """The options of a :class:`ReactiveSource` reading ``source``.
 
     Args:
@@ -49,6 +56,14 @@ def source_options(kind: str, source: Any, max_records_per_batch: int,
         max_records_per_batch: records per micro-batch at most.
         read_partitions: Spark partitions (tasks) each micro-batch is read and processed in,
             by consecutive ranges of records.
+        then: the first chain of steps, run by the reader in each task: from the
+            records' :data:`~.record_chain.Chunk` s (the last task's ends with the
+            end-of-input marker) to ``pyarrow.RecordBatch`` es of ``schema``; None: the
+            records pickled, :data:`SOURCE_SCHEMA`.
+        schema: the Spark schema of ``then``'s batches (a DDL string or a ``StructType``).
+
+    Raises:
+        ValueError: when only one of ``then`` and ``schema`` is given.
     """
     if kind == "csv":
         spec: dict[str, Any] = {"kind": kind, "source": source}
@@ -58,9 +73,18 @@ def source_options(kind: str, source: Any, max_records_per_batch: int,
     else:
         spec = {"kind": kind, "items": list(source.items)}
     data = pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
-    return {"spec": base64.b64encode(data).decode("ascii"),
-            "maxRecordsPerBatch": str(max_records_per_batch),
-            "readPartitions": str(read_partitions)}
+    options = {"spec": base64.b64encode(data).decode("ascii"),
+               "maxRecordsPerBatch": str(max_records_per_batch),
+               "readPartitions": str(read_partitions)}
+    if (then is None) != (schema is None):
+        raise ValueError("source_options takes both of then= and schema=, or neither")
+    if then is not None:
+        from pyspark import cloudpickle  # the user functions in it may be lambdas
+
+        data = cloudpickle.dumps(then)  # type: ignore[no-untyped-call]
+        options["then"] = base64.b64encode(data).decode("ascii")
+        options["schema"] = schema if isinstance(schema, str) else "json:" + schema.json()
+    return options
 
 
 class ReactiveSource(DataSource):
@@ -71,41 +95,63 @@ class ReactiveSource(DataSource):
     def name(cls) -> str:
         return SOURCE_FORMAT
 
-    def schema(self) -> str:
-        return SOURCE_SCHEMA
+    def schema(self) -> Any:
+        given = self.options.get("schema", SOURCE_SCHEMA)
+        if given.startswith("json:"):
+            import json
+
+            from pyspark.sql.types import StructType
+
+            return StructType.fromJson(json.loads(given[5:]))
+        return given
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         spec = pickle.loads(base64.b64decode(self.options["spec"]))
         limit = int(self.options.get("maxRecordsPerBatch", "100000"))
         parts = int(self.options.get("readPartitions", "1"))
+        emit = _as_arrow
+        if "then" in self.options:
+            then = pickle.loads(base64.b64decode(self.options["then"]))
+
+            def emit(rows: Iterator[tuple[Any, ...]]) -> Iterator[Any]:
+                return then(row_chunks(rows))  # type: ignore[no-any-return]
+
         if spec["kind"] == "lines":
-            return _LinesReader(spec, limit, parts)
+            return _LinesReader(spec, limit, parts, emit)
         if spec["kind"] == "csv":
             from .csv_stream import CsvStreamReader
 
-            return CsvStreamReader(spec["source"], limit, parts, _as_arrow)
-        return _CollectionReader(spec, limit, parts)
+            return CsvStreamReader(spec["source"], limit, parts, emit)
+        return _CollectionReader(spec, limit, parts, emit)
 
 
 _ARROW_ROWS = 8192  # rows per Arrow batch handed to Spark
 
 
 def _as_arrow(rows: Iterator[tuple[Any, ...]]) -> Iterator[Any]:
-    """``(record, ts, seq)`` rows as Arrow record batches of :data:`SOURCE_SCHEMA` (Spark
-    takes them as they are; rows given one by one are checked and converted field by
-    field, which costs more than reading the line)."""
+    """``(record, ts, seq)`` rows as Arrow record batches of :data:`SOURCE_SCHEMA`, the
+    records pickled and the end-of-input marker's null (Spark takes the batches as they
+    are; rows given one by one are checked and converted field by field, which costs more
+    than reading the line)."""
     import pyarrow as pa
 
     schema = pa.schema([("record", pa.binary()), ("ts", pa.timestamp("us", tz="UTC")),
                         ("seq", pa.int64())])
+    dumps, proto = pickle.dumps, pickle.HIGHEST_PROTOCOL
     while True:
         chunk = list(itertools.islice(rows, _ARROW_ROWS))
         if not chunk:
             return
         records, tss, seqs = zip(*chunk, strict=True)
         yield pa.RecordBatch.from_arrays(
-            [pa.array(records, pa.binary()), pa.array(tss, schema.field("ts").type),
-             pa.array(seqs, pa.int64())], schema=schema)
+            [pa.array([None if r is END_OF_INPUT else dumps(r, protocol=proto)
+                       for r in records], pa.binary()),
+             pa.array(tss, schema.field("ts").type), pa.array(seqs, pa.int64())],
+            schema=schema)
+
+
+#: turns a reader's ``(record, ts, seq)`` rows into the Arrow batches Spark gets
+Emit = Callable[[Iterator[tuple[Any, ...]]], Iterator[Any]]
 
 
 class _Span(InputPartition):
@@ -129,10 +175,12 @@ class _CollectionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets ``{"index": i, "done": bool}``: the next record, and whether the end marker
     was emitted."""
 
-    def __init__(self, spec: dict[str, Any], limit: int, parts: int = 1) -> None:
+    def __init__(self, spec: dict[str, Any], limit: int, parts: int = 1,
+                 emit: Emit = _as_arrow) -> None:
         self.items: list[Any] = spec["items"]
         self.limit = limit
         self.parts = parts
+        self.emit = emit
 
     def initialOffset(self) -> dict[str, Any]:
         return {"index": 0, "done": False}
@@ -161,15 +209,15 @@ class _CollectionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [_Span(a, b) for a, b in itertools.pairwise(bounds)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        return _as_arrow(self._rows(partition))
+        return self.emit(self._rows(partition))
 
     def _rows(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, _Span)
         start, end = partition.start, partition.end
         for i in range(start["index"], end["index"]):
-            yield (pickle.dumps(self.items[i], protocol=pickle.HIGHEST_PROTOCOL), None, i)
+            yield (self.items[i], None, i)
         if end["done"] and not start["done"]:
-            yield (None, END_OF_INPUT_TIME, len(self.items))
+            yield (END_OF_INPUT, END_OF_INPUT_TIME, len(self.items))
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release."""
@@ -178,12 +226,14 @@ class _CollectionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets ``{"file": i, "pos": byte, "seq": lines before, "done": bool}``."""
 
-    def __init__(self, spec: dict[str, Any], limit: int, parts: int = 1) -> None:
+    def __init__(self, spec: dict[str, Any], limit: int, parts: int = 1,
+                 emit: Emit = _as_arrow) -> None:
         self.files: list[str] = spec["files"]
         self.with_offsets: bool = spec["with_offsets"]
         self.errors: str = spec["errors"]
         self.limit = limit
         self.parts = parts
+        self.emit = emit
 
     def initialOffset(self) -> dict[str, Any]:
         return {"file": 0, "pos": 0, "seq": 0, "done": False}
@@ -243,7 +293,7 @@ class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [_Span(a, b) for a, b in itertools.pairwise(bounds)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        return _as_arrow(self._rows(partition))
+        return self.emit(self._rows(partition))
 
     def _rows(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         from reactive.connectors.files import InvalidLine
@@ -251,8 +301,6 @@ class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, _Span)
         start, end = partition.start, partition.end
         f, pos, seq = start["file"], start["pos"], start["seq"]
-        dumps = pickle.dumps
-        proto = pickle.HIGHEST_PROTOCOL
         while seq < end["seq"]:
             path = self.files[f]
             with open(path, "rb") as fh:
@@ -275,11 +323,11 @@ class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                 f"{reason}; fix the file, or read it with errors='dead_letter' "
                                 "to route such lines to a dead-letter output") from None
                         record = InvalidLine(path, offset, line, reason)
-                    yield (dumps(record, protocol=proto), None, seq)
+                    yield (record, None, seq)
                     seq += 1
             f, pos = f + 1, 0
         if end["done"] and not start["done"]:
-            yield (None, END_OF_INPUT_TIME, seq)
+            yield (END_OF_INPUT, END_OF_INPUT_TIME, seq)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release."""

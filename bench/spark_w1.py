@@ -1,0 +1,160 @@
+"""W1 (the keyed running count) into a committing file sink, on Spark local mode against the
+embedded run, in one invocation: records/s with Spark's start-up excluded (and reported
+apart).
+
+    python -m bench.spark_w1 [--records 300000] [--vocabulary 100000] [--repeats 3]
+                             [--batch 100000] [--masters local[2],local[1]]
+
+The input: W1's keys (``bench.common.zipf_keys``: Zipf(1.1) over a 100,000-word vocabulary,
+numpy seed 42), one per line in a text file, which both runners read with the line-file
+source (a Spark query would carry a collection in its options). The dataflow:
+``read_text_file -> key_by(word) -> process(bench.w1.Count) -> CommittingFileSink`` (JSON
+lines ``[word, n]``), from nothing to the last committed file, on fresh directories:
+
+- embedded (the baseline): parallelism 1 (W1's), heap backend, checkpoints every second;
+- on Spark, in a child process per master (a SparkContext's master is fixed): the JVM and
+  session started once and timed apart, each repeat ``SparkRunner.run`` alone; the
+  dataflow's parallelism is the master's cores (the shuffle partitions of its keyed query),
+  the process function runs in ``transformWithState`` with each key's state read and
+  written once per micro-batch.
+
+Every Spark run's committed output is compared with the embedded run's, line for line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import print_table, zipf_keys
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build(data: Path, out: Path, parallelism: int) -> Any:
+    """The W1 dataflow over the words of ``data`` into a committing file sink at ``out``."""
+    from reactive import Dataflow
+    from reactive.connectors.files import CommittingFileSink
+
+    from .w1 import Count
+
+    flow = Dataflow("w1-spark", parallelism=parallelism, max_parallelism=128)
+    (flow.read_text_file(data, uid="words").key_by(lambda w: w).process(Count()).uid("count")
+         .sink(CommittingFileSink(out, format="jsonl")).uid("sink"))
+    return flow
+
+
+def output_lines(directory: Path) -> list[str]:
+    """The committed JSON lines of a run, sorted (embedded and Spark part files alike)."""
+    from reactive.connectors.spark import list_part_files
+
+    return sorted(line for p in list_part_files(directory)
+                  for line in p.path.read_text(encoding="utf-8").splitlines())
+
+
+def embedded_run(data: Path, work: Path) -> float:
+    """One embedded run; returns its seconds."""
+    from reactive import CheckpointConfig
+    from reactive.backends.heap import HeapStateBackend
+
+    shutil.rmtree(work, ignore_errors=True)
+    started = time.perf_counter()
+    asyncio.run(build(data, work / "out", 1).run(
+        checkpoints=CheckpointConfig(interval=1.0, directory=work / "chk"),
+        state_backend=HeapStateBackend()))
+    return time.perf_counter() - started
+
+
+def spark_child(args: argparse.Namespace) -> None:
+    """In a child process: start one session, run W1 ``--repeats`` times; print JSON."""
+    from reactive.connectors.spark import SparkRunner, local_session
+
+    cores = int(m.group(1)) if (m := re.fullmatch(r"local\[(\d+)\]", args.master)) else 2
+    started = time.perf_counter()
+    spark = local_session(args.master, app_name="bench-spark-w1")
+    startup = time.perf_counter() - started
+    work = Path(args.work)
+    runs, equal, summary = [], True, {}
+    for i in range(args.repeats):
+        out = work / f"spark-{i}"
+        shutil.rmtree(out, ignore_errors=True)
+        started = time.perf_counter()
+        job = SparkRunner(spark, out / "chk", max_records_per_batch=args.batch).run(
+            build(Path(args.data), out / "out", cores))
+        runs.append(time.perf_counter() - started)
+        summary = job.summary()
+        if i == 0:
+            equal = output_lines(out / "out") == output_lines(Path(args.embedded) / "out")
+        shutil.rmtree(out, ignore_errors=True)
+    print(json.dumps({"startup": startup, "runs": runs, "equal": equal,
+                      "summary": summary}))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--records", type=int, default=300_000)
+    p.add_argument("--vocabulary", type=int, default=100_000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batch", type=int, default=100_000, help="records per micro-batch")
+    p.add_argument("--masters", default="local[2],local[1]")
+    p.add_argument("--spark-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--master", default="local[2]", help=argparse.SUPPRESS)
+    p.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--work", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--embedded", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.spark_child:
+        spark_child(args)
+        return
+    work = Path(tempfile.mkdtemp(prefix="bench-spark-w1-"))
+    try:
+        data = work / "words.txt"
+        data.write_text("".join(w + "\n" for w in zipf_keys(args.records, args.vocabulary)),
+                        encoding="utf-8")
+        table: list[list[Any]] = []
+
+        def row(name: str, seconds: list[float], base: float | None, extra: str = "") -> None:
+            med = statistics.median(seconds)
+            n = args.records
+            table.append([name, f"{min(seconds):.1f} / {med:.1f} / {max(seconds):.1f}",
+                          f"{n / max(seconds):,.0f} / {n / med:,.0f} / {n / min(seconds):,.0f}",
+                          "1.000" if base is None else f"{base / med:.3f}", extra])
+
+        embedded = [embedded_run(data, work / "embedded") for _ in range(args.repeats)]
+        base = statistics.median(embedded)
+        row("embedded (p=1, heap, checkpoints every 1 s)", embedded, None)
+        for master in args.masters.split(","):
+            cmd = [sys.executable, "-m", "bench.spark_w1", "--spark-child", "--master", master,
+                   "--data", str(data), "--repeats", str(args.repeats), "--batch",
+                   str(args.batch), "--work", str(work), "--embedded",
+                   str(work / "embedded")]
+            done = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"the Spark run on {master} failed:\n{done.stderr[-4000:]}")
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            q = next(iter(result["summary"].values()), {})
+            row(f"Spark {master}, transformWithState", result["runs"], base,
+                f"start-up {result['startup']:.1f} s; equal: {result['equal']}; "
+                f"{q.get('micro_batches', '?')} micro-batches, state {q.get('state_rows', '?')}"
+                " rows")
+        print(f"W1 into a committing file sink, {args.records:,} Zipf(1.1) words over "
+              f"{args.vocabulary:,}, {args.repeats} repeats, micro-batches of "
+              f"{args.batch:,}; machine shared with other jobs")
+        print_table(["run", "seconds min / median / max", "records/s min / median / max",
+                     "vs embedded (median)", "notes"], table)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
