@@ -30,7 +30,7 @@ from reactive.columnar import ColumnarStream, MaxRows, VectorizedAggregateFuncti
 
 from .queries import HOP_MS, WINDOW_MS
 
-__all__ = ["COLUMNAR_QUERIES", "HotAuctions", "bids", "q0", "q1", "q2", "q5", "q7"]
+__all__ = ["COLUMNAR_QUERIES", "COLUMNAR_STATEFUL", "HotAuctions", "bids", "q0", "q1", "q2", "q5", "q7"]
 
 BID_FIELDS = ("auction", "bidder", "price", "dateTime", "extra")
 
@@ -232,3 +232,6 @@ def q7(events: ColumnarStream) -> ColumnarStream:
 COLUMNAR_QUERIES: dict[str, Callable[[ColumnarStream], ColumnarStream]] = {
     "q0": q0, "q1": q1, "q2": q2, "q5": q5, "q7": q7,
 }
+
+COLUMNAR_STATEFUL = ("q5", "q7")
+"""The columnar queries that keep state (windows)."""
