@@ -1,7 +1,7 @@
 """``MaxRows``, the vectorized aggregate that keeps the rows with a group's highest value
 (ties kept, SQL's ``RANK() = 1``): its accumulators across batches and merges, and in
 tumbling and session windows the same rows as a per-record AggregateFunction keeping the
-maximum's rows."""
+maximum's rows, and per key on the heap and RocksDB backends the rows a Python loop keeps."""
 
 from __future__ import annotations
 
@@ -131,3 +131,40 @@ async def test_max_rows_in_windows_equals_the_per_record_aggregate(kind: str) ->
     await reference.run()
     assert got == ordered(expected.records)
     assert any(len(r[3]) > 1 for r in got)  # ties were kept
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+async def test_max_rows_per_key_on_both_backends(backend: str, tmp_path: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # a keyed (not windowed) aggregate: on RocksDB its timestamps and strings go through
+    # the store's rows, the cache emptied and read back many times (8 slots cached)
+    from reactive.backends.rocksdb import RocksDBStateBackend
+    from reactive.columnar.aggregate_operator import ColumnarAggregateOperator
+
+    monkeypatch.setattr(ColumnarAggregateOperator, "cache_slots", 8)
+    table = events(3000, seed=9, keys=40)
+    table = table.set_column(2, "v", pc.divide(table.column("v"), 10)).append_column(
+        "at", pc.cast(pc.multiply(table.column("ts"), 1000), pa.timestamp("ms")))
+    row = pa.struct([("v", pa.int64()), ("at", pa.timestamp("ms")), ("k", pa.string())])
+    flow = Dataflow("max-rows-keyed", parallelism=2, max_parallelism=16)
+    out = ListSink()
+    keyed = (flow.from_arrow(table, batch_size=97)
+             .select("k", row=pc.make_struct(pc.field("v"), pc.field("at"), pc.field("k"),
+                                             field_names=["v", "at", "k"]))
+             .key_by("k"))
+    keyed.agg(emit="final", top=("row", MaxRows(row, by="v", capacity=128))) \
+        .to_records().sink(out)
+    await flow.run(state_backend=None if backend == "heap"
+                   else RocksDBStateBackend(tmp_path / "work"))
+    got = {r["k"]: sorted((t["v"], t["at"], t["k"]) for t in r["top"]) for r in out.records}
+    expected: dict[str, list[Any]] = {}
+    for r in table.to_pylist():
+        if r["v"] is None:
+            continue
+        kept = expected.setdefault(r["k"], [])
+        if kept and r["v"] > kept[0][0]:
+            kept.clear()
+        if not kept or r["v"] == kept[0][0]:
+            kept.append((r["v"], r["at"], r["k"]))
+    assert got == {k: sorted(v) for k, v in expected.items()}
+    assert any(len(v) > 1 for v in got.values())
