@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> None:
         if generator:
             gens[a] = statistics.median(generator)
             rows.append([f"generator, {a}s" if a == "record" else "generator, record batches",
-                         spread(generator), "1.00", "-", "-", "-", "-", "-", "-", "-", "-"])
+                         spread(generator), "-", "1.00", "-", "-", "-", "-", "-", "-", "-"])
     for q in queries:
         for b in backends:
             anchor_runs = flink.get((q, b))
