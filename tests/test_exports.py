@@ -89,7 +89,7 @@ PUBLIC_MODULES: dict[str, set[str]] = {
         "WindowResult", "count", "first", "last", "max_of", "mean", "min_of", "sum_of",
     },
     "reactive.columnar": {"ArrowSource", "ColumnarStream", "ColumnarWindowedStream",
-                          "KeyedColumnarStream", "SchemaMismatchError",
+                          "KeyedColumnarStream", "MaxRows", "SchemaMismatchError",
                           "VectorizedAggregateFunction"},
     "reactive.metrics_exporter": {"MetricsServer", "serve_metrics"},
     "reactive.checkpoint": {

@@ -7,13 +7,12 @@ queries in :mod:`.queries`:
 - q1 currency conversion: the same with ``price * 0.908`` (a float64 column);
 - q2 selection: ``(auction, price)`` of the bids whose ``auction % 123 == 0``;
 - q5 hot items: ``(auction, num, window start, window end)`` of the most-bid auctions of
-  each sliding window (10 s every 2 s), ties included.
+  each sliding window (10 s every 2 s), ties included;
+- q7 highest bid: ``(auction, bidder, price, dateTime, extra)`` of the bids with the
+  highest price of each tumbling 10 s window, ties included.
 
 ``dateTime`` stays an Arrow ``timestamp[ms]`` column (the reference compares its integer
-milliseconds). q7 (the bids with a window's highest price, each with its ``extra``
-string) is not written here: it needs the window's rows back after its maximum is known
-(Flink's SQL joins the bids with the maxima), and the columnar API has neither a join nor
-a window rank (Flink's Window Top-N) yet.
+milliseconds).
 """
 
 from __future__ import annotations
@@ -27,11 +26,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reactive import SlidingEventTimeWindows, TumblingEventTimeWindows
-from reactive.columnar import ColumnarStream, VectorizedAggregateFunction
+from reactive.columnar import ColumnarStream, MaxRows, VectorizedAggregateFunction
 
 from .queries import HOP_MS, WINDOW_MS
 
-__all__ = ["COLUMNAR_QUERIES", "HotAuctions", "bids", "q0", "q1", "q2", "q5"]
+__all__ = ["COLUMNAR_QUERIES", "COLUMNAR_STATEFUL", "HotAuctions", "bids", "q0", "q1", "q2", "q5", "q7"]
 
 BID_FIELDS = ("auction", "bidder", "price", "dateTime", "extra")
 
@@ -199,6 +198,40 @@ def q5(events: ColumnarStream) -> ColumnarStream:
     return hot.map_batches(_hot_rows, _Q5_SCHEMA, name="q5")
 
 
+Q7_ROW = pa.struct([("auction", pa.int64()), ("bidder", pa.int64()), ("price", pa.int64()),
+                    ("dateTime", pa.timestamp("ms")), ("extra", pa.string())])
+"""q7's output row."""
+
+
+def _max_bid_rows(batch: Any) -> Any:
+    """The windows' lists of highest bids, one row per bid."""
+    return pa.RecordBatch.from_struct_array(pc.list_flatten(batch.column("top")))
+
+
+def q7(events: ColumnarStream) -> ColumnarStream:
+    """Highest bid: the bids with the highest price of each tumbling 10 s window, ties
+    included, as ``(auction, bidder, price, dateTime, extra)``.
+
+    Flink nexmark's q7 joins the bids with each window's maximum price; here one window
+    aggregate keeps the rows at the maximum as it goes (:class:`MaxRows`, SQL's ``RANK() =
+    1``), keyed by the window's start so that the windows spread over the instances. A bid
+    belongs to ``[start, end)`` (as the per-record q7 and Beam's Query7).
+    """
+    when = _bid("dateTime")
+    ms = when.cast("int64")
+    window_ms = pa.scalar(WINDOW_MS, pa.int64())
+    rows = _bids(events, "q7-bids", window=(ms / window_ms) * window_ms, dateTime=when,
+                 row=pc.make_struct(*(_bid(f) for f in Q7_ROW.names),
+                                    field_names=Q7_ROW.names))
+    top = (rows.key_by("window")
+           .window(TumblingEventTimeWindows.of(WINDOW_MS / 1000), timestamp="dateTime")
+           .agg(name="q7-max", top=("row", MaxRows(Q7_ROW, by="price"))))
+    return top.map_batches(_max_bid_rows, pa.schema(list(Q7_ROW)), name="q7")
+
+
 COLUMNAR_QUERIES: dict[str, Callable[[ColumnarStream], ColumnarStream]] = {
-    "q0": q0, "q1": q1, "q2": q2, "q5": q5,
+    "q0": q0, "q1": q1, "q2": q2, "q5": q5, "q7": q7,
 }
+
+COLUMNAR_STATEFUL = ("q5", "q7")
+"""The columnar queries that keep state (windows)."""

@@ -1,15 +1,19 @@
 """The Flink anchor's job runner: run in the separate virtual environment that
 ``python -m bench.nexmark --anchor flink`` creates (it imports pyflink, never reactive).
 
-    <venv>/bin/python flink_job.py EVENTS.jsonl EMPTY.jsonl N QUERIES BACKENDS REPEATS WORKDIR
+    <venv>/bin/python flink_job.py EVENTS.jsonl EMPTY.jsonl N WORKDIR
 
-For each query and state backend (``hashmap``, ``rocksdb`` incremental) it runs the query's
-SQL on Flink at parallelism 1 with exactly-once checkpoints every second, reading the event
-file that :func:`reactive.connectors.nexmark.files.write_events` wrote (Flink nexmark's
-table layout: ``event_type`` and a ``person`` / ``auction`` / ``bid`` row, watermark 4 s
-behind ``dateTime``, as Flink nexmark's DDL) into a blackhole sink, and prints one JSON line
-per run: the wall time of the query over the event file and over a one-event file (the job's
-fixed start and stop cost, subtracted for events/s), after one warm-up job.
+It reads requests ``QUERY BACKEND`` from standard input, one a line, and answers each with
+one JSON line, so the benchmark interleaves Flink's runs with its own in one JVM. A request
+runs the query's SQL on Flink at parallelism 1 (state backend ``hashmap`` or ``rocksdb``
+incremental) with exactly-once checkpoints every second, reading the event file that
+:func:`reactive.connectors.nexmark.files.write_events` wrote (Flink nexmark's table
+layout: ``event_type`` and a ``person`` / ``auction`` / ``bid`` row, watermark 4 s behind
+``dateTime``, as Flink nexmark's DDL) into a blackhole sink, over the event file and over a
+one-event file (the job's fixed start and stop cost, subtracted). The answer holds both
+wall times and both CPU times: the JVM's (user + system time of all its threads, from
+``/proc/<pid>/stat``: task, JIT, GC and checkpoint threads) plus this Python process's.
+One warm-up job runs first; a line ``{"ready": true}`` says it is done.
 
 The SQL texts state the Nexmark queries in Flink SQL's window table functions (q0-q5, q7,
 q8 as described in ``bench/nexmark/queries.py``); they are written for this benchmark.
@@ -18,6 +22,7 @@ q8 as described in ``bench/nexmark/queries.py``); they are written for this benc
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -135,19 +140,46 @@ def run(path: Path, query: str, backend: str, work: Path) -> float:
     return time.perf_counter() - start
 
 
+_JVM_PID: list[int] = []
+
+
+def cpu_seconds() -> float:
+    """CPU seconds used so far by the JVM (every thread) and by this process."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = time.process_time()
+    if _JVM_PID:
+        with open(f"/proc/{_JVM_PID[0]}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return total
+
+
+def timed(path: Path, query: str, backend: str, work: Path) -> tuple[float, float]:
+    """Wall and CPU seconds of one run."""
+    cpu = cpu_seconds()
+    wall = run(path, query, backend, work)
+    return wall, cpu_seconds() - cpu
+
+
 def main() -> None:
     events, empty, n = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-    queries, backends = sys.argv[4].split(","), sys.argv[5].split(",")
-    repeats, work = int(sys.argv[6]), Path(sys.argv[7])
-    run(empty, "q0", backends[0], work)  # the JVM's and the planner's first job: warm-up
-    for _ in range(repeats):
-        for query in queries:
-            for backend in backends:
-                fixed = run(empty, query, backend, work)
-                wall = run(events, query, backend, work)
-                print(json.dumps({"query": query, "backend": backend, "wall": wall,
-                                  "fixed": fixed, "rate": n / max(wall - fixed, 1e-9)}),
-                      flush=True)
+    work = Path(sys.argv[4])
+    run(empty, "q0", "hashmap", work)  # the JVM's and the planner's first job: warm-up
+    if os.path.exists("/proc/self/stat"):
+        from pyflink.java_gateway import get_gateway
+
+        _JVM_PID.append(int(get_gateway().jvm.java.lang.ProcessHandle.current().pid()))
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        query, backend = line.split()
+        fixed, fixed_cpu = timed(empty, query, backend, work)
+        wall, cpu = timed(events, query, backend, work)
+        print(json.dumps({"query": query, "backend": backend, "wall": wall, "fixed": fixed,
+                          "cpu": cpu, "fixed_cpu": fixed_cpu,
+                          "rate": n / max(wall - fixed, 1e-9),
+                          "cpu_rate": n / max(cpu - fixed_cpu, 1e-9)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,17 @@ checkpoints every ``--interval`` seconds on the heap backend or the RocksDB back
 (incremental), results into a sink that counts them. The per-record API reads
 :class:`NexmarkSource` (one record per event, :mod:`bench.nexmark.queries`); the columnar
 API reads :class:`NexmarkArrowSource` (record batches of 16,384 events,
-:mod:`bench.nexmark.columnar_queries`: q0, q1, q2 and q5; the others have no columnar form
-and are skipped). Runs are interleaved (query x API x backend, then the next repeat) and the
-table gives, per query, API and backend:
+:mod:`bench.nexmark.columnar_queries`: q0, q1, q2, q5 and q7; the others have no columnar
+form and are skipped). Runs are interleaved (query x backend x API, then Flink's run of the
+same query and backend, then the next repeat) and the table gives, per query, API and
+backend:
 
 - events/s: events / the job's wall time (start to the end of its final checkpoint),
   min / median / max over the repeats;
+- events/CPU-s: events / the CPU time the job used (user + system, every thread of the
+  process: ours one core's worth at most, Flink's JVM as many as it uses: its task thread,
+  JIT compilers, garbage collector and checkpointing), min / median / max: the figure a
+  load on the shared machine changes least;
 - p50 / p99 latency (ms, of the median run): **event time to emit**. Every result row has
   an event time T (ms): the bid's ``dateTime`` (q0, q1), the auction's ``dateTime`` (q3,
   recovered exactly from the auction id, ids being given in event-number order), the
@@ -40,9 +45,10 @@ With ``--anchor flink`` the same queries also run on Flink 1.20 (PyFlink SQL, th
 :mod:`bench.nexmark.flink_job`, parallelism 1, hashmap and RocksDB incremental backends,
 exactly-once checkpoints every second) over the same events written as JSON lines, in a
 virtual environment the benchmark creates once (``--flink-venv``; ``pip install
-apache-flink``, never a dependency of the project); "vs Flink" is the ratio of the medians.
-Flink's figure is events / (wall time over the file - wall time over a one-event file): its
-job start and stop are left out, its JSON parsing is in (ours generates the events).
+apache-flink``, never a dependency of the project), one JVM for the whole invocation;
+"vs Flink" and "vs Flink per CPU-s" are the ratios of the medians. Flink's figures are
+events / (wall or CPU time over the file - the same over a one-event file): its job start
+and stop are left out, its JSON parsing is in (ours generates the events).
 
 ``--rate`` is the events' event-time rate
 (events/s); Flink's nexmark runs use 10 M/s, which over a run of a million events would
@@ -231,14 +237,16 @@ def child_main(spec: dict[str, Any]) -> None:
         from reactive.backends.rocksdb import RocksDBStateBackend
 
         backend = RocksDBStateBackend(path=work / "rocks", incremental=True)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     job = flow.execute(checkpoints=CheckpointConfig(interval=spec["interval"],
                                                     directory=work / "chk"),
                        state_backend=backend)
     wall = time.perf_counter() - start
+    cpu = time.process_time() - cpu_start  # every thread of the process (RocksDB's too)
     done = sum(1 for c in job.metrics.checkpoints if c.status == "completed")
     p50, p99 = (weighted_percentile(sink.samples, q) for q in (0.5, 0.99))
     print(json.dumps({"rate": spec["events"] / wall, "wall": wall, "rows": sink.rows,
+                      "cpu": cpu, "cpu_rate": spec["events"] / cpu,
                       "generator": generated,
                       "p50_ms": None if p50 is None else p50 * 1e3,
                       "p99_ms": None if p99 is None else p99 * 1e3,
@@ -296,36 +304,58 @@ def flink_python(venv: Path) -> Path:
     return python
 
 
-def run_flink(venv: Path, work: Path, events: int, rate: float, queries: list[str],
-              backends: list[str], repeats: int) -> dict[tuple[str, str], list[float]]:
+class FlinkAnchor:
     """The same queries on Flink (PyFlink SQL, parallelism 1) over the same events written as
-    JSON lines: events/s per (query, our backend name)."""
-    from reactive.connectors.nexmark import NexmarkConfig
-    from reactive.connectors.nexmark.files import write_events
+    JSON lines, one run per :meth:`run` in one JVM kept between runs (:mod:`.flink_job`), so
+    that Flink's runs interleave with ours.
 
-    from .flink_job import QUERIES as FLINK_SQL
+    Args:
+        venv: the Flink virtual environment (created on first use).
+        work: a directory for the event files and Flink's checkpoints.
+        events, rate: the events (as our runs generate them).
+    """
 
-    # q6 has no Flink SQL form that Flink runs (an OVER window on an updating input)
-    queries = [q for q in queries if q in FLINK_SQL]
-    python = flink_python(venv)
-    path = write_events(NexmarkConfig(num_events=events, first_event_rate=rate),
-                        work / "events.jsonl")
-    empty = write_events(NexmarkConfig(num_events=1, first_event_rate=rate),
-                         work / "empty.jsonl")
-    flink_backends = [FLINK_BACKEND[b] for b in backends]
-    done = subprocess.run(
-        [str(python), str(Path(__file__).with_name("flink_job.py")), str(path), str(empty),
-         str(events), ",".join(queries), ",".join(flink_backends), str(repeats), str(work)],
-        capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"the Flink anchor failed:\n{done.stderr[-3000:]}")
-    out: dict[tuple[str, str], list[float]] = {}
-    ours = {v: k for k, v in FLINK_BACKEND.items()}
-    for line in done.stdout.splitlines():
-        if line.startswith("{"):
-            r = json.loads(line)
-            out.setdefault((r["query"], ours[r["backend"]]), []).append(r["rate"])
-    return out
+    def __init__(self, venv: Path, work: Path, events: int, rate: float) -> None:
+        from reactive.connectors.nexmark import NexmarkConfig
+        from reactive.connectors.nexmark.files import write_events
+
+        python = flink_python(venv)
+        path = write_events(NexmarkConfig(num_events=events, first_event_rate=rate),
+                            work / "events.jsonl")
+        empty = write_events(NexmarkConfig(num_events=1, first_event_rate=rate),
+                             work / "empty.jsonl")
+        self.process = subprocess.Popen(
+            [str(python), str(Path(__file__).with_name("flink_job.py")), str(path), str(empty),
+             str(events), str(work)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._answer()  # {"ready": true} once the warm-up job ran
+
+    def _answer(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("{"):
+                answer: dict[str, Any] = json.loads(line)
+                return answer
+        assert self.process.stderr is not None
+        raise SystemExit(f"the Flink anchor failed:\n{self.process.stderr.read()[-3000:]}")
+
+    def run(self, query: str, backend: str) -> dict[str, Any]:
+        """One run of ``query`` on Flink's state backend matching ours (``heap`` ->
+        ``hashmap``): its wall and CPU seconds and events/s by each."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{query} {FLINK_BACKEND[backend]}\n")
+        self.process.stdin.flush()
+        return self._answer()
+
+    def close(self) -> None:
+        """End the Flink process (its standard input closes: it returns)."""
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -352,7 +382,7 @@ def main(argv: list[str] | None = None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--queries", default=",".join(QUERIES))
     ap.add_argument("--apis", default=",".join(APIS),
-                    help="record (per-record API), columnar (q0-q2, q5), or both")
+                    help="record (per-record API), columnar (q0-q2, q5, q7), or both")
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--rate", type=float, default=10_000.0)
     ap.add_argument("--backends", default="heap,rocksdb")
@@ -382,19 +412,22 @@ def main(argv: list[str] | None = None) -> None:
     def runs_of(q: str) -> list[str]:
         return [a for a in apis if a == "record" or q in COLUMNAR_QUERIES]
 
+    from .flink_job import QUERIES as FLINK_SQL
+
     results: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    flink: dict[tuple[str, str], list[dict[str, Any]]] = {}
     work = Path(tempfile.mkdtemp(prefix="nexmark-bench-"))
+    anchor = FlinkAnchor(args.flink_venv, work, args.events, args.rate) \
+        if args.anchor == "flink" else None
     try:
-        # Flink first: its figures (the anchor) are there even if our runs are cut short
-        flink = (run_flink(args.flink_venv, work, args.events, args.rate, queries, backends,
-                           args.repeats) if args.anchor == "flink" else {})
-        for name, rates in sorted(flink.items()):
-            print(f"  {name[0]} Flink {FLINK_BACKEND[name[1]]}: "
-                  f"{', '.join(f'{r:,.0f}' for r in rates)} events/s", file=sys.stderr)
+        # interleaved: each repeat runs every query, API and backend, Flink's run of the
+        # same query and backend right after ours, so that a change of the machine's load
+        # falls on both engines (q6 has no Flink SQL form Flink runs: an OVER window on an
+        # updating input)
         for _ in range(args.repeats):
             for q in queries:
-                for a in runs_of(q):
-                    for b in backends:
+                for b in backends:
+                    for a in runs_of(q):
                         run_dir = work / f"{q}-{a}-{b}"
                         shutil.rmtree(run_dir, ignore_errors=True)
                         run_dir.mkdir()
@@ -403,13 +436,24 @@ def main(argv: list[str] | None = None) -> None:
                                 "batch_size": args.batch_size, "work": str(run_dir)}
                         r = run_child(spec)
                         results.setdefault((q, a, b), []).append(r)
-                        print(f"  {q} {a} {b}: {r['rate']:,.0f} events/s, {r['rows']:,} rows, "
+                        print(f"  {q} {a} {b}: {r['rate']:,.0f} events/s, "
+                              f"{r['cpu_rate']:,.0f} per CPU-s, {r['rows']:,} rows, "
                               f"{r['checkpoints']} checkpoints", file=sys.stderr)
+                    if anchor is not None and q in FLINK_SQL:
+                        f = anchor.run(q, b)
+                        flink.setdefault((q, b), []).append(f)
+                        print(f"  {q} Flink {FLINK_BACKEND[b]}: {f['rate']:,.0f} events/s, "
+                              f"{f['cpu_rate']:,.0f} per CPU-s", file=sys.stderr)
     finally:
+        if anchor is not None:
+            anchor.close()
         shutil.rmtree(work, ignore_errors=True)
 
     def fmt(v: float | None) -> str:
         return "-" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+
+    def spread(values: list[float]) -> str:
+        return "/".join(fmt(v) for v in (min(values), statistics.median(values), max(values)))
 
     rows: list[list[Any]] = []
     gens: dict[str, float] = {}
@@ -419,34 +463,40 @@ def main(argv: list[str] | None = None) -> None:
         if generator:
             gens[a] = statistics.median(generator)
             rows.append([f"generator, {a}s" if a == "record" else "generator, record batches",
-                         "/".join(fmt(v) for v in (min(generator), gens[a], max(generator))),
-                         "1.00", "-", "-", "-", "-", "-", "-"])
+                         spread(generator), "-", "1.00", "-", "-", "-", "-", "-", "-", "-"])
     for q in queries:
         for b in backends:
-            anchor = flink.get((q, b))
+            anchor_runs = flink.get((q, b))
             for a in runs_of(q):
                 runs = sorted(results[(q, a, b)], key=lambda r: r["rate"])
                 rates = [r["rate"] for r in runs]
+                cpu_rates = [r["cpu_rate"] for r in runs]
                 med = runs[len(runs) // 2]
-                ratio = (f"{statistics.median(rates) / statistics.median(anchor):.2f}"
-                         if anchor else "-")
-                rows.append([f"{q} {a} {b}", "/".join(fmt(v) for v in (
-                    rates[0], statistics.median(rates), rates[-1])),
-                    f"{statistics.median(r['rate'] / r['generator'] for r in runs):.2f}",
-                    ratio, fmt(med["p50_ms"]), fmt(med["p99_ms"]), fmt(med["rss_mb"]),
-                    med["checkpoints"], f"{med['rows']:,}"])
-            if anchor:
+                ratio = cpu_ratio = "-"
+                if anchor_runs:
+                    flink_rate = statistics.median(f["rate"] for f in anchor_runs)
+                    flink_cpu_rate = statistics.median(f["cpu_rate"] for f in anchor_runs)
+                    ratio = f"{statistics.median(rates) / flink_rate:.2f}"
+                    cpu_ratio = f"{statistics.median(cpu_rates) / flink_cpu_rate:.2f}"
+                rows.append([f"{q} {a} {b}", spread(rates), spread(cpu_rates),
+                             f"{statistics.median(r['rate'] / r['generator'] for r in runs):.2f}",
+                             ratio, cpu_ratio, fmt(med["p50_ms"]), fmt(med["p99_ms"]),
+                             fmt(med["rss_mb"]), med["checkpoints"], f"{med['rows']:,}"])
+            if anchor_runs:
                 gen = gens.get("record", next(iter(gens.values())))
-                rows.append([f"{q} Flink {FLINK_BACKEND[b]}", "/".join(
-                    fmt(v) for v in (min(anchor), statistics.median(anchor), max(anchor))),
-                    f"{statistics.median(anchor) / gen:.2f}", "1.00", "-", "-", "-", "-", "-"])
+                rates = [f["rate"] for f in anchor_runs]
+                rows.append([f"{q} Flink {FLINK_BACKEND[b]}", spread(rates),
+                             spread([f["cpu_rate"] for f in anchor_runs]),
+                             f"{statistics.median(rates) / gen:.2f}", "1.00", "1.00",
+                             "-", "-", "-", "-", "-"])
     title = (f"{args.events:,} events at {args.rate:,.0f} events/s of event time, parallelism "
              f"1 on core {args.cpu}, exactly-once checkpoints every {args.interval} s, "
              f"{args.repeats} repeats")
     print(f"\n{title}\n")
-    text = print_table(["query, API, backend", "events/s min/median/max", "vs generator",
-                        "vs Flink", "p50 ms", "p99 ms", "peak RSS MiB", "checkpoints", "rows"],
-                       rows)
+    text = print_table(["query, API, backend", "events/s min/median/max",
+                        "events/CPU-s min/median/max", "vs generator", "vs Flink",
+                        "vs Flink per CPU-s", "p50 ms", "p99 ms", "peak RSS MiB",
+                        "checkpoints", "rows"], rows)
     if not args.no_png:
         from bench.figures import RESULTS, write_ratio_png
 

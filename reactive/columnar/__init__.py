@@ -8,6 +8,7 @@ and the methods of :class:`ColumnarStream` (``assign_timestamps(column)``, ``key
 .agg(...)``, ``key_by(...).window(assigner, timestamp=column).agg(...)``).
 """
 
+from .max_rows import MaxRows
 from .schema import SchemaMismatchError
 from .source import ArrowSource
 from .stream import ColumnarStream, KeyedColumnarStream
@@ -15,4 +16,4 @@ from .user_aggregates import VectorizedAggregateFunction
 from .window_stream import ColumnarWindowedStream
 
 __all__ = ["ArrowSource", "ColumnarStream", "ColumnarWindowedStream", "KeyedColumnarStream",
-           "SchemaMismatchError", "VectorizedAggregateFunction"]
+           "MaxRows", "SchemaMismatchError", "VectorizedAggregateFunction"]

@@ -119,8 +119,12 @@ class ColumnarStream:
             raise ConfigurationError(
                 f"filter takes a pyarrow.compute.Expression, got {type(expression).__name__} "
                 "(use map_batches for a Python function over a batch)")
+        # a boolean column alone: filter by it as a mask (no expression to evaluate)
+        mask = next((f.name for f in self.schema if pa.types.is_boolean(f.type)
+                     and expression.equals(pc.field(f.name))), None)
         return self._then("columnar_filter", name,
-                          lambda t: ColumnarFilterOperator(t.name, t.resolved_uid, expression),
+                          lambda t: ColumnarFilterOperator(t.name, t.resolved_uid, expression,
+                                                           mask),
                           self.schema)
 
     def select(self, *columns: str, name: str | None = None, **expressions: Any
