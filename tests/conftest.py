@@ -82,10 +82,11 @@ def _processes_only_in_e2e_tests(request: pytest.FixtureRequest,
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """The one SparkSession (local[2], 2 shuffle partitions) of the test session: starting
-    the JVM costs ~10 s, each query then ~0.1-1 s. A test that changes its configuration
-    sets it back; a module whose functions Spark's workers must unpickle by value overrides
-    this fixture with :func:`tests.support.pickled_by_value`."""
+    """The one SparkSession (local[2], 2 shuffle partitions) of the test session (of each
+    pytest-xdist worker that runs a Spark test): starting the JVM costs ~10 s, each query
+    then ~0.1-1 s. A test that changes its configuration sets it back; a module whose
+    functions Spark's workers must unpickle by value overrides this fixture with
+    :func:`tests.support.pickled_by_value`."""
     pytest.importorskip("pyspark", reason="the Spark tests need pyspark (the spark extra)")
     from reactive.connectors.spark import local_session
 

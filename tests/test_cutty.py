@@ -139,7 +139,9 @@ def test_sharing_saves_combines_at_100_queries():
     rnd = random.Random(3)
     queries = [CountWindows.of(rnd.randrange(200, 801, 100), rnd.choice([10, 20, 50, 100, 200]))
                for _ in range(100)]
-    values = [rnd.randrange(100) for _ in range(20_000)]
+    # six times the longest window: every query slides through steady state, where the
+    # combine counts of both grow linearly with the input (the ratio is ~85 at any length)
+    values = [rnd.randrange(100) for _ in range(5_000)]
     cutty, naive = CuttyAggregator(queries, Sum()), NaiveAggregator(queries, Sum())
     assert sorted(cutty.add_all(values)) == sorted(naive.add_all(values))
     assert naive.stats.combines >= 10 * cutty.stats.combines

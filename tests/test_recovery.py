@@ -36,19 +36,38 @@ def _flow(words, fn, sink, name="resume"):
     return flow
 
 
-async def _fail_once(words, tmp_path, at, mode="exactly_once"):
-    """Run until a permanent failure at record ``at``; checkpoints stay on disk."""
-    flow = _flow(words, failing_count(FailureInjector([at])), ListSink())
-    config = CheckpointConfig(interval=0.02, directory=tmp_path, retained=10, mode=mode)
-    with pytest.raises(JobFailedError) as info:
-        await flow.run(checkpoints=config, restart=RestartStrategy.none())
-    assert isinstance(info.value.__cause__, UserFunctionError)
-    return config
+def _config(directory, mode):
+    return CheckpointConfig(interval=0.02, directory=directory, retained=10, mode=mode)
+
+
+@pytest.fixture(scope="module")
+def failed_run(words, tmp_path_factory):
+    """``await failed_run(directory, mode)``: the checkpoints of a run that failed for good at
+    record 150,000, copied into ``directory``; returns the checkpoint config over it.
+
+    The failed run is made once per mode and module (it is the same run for every test here)
+    and each test gets a copy of its own, since the tests corrupt or add checkpoints.
+    """
+    runs = {}
+
+    async def copy_into(directory, mode="exactly_once"):
+        if mode not in runs:
+            runs[mode] = tmp_path_factory.mktemp(f"failed-{mode}")
+            flow = _flow(words, failing_count(FailureInjector([150_000])), ListSink())
+            with pytest.raises(JobFailedError) as info:
+                await flow.run(checkpoints=_config(runs[mode], mode),
+                               restart=RestartStrategy.none())
+            assert isinstance(info.value.__cause__, UserFunctionError)
+        shutil.copytree(runs[mode], directory, dirs_exist_ok=True)
+        return _config(directory, mode)
+
+    return copy_into
 
 
 @pytest.mark.parametrize("mode", ["exactly_once", "synchronous"])
-async def test_resume_continues_from_latest_checkpoint(words, truth, tmp_path, mode):
-    config = await _fail_once(words, tmp_path, at=150_000, mode=mode)
+async def test_resume_continues_from_latest_checkpoint(words, truth, tmp_path, mode,
+                                                       failed_run):
+    config = await failed_run(tmp_path, mode)
     storage = CheckpointStorage(tmp_path, "resume")
     latest = storage.latest_restorable()
     assert latest is not None
@@ -62,8 +81,8 @@ async def test_resume_continues_from_latest_checkpoint(words, truth, tmp_path, m
     assert all(truth[k] >= n for k, n in final_counts(sink.records).items())
 
 
-async def test_directory_without_metadata_is_ignored(words, truth, tmp_path):
-    config = await _fail_once(words, tmp_path, at=150_000)
+async def test_directory_without_metadata_is_ignored(words, truth, tmp_path, failed_run):
+    config = await failed_run(tmp_path)
     storage = CheckpointStorage(tmp_path, "resume")
     completed = storage.completed()
     assert len(completed) >= 2
@@ -77,8 +96,8 @@ async def test_directory_without_metadata_is_ignored(words, truth, tmp_path):
 
 
 async def test_corrupted_state_file_falls_back_to_previous_checkpoint(words, truth, tmp_path,
-                                                                      caplog):
-    config = await _fail_once(words, tmp_path, at=150_000)
+                                                                      caplog, failed_run):
+    config = await failed_run(tmp_path)
     storage = CheckpointStorage(tmp_path, "resume")
     previous, newest = storage.completed()[-2:]
     state_file = next(newest.path.glob("count-0.heap"))
@@ -94,8 +113,8 @@ async def test_corrupted_state_file_falls_back_to_previous_checkpoint(words, tru
     assert checkpoint_state(tmp_path, "resume", "count", "count") == truth
 
 
-async def test_restore_from_a_copied_checkpoint(words, truth, tmp_path):
-    config = await _fail_once(words, tmp_path / "chk", at=120_000)
+async def test_restore_from_a_copied_checkpoint(words, truth, tmp_path, failed_run):
+    config = await failed_run(tmp_path / "chk")
     latest = CheckpointStorage(tmp_path / "chk", "resume").latest_restorable()
     # a checkpoint is self-contained for the heap backend: it can be moved
     moved = tmp_path / "moved" / "resume" / latest.path.name
