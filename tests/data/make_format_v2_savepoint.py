@@ -1,6 +1,6 @@
 """Write ``tests/data/format_v2_savepoint``: a savepoint in checkpoint metadata format 2,
 made by the code before the typed checkpoint contract (``reactive.checkpoint.contract``)
-existed, so that tests/test_checkpoint_contract.py proves the contract reads (and restores)
+existed, so that tests/checkpoint/test_checkpoint_contract.py proves the contract reads (and restores)
 what earlier versions wrote, not only what it writes itself.
 
 Run from a checkout of that code (the package importable as ``reactive``)::

@@ -1,5 +1,5 @@
 """Columnar event-time windows into a :class:`~reactive.connectors.files.CommittingFileSink`,
-run as a subprocess by ``tests/test_columnar_kill.py`` and killed with SIGKILL.
+run as a subprocess by ``tests/columnar/test_columnar_kill.py`` and killed with SIGKILL.
 
 Usage::
 

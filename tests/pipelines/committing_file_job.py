@@ -1,5 +1,5 @@
 """A keyed count into a :class:`~reactive.connectors.files.CommittingFileSink`, run as a subprocess by
-``tests/test_committing_file_sink.py`` and killed with SIGKILL at chosen moments.
+``tests/connectors/files/test_committing_file_sink.py`` and killed with SIGKILL at chosen moments.
 
 Usage::
 

@@ -1,5 +1,5 @@
 """Kafka -> keyed count -> Kafka, exactly once, run as a subprocess by
-``tests/test_kafka_exactly_once.py`` and killed with SIGKILL at chosen moments.
+``tests/connectors/kafka/test_kafka_exactly_once.py`` and killed with SIGKILL at chosen moments.
 
 Usage::
 

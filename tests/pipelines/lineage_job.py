@@ -1,5 +1,5 @@
 """A keyed count into a committing file sink, run as a subprocess by
-``tests/test_lineage_faults.py`` through a whole lineage: start, stop with a savepoint,
+``tests/checkpoint/test_lineage_faults.py`` through a whole lineage: start, stop with a savepoint,
 restore at another parallelism (into the same or a new checkpoint directory), kill -9,
 resume, run again.
 

@@ -1,5 +1,5 @@
 """The keyed count of ``committing_file_job.py`` rescaled and updated while it runs, run as
-a subprocess by ``tests/test_reconfiguration_kills.py`` and killed with SIGKILL at seeded
+a subprocess by ``tests/runtime/test_reconfiguration_kills.py`` and killed with SIGKILL at seeded
 moments of its reconfigurations.
 
 Usage::

@@ -1,6 +1,6 @@
 """A keyed running count whose state expires (``ttl=3`` seconds of record time) into a
 :class:`~reactive.connectors.files.CommittingFileSink`, run as a subprocess by
-``tests/test_state_ttl_kill.py`` and killed with SIGKILL.
+``tests/state/test_state_ttl_kill.py`` and killed with SIGKILL.
 
 Usage::
 

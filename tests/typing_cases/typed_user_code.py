@@ -1,4 +1,4 @@
-"""User code that the typed API must check: ``tests/test_typed_api.py`` runs mypy on it.
+"""User code that the typed API must check: ``tests/project/test_typed_api.py`` runs mypy on it.
 
 Every ``assert_type`` must hold, and a line marked ``# expect-error: <code>`` must be
 reported with exactly that error code (and no other line may be): the marked lines are the

@@ -1,0 +1,179 @@
+"""Columnar keyed state in RocksDB (``RocksDBStateBackend``): the aggregation's rows read and
+written per batch behind a small cache of slots, exactly once through a failure and a
+restore at another parallelism, snapshots readable by the key-group reader, and a clear
+refusal to restore a snapshot of the other backend."""
+
+from __future__ import annotations
+
+import collections
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reactive import CheckpointConfig, CheckpointStorage, Dataflow, RestartStrategy
+from reactive.backends.heap import HeapStateBackend
+from reactive.backends.rocksdb import RocksDBStateBackend
+from reactive.columnar.aggregate_operator import ColumnarAggregateOperator
+from reactive.connectors.collections import ListSink
+from reactive.errors import JobFailedError
+from reactive.state.key_group_stream import read_key_groups
+from tests.columnar.test_columnar import agg_job, chain, committed_rows, words_table
+
+
+@pytest.fixture(autouse=True)
+def small_cache(monkeypatch):
+    # 8 cached slots for 40 words: most batches read and write rows in RocksDB
+    monkeypatch.setattr(ColumnarAggregateOperator, "cache_slots", 8)
+
+
+async def test_rocksdb_columnar_exactly_once_through_a_failure_and_a_rescale(tmp_path):
+    table = words_table(20_000, vocabulary=40)
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    config = CheckpointConfig(interval=0.01, directory=chk)
+    backend = RocksDBStateBackend(tmp_path / "work")
+    first = agg_job("columnar-rocks", table, 2, out, fail_at=10_000, checkpoints=chk)
+    with pytest.raises(JobFailedError) as info:
+        await first.run(checkpoints=config, restart=RestartStrategy.none(),
+                        state_backend=backend)
+    assert any("injected failure" in str(e) for e in chain(info.value))
+    assert len(committed_rows(out)) < table.num_rows
+
+    # the aggregation's state is RocksDB's: its key-group reader sees each key's row
+    completed = CheckpointStorage(chk, "columnar-rocks").completed()[-1]
+    handles = [s.keyed_state.to_json() for s in
+               completed.metadata.operators["agg"].subtasks.values() if s.keyed_state]
+    assert handles and all(h["backend"] == "rocksdb" for h in handles)
+    rows = {}
+    for h in handles:
+        for kg in read_key_groups(h, completed.job_dir):
+            rows.update(kg.states["_columnar"])
+    assert rows and all(k.startswith("w") for k in rows)
+    # (count.n, total.n, total.acc): a word's count is its total's count of values
+    assert all(r[0] == r[1] >= 1 for r in rows.values())
+
+    second = agg_job("columnar-rocks", table, 3, out, fail_at=None, checkpoints=chk)
+    await second.run(checkpoints=config, resume=True, state_backend=backend)
+    rows_out = committed_rows(out)
+    assert len(rows_out) == table.num_rows  # no row lost, none twice
+    per_word: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
+    for r in rows_out:
+        per_word[r["word"]].append((r["count"], r["total"]))
+    batch = table.group_by("word").aggregate([("word", "count"), ("n", "sum")])
+    for e in batch.to_pylist():
+        updates = sorted(per_word[e["word"]])
+        assert [c for c, _ in updates] == list(range(1, e["word_count"] + 1))
+        assert updates[-1][1] == e["n_sum"]
+
+
+async def test_rocksdb_final_aggregates_equal_a_batch_group_by(tmp_path):
+    table = words_table(3000, vocabulary=60)
+    flow = Dataflow("columnar-rocks-final", parallelism=2, max_parallelism=16)
+    sink = ListSink()
+    (flow.from_arrow(table, batch_size=97).key_by("word")
+         .agg(emit="final", count=("n", "count"), lo=("n", "min"), avg=("x", "mean"))
+         .to_records().sink(sink))
+    await flow.run(state_backend=RocksDBStateBackend(tmp_path / "work"))
+    expected = table.group_by("word", use_threads=False).aggregate(
+        [("n", "count"), ("n", "min"), ("x", "mean")]).to_pylist()
+    got = {r["word"]: r for r in sink.records}
+    assert len(got) == len(sink.records) == len(expected)
+    for e in expected:
+        r = got[e["word"]]
+        assert (r["count"], r["lo"]) == (e["n_count"], e["n_min"])
+        assert r["avg"] == pytest.approx(e["x_mean"])
+
+
+@pytest.mark.parametrize("first_rocks", [True, False])
+async def test_restoring_the_other_backends_columnar_snapshot_is_refused(tmp_path,
+                                                                         first_rocks):
+    table = words_table(6000, vocabulary=40)
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    config = CheckpointConfig(interval=0.01, directory=chk)
+    rocks, heap = RocksDBStateBackend(tmp_path / "work"), HeapStateBackend()
+    first = agg_job("columnar-switch", table, 2, out, fail_at=3000, checkpoints=chk)
+    with pytest.raises(JobFailedError):
+        await first.run(checkpoints=config, restart=RestartStrategy.none(),
+                        state_backend=rocks if first_rocks else heap)
+    second = agg_job("columnar-switch", table, 2, out, fail_at=None, checkpoints=chk)
+    with pytest.raises(Exception) as info:
+        await second.run(checkpoints=config, resume=True, restart=RestartStrategy.none(),
+                         state_backend=heap if first_rocks else rocks)
+    text = " ".join(str(e) for e in chain(info.value))
+    assert "cannot be restored" in text or "cannot restore" in text
+    assert "backend that took it" in text
+    assert len(committed_rows(out)) < table.num_rows  # nothing was replayed past it
+    assert Path(out).exists()
+
+
+async def test_rocksdb_running_counts_with_dictionary_keys(tmp_path):
+    # a batch's groups are the whole dictionary; the 8-slot cache is emptied between
+    # batches, so each batch reads its keys' counts back from RocksDB
+    table = words_table(4000, vocabulary=50)
+    table = table.set_column(0, "word", table.column("word").dictionary_encode())
+    flow = Dataflow("columnar-rocks-dictionary", parallelism=2, max_parallelism=32)
+    sink = ListSink()
+    (flow.from_arrow(table, batch_size=300).key_by("word")
+         .agg(count=("word", "count")).to_records().sink(sink))
+    await flow.run(state_backend=RocksDBStateBackend(tmp_path / "work"))
+    per_word: dict[str, list[int]] = collections.defaultdict(list)
+    for r in sink.records:
+        per_word[r["word"]].append(r["count"])
+    expected = collections.Counter(table.column("word").to_pylist())
+    assert dict(per_word) == {w: list(range(1, n + 1)) for w, n in expected.items()}
+
+
+async def test_a_snapshot_holds_the_rows_at_its_barrier_while_the_cache_moves_on(tmp_path):
+    """The synchronous part hands the changed slots over as copies; the rows are built
+    after it. Changes after the barrier, a cache emptied before the rows are built (its
+    keys read back through the pending generation) and a second snapshot taken before the
+    first is written must not leak into the first, nor be lost from the second."""
+    import pyarrow as pa
+
+    from reactive import KeyGroupRange
+    from reactive.backends.rocksdb import read_rocksdb_snapshot
+    from reactive.columnar.aggregates import parse_aggregates
+    from reactive.columnar.slot_store import SlotCache
+    from reactive.state.backend import SnapshotContext
+
+    maxp = 16
+    kb = RocksDBStateBackend(tmp_path / "state").columnar_state_backend() \
+        .create_keyed_backend(job_name="j", operator_uid="agg", subtask=0,
+                              key_group_range=KeyGroupRange(0, maxp - 1),
+                              max_parallelism=maxp)
+    schema = pa.schema([("word", pa.string()), ("n", pa.int64())])
+    specs = parse_aggregates(schema, {"count": ("n", "count")})
+    cache = SlotCache(kb, ["word"], specs, maxp, "agg", capacity=20)
+    counts: collections.Counter[str] = collections.Counter()
+
+    def count(words: list[str]) -> None:
+        batch = pa.record_batch([pa.array(words), pa.array([1] * len(words))], schema=schema)
+        keys = cache.lookup(batch)
+        np_slots = keys.slots[keys.codes]
+        for slot in np_slots.tolist():
+            cache.arrays["count.n"][slot] += 1
+        counts.update(words)
+
+    def snapshot(cid: int) -> Any:
+        job = tmp_path / "chk" / "j"
+        return kb.snapshot(SnapshotContext(cid, job, job / f"chk-{cid}", job / "shared",
+                                           "agg", 0))
+
+    def stored(handle: dict[str, Any], cid: int) -> dict[str, int]:
+        data = read_rocksdb_snapshot(handle, tmp_path / "chk" / "j", tmp_path / f"r{cid}")
+        return {k: pickle.loads(v)[0] for k, v in data["_columnar"].items()}
+
+    words = [f"w{i}" for i in range(30)]
+    count(words[:15] * 3)
+    first = snapshot(1)
+    at_first = dict(counts)
+    count(words[:10])        # changes after the barrier, in the cached slots
+    count(words[15:] * 2)    # fills the cache: the next lookup empties it
+    count(words[:15])        # reads the first snapshot's rows back, before they are built
+    second = snapshot(2)
+    at_second = dict(counts)
+    count(words)
+    assert stored(await first.write(), 1) == at_first
+    assert stored(await second.write(), 2) == at_second
+    kb.dispose()

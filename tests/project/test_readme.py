@@ -1,0 +1,136 @@
+"""Every ```python block of README.md, ARCHITECTURE.md and the pages under docs/ runs as it
+is: each is written to a file of its own in a fresh directory and run by this interpreter,
+with a timeout. README.md starts with the two commands `.ci/run` runs, and every relative
+link of these pages points at a file that exists.
+
+A block that needs a service the tests cannot start is preceded by the line
+``<!-- readme-test: skip: <reason> -->``; it is reported as skipped with that reason. A block
+importing a third-party module that is not installed is skipped likewise (every such module
+is in the ``test`` extra)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+PAGES = [README, ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").glob("*.md"))]
+SKIP = re.compile(r"<!--\s*readme-test:\s*skip:\s*(?P<reason>.*?)\s*-->")
+TIMEOUT = 600  # seconds per block; most take a few, a Spark block starts a JVM (30-120 s)
+
+
+@dataclass
+class Block:
+    line: int  # of the opening fence, 1-based
+    code: str
+    skip: str | None  # the reason given by a skip marker, else None
+    page: str = "README.md"  # the page's path relative to the repository
+
+
+def python_blocks(text: str) -> list[Block]:
+    """The ```python blocks of a markdown text, with the skip marker each carries."""
+    lines = text.splitlines()
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() == "```python":
+            start = i
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+            marker = SKIP.search(lines[start - 1]) if start > 0 else None
+            if marker is not None and not marker["reason"]:
+                raise ValueError(f"line {start}: a readme-test skip marker needs a reason")
+            blocks.append(Block(start + 1, "\n".join(lines[start + 1:end]) + "\n",
+                                marker["reason"] if marker else None))
+            i = end
+        i += 1
+    return blocks
+
+
+def third_party_imports(code: str) -> set[str]:
+    """The top-level modules a block imports that are neither reactive nor the stdlib."""
+    names = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.partition(".")[0])
+    return {n for n in names if n != "reactive" and n not in sys.stdlib_module_names}
+
+
+def page_blocks() -> list[Block]:
+    """The python blocks of README.md and of every page under docs/, each naming its page."""
+    blocks = []
+    for page in PAGES:
+        for block in python_blocks(page.read_text()):
+            block.page = str(page.relative_to(ROOT))
+            blocks.append(block)
+    return blocks
+
+
+BLOCKS = page_blocks()
+
+
+def test_the_readme_and_the_docs_have_python_blocks():
+    assert [b for b in BLOCKS if b.page == "README.md"]
+    assert len({b.page for b in BLOCKS}) >= 4
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"{b.page}:line{b.line}" for b in BLOCKS])
+def test_block_runs(block: Block, tmp_path: Path) -> None:
+    if block.skip is not None:
+        pytest.skip(f"{block.page} line {block.line}: {block.skip}")
+    for module in sorted(third_party_imports(block.code)):
+        pytest.importorskip(module)
+    script = tmp_path / "block.py"
+    script.write_text(block.code)
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, (
+        f"{block.page}'s block at line {block.line} failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+def test_the_readme_starts_with_the_two_commands_ci_runs():
+    """`.ci/run` takes README.md's first ```sh block as the two commands to run: set up and
+    run the main job, set up and run the tests."""
+    lines = README.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("```"))
+    assert lines[start] == "```sh" and lines[:start] == ["# reactive", ""]
+    end = lines.index("```", start + 1)
+    commands = lines[start + 1:end]
+    assert len(commands) == 2
+    assert commands[0].endswith("examples/flights.py") and commands[1].endswith("pytest -q")
+
+
+LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+
+
+def test_relative_links_point_at_files_that_exist():
+    broken = []
+    for page in PAGES:
+        # code spans are not markdown: `Descriptor[int, str]("name")` is no link
+        for match in LINK.finditer(CODE_SPAN.sub("", page.read_text())):
+            target = match["target"].partition("#")[0]
+            if not target or "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {match['target']}")
+    assert broken == []
+
+
+def test_a_skip_marker_is_honoured_and_needs_a_reason():
+    text = ("<!-- readme-test: skip: needs a Kafka cluster -->\n```python\nraise SystemExit(1)\n"
+            "```\n\n```python\nprint(1)\n```\n")
+    marked, plain = python_blocks(text)
+    assert (marked.line, marked.skip) == (2, "needs a Kafka cluster")
+    assert (plain.line, plain.skip, plain.code) == (6, None, "print(1)\n")
+    with pytest.raises(ValueError, match="needs a reason"):
+        python_blocks("<!-- readme-test: skip: -->\n```python\npass\n```\n")
