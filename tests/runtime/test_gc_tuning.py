@@ -59,12 +59,16 @@ def test_the_settings_come_back_when_the_job_fails():
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 
-def test_an_applications_own_freeze_is_left_alone():
+def test_an_applications_own_freeze_is_left_alone(monkeypatch: pytest.MonkeyPatch):
     gc.freeze()
-    frozen = gc.get_freeze_count()
+    calls: list[str] = []
+    # the freeze count itself can drop while we look: another thread (pytest-xdist's
+    # channel) may free a frozen object; so the calls are what is checked
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(gc, "unfreeze", lambda: calls.append("unfreeze"))
     with throughput_gc():
-        assert gc.get_freeze_count() == frozen
-    assert gc.get_freeze_count() == frozen  # not unfrozen by us
+        assert gc.get_freeze_count() > 0
+    assert calls == [] and gc.get_freeze_count() > 0  # neither refrozen nor unfrozen by us
 
 
 def test_embedded_runs_keep_the_applications_settings():

@@ -263,7 +263,7 @@ def test_columnar_kafka_to_kafka_through_sigkills_and_rescales_is_exact(kafka_cl
     import subprocess
     import sys
 
-    from tests import test_kafka_exactly_once as eo
+    from tests.connectors.kafka import test_kafka_exactly_once as eo
 
     items = eo.words(8_000, seed=seed)
     topics = (f"col-kill-in-{seed}", f"col-kill-out-{seed}")
