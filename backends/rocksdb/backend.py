@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -300,6 +301,10 @@ class RocksDBStateBackend(StateBackend):
     Args:
         path: the local working directory; each operator instance gets a fresh
             ``<path>/<job>/<uid>-<subtask>-<random>/`` that is removed when it is disposed.
+            By default ``reactive-rocksdb`` in the system's temporary directory
+            (``tempfile.gettempdir()``), as Flink's RocksDB local directories default to
+            the task manager's temporary directories: a job touches nothing in its working
+            directory but its checkpoint directory.
         incremental: upload only the SST files the last completed checkpoint did not hold
             (shared between checkpoints); ``False`` copies every file on each checkpoint.
         cache_entries: keys cached per state and instance (write-back cache) before the
@@ -328,7 +333,7 @@ class RocksDBStateBackend(StateBackend):
 
     def __init__(
         self,
-        path: str | os.PathLike[str] = "state",
+        path: str | os.PathLike[str] | None = None,
         incremental: bool = True,
         cache_entries: int = 100_000,
         write_batch_entries: int = 50_000,
@@ -339,7 +344,8 @@ class RocksDBStateBackend(StateBackend):
             raise ConfigurationError(
                 "cache_entries, write_batch_entries and write_buffer_size must be >= 1"
             )
-        self.path = Path(path)
+        self.path = Path(tempfile.gettempdir()) / "reactive-rocksdb" if path is None \
+            else Path(path)
         self.incremental = incremental
         self.cache_entries = cache_entries
         self.write_batch_entries = write_batch_entries

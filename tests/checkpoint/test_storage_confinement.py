@@ -149,3 +149,20 @@ async def test_rocksdb_restore_checks_db_file_names(tmp_path, monkeypatch, entry
     assert "db_files" in str(cause)
     assert not any(p.name == "planted.sst" for p in tmp_path.rglob("*"))
     assert (tmp_path / "x").read_text() == "outside\n"
+
+
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+async def test_a_job_writes_nothing_in_its_working_directory_but_its_checkpoints(
+        tmp_path, monkeypatch, backend):
+    """With the backends' defaults, the process's working directory ends up holding the
+    checkpoint directory and nothing else (RocksDB's working files go to a temporary
+    directory, as Flink's local directories do)."""
+    from reactive.backends.heap import HeapStateBackend
+    from reactive.backends.rocksdb import RocksDBStateBackend
+
+    monkeypatch.chdir(tmp_path)
+    state_backend = HeapStateBackend() if backend == "heap" else RocksDBStateBackend()
+    await _flow().run(checkpoints=CheckpointConfig(interval=0.01, directory="chk"),
+                      state_backend=state_backend)
+    assert CheckpointStorage(tmp_path / "chk", "conf").completed()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chk"]
