@@ -91,9 +91,9 @@ async def test_operator_state_is_captured_at_the_barrier(tmp_path):
     """Every checkpoint's counter equals the source position it was taken with: entries
     changed in place after the barrier never leak into the snapshot."""
     flow = Dataflow("inplace", batch_size=50)
-    # the source waits for a completed checkpoint every 1,000 records: five complete while
-    # records flow, however fast or slow the machine
-    source = paced(range(6_000), every=1_000)
+    # the source waits for a completed checkpoint every 10,000 records: five complete while
+    # records flow (and more at the 2 ms interval), however fast or slow the machine
+    source = paced(range(60_000), every=10_000)
     (flow.source(source, uid="src")
          .process(InPlaceCounter()).uid("counter")
          .sink(ListSink()))
