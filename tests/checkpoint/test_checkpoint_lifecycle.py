@@ -26,6 +26,8 @@ from reactive.two_phase_commit import TwoPhaseCommitSink
 from tests.support import paced
 
 
+# Hand-written: the reader must block inside read_batch, so that no barrier can be
+# injected and the checkpoint stays pending, then fail; a TestingSource never blocks there.
 class GatedSource(Source):
     """Emits one batch, then waits on ``gate`` (so no barrier can be injected) and raises."""
 
@@ -161,6 +163,8 @@ async def test_end_of_job_waits_for_coroutine_commits(tmp_path):
     assert sorted(sink.committed) == list(range(5_000))
 
 
+# Hand-written: the test is about how a reader that is slow to stop on cancellation is
+# awaited (a SourceReader behaviour, not a record script).
 class SlowTeardownSource(Source):
     """Its reader takes a while to stop when cancelled (it flushes something remote)."""
 

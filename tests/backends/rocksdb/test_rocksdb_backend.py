@@ -96,6 +96,9 @@ async def test_keyed_count_is_exact_after_failures(tmp_path: Path, incremental: 
 
 
 # ---------------------------------------------------------------------- incremental
+# Hand-written: the test feeds records while the job runs and a resumed job starts with a
+# new, empty source whose restored position must not replay them; a TestingSource is a
+# fixed list indexed by its position.
 class PushSource(Source):
     """A source the test feeds: records pushed with :meth:`push` are emitted in order; it
     ends after :meth:`close`. Its position is the number of records emitted."""
@@ -329,6 +332,9 @@ PIPELINE_SCRIPT = textwrap.dedent('''
             yield (ctx.current_key, n)
 
 
+    # hand-written: it is paced by checkpoints taken, not completed (checkpoint PAUSE_AT
+    # never completes), and its position is the words' index, which the resumed run's
+    # collection source restores
     class Words(Source):
         """The words, then nothing (the job runs until it is killed); position = index."""
         max_source_parallelism = 1
