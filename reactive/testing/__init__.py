@@ -1,8 +1,9 @@
 """Test helpers: a scripted source, a one-operator harness, a manual clock, the backend contract suite.
 
 - :class:`TestingSource` emits a list of records, with :data:`TestingSource.EOF` (end the
-  stream of a run there), :data:`TestingSource.ABORT` (fail the job there once) and
-  :data:`TestingSource.CHECKPOINT` (wait there for a completed checkpoint) markers;
+  stream of a run there), :data:`TestingSource.ABORT` (fail the job there once),
+  :data:`TestingSource.CHECKPOINT` (wait there for a completed checkpoint) and
+  :data:`TestingSource.HOLD` (stay open there until the job is cancelled or stopped) markers;
   its position is checkpointed, so a test checks exactly-once results across a failure or
   a resumed run.
 - :class:`OperatorTestHarness` runs one operator (a keyed process function, a map, a window

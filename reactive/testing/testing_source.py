@@ -18,6 +18,10 @@ may stand among them:
   goes on. A test that injects failures places it before them, so that checkpoints complete
   between the failures on any machine instead of depending on how long checkpoints take
   compared with how fast records flow.
+- :data:`TestingSource.HOLD` keeps the stream open there without records until the job is
+  cancelled or stopped (a live source with no new input): the task keeps serving barriers,
+  so checkpoints and savepoints complete while it holds. A test awaits
+  :meth:`TestingSource.wait_held` to act once every record before the marker was read.
 
 The position (the index of the next item) is operator state, so a restore, a resume or a
 restore at another parallelism replays exactly from the checkpoint. The source is not
@@ -26,12 +30,13 @@ parallel (``max_source_parallelism = 1``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Any, Final
 
 from ..sources import Source, SourceReader
 
-__all__ = ["ABORT", "CHECKPOINT", "EOF", "AbortExecution", "TestingSource"]
+__all__ = ["ABORT", "CHECKPOINT", "EOF", "HOLD", "AbortExecution", "TestingSource"]
 
 
 class _Marker:
@@ -57,6 +62,12 @@ ABORT: Final = _Marker("ABORT")
 """Fails the job at this point once per process (see :class:`TestingSource`)."""
 CHECKPOINT: Final = _Marker("CHECKPOINT")
 """Waits at this point for a checkpoint to complete (see :class:`TestingSource`)."""
+HOLD: Final = _Marker("HOLD")
+"""Keeps the stream open at this point until the job is cancelled or stopped."""
+
+# How long a reader at a HOLD marker waits before it returns an empty batch: the task then
+# serves barriers and mail. A poll interval (an idle live source's), not a synchronisation.
+_HOLD_POLL_SECONDS: Final = 0.001
 
 
 class AbortExecution(RuntimeError):
@@ -69,12 +80,13 @@ class AbortExecution(RuntimeError):
 
 
 class TestingSource(Source):
-    """A non-parallel source over a list of records, ``EOF`` and ``ABORT`` markers.
+    """A non-parallel source over a list of records and ``EOF``, ``ABORT``, ``CHECKPOINT`` and
+    ``HOLD`` markers.
 
     Args:
         items (Iterable[Any]): the records, with :data:`TestingSource.EOF`,
-            :data:`TestingSource.ABORT` and :data:`TestingSource.CHECKPOINT` markers among
-            them (materialized once).
+            :data:`TestingSource.ABORT`, :data:`TestingSource.CHECKPOINT` and
+            :data:`TestingSource.HOLD` markers among them (materialized once).
         batch_size (int | None): the most records per batch (None: as many as the task asks
             for). Small batches give checkpoints more places to fall between records.
 
@@ -82,6 +94,7 @@ class TestingSource(Source):
         EOF: the end-of-stream marker.
         ABORT: the failure marker.
         CHECKPOINT: the wait-for-a-completed-checkpoint marker.
+        HOLD: the stay-open-until-cancelled marker.
         items (list[Any]): the records and markers.
         aborts_raised (int): how many ``ABORT`` markers raised so far (each raises once).
 
@@ -94,6 +107,7 @@ class TestingSource(Source):
     EOF: Final = EOF
     ABORT: Final = ABORT
     CHECKPOINT: Final = CHECKPOINT
+    HOLD: Final = HOLD
     max_source_parallelism = 1
 
     def __init__(self, items: Iterable[Any], batch_size: int | None = None) -> None:
@@ -103,6 +117,23 @@ class TestingSource(Source):
         self.batch_size = batch_size
         self.aborts_raised = 0
         self._raised: set[int] = set()  # indices of the ABORT markers that raised
+        self._held: asyncio.Event | None = None  # made in the loop that first needs it
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_held"] = None  # an event belongs to one process and loop
+        return state
+
+    def _held_event(self) -> asyncio.Event:
+        if self._held is None:
+            self._held = asyncio.Event()
+        return self._held
+
+    async def wait_held(self) -> None:
+        """Wait until a reader of this source reached a :data:`TestingSource.HOLD` marker
+        (it has read every record before it), in this run or an earlier one in the same
+        event loop."""
+        await self._held_event().wait()
 
     def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
         """Create the reader of instance ``subtask`` (always 0: the source is not parallel).
@@ -148,6 +179,12 @@ class _TestingSourceReader(SourceReader):
                 source._raised.add(self.position)
                 source.aborts_raised += 1
                 raise AbortExecution(f"TestingSource.ABORT at index {self.position}")
+            if item is HOLD:
+                if batch:
+                    return batch
+                source._held_event().set()
+                await asyncio.sleep(_HOLD_POLL_SECONDS)
+                return []  # the position stays: a restored reader holds here again
             if item is CHECKPOINT:
                 if batch:
                     return batch

@@ -21,9 +21,13 @@ from reactive import (
 from reactive.connectors.collections import ListSink
 from reactive.errors import CheckpointError, JobFailedError, StateSerializationError
 from reactive.sources import Source, SourceReader
+from reactive.testing import TestingSource
 from reactive.two_phase_commit import TwoPhaseCommitSink
+from tests.support import paced
 
 
+# Hand-written: the reader must block inside read_batch, so that no barrier can be
+# injected and the checkpoint stays pending, then fail; a TestingSource never blocks there.
 class GatedSource(Source):
     """Emits one batch, then waits on ``gate`` (so no barrier can be injected) and raises."""
 
@@ -85,50 +89,14 @@ class InPlaceCounter(ProcessFunction):
         yield value
 
 
-class UntilCheckpoints(Source):
-    """Emits 0, 1, 2 ... in batches until it was told of ``checkpoints`` completed
-    checkpoints (or ``limit`` records, a guard against a hang); its position is the count."""
-
-    max_source_parallelism = 1
-
-    def __init__(self, checkpoints: int, limit: int = 5_000_000) -> None:
-        self.checkpoints = checkpoints
-        self.limit = limit
-
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
-        return _UntilCheckpointsReader(self)
-
-
-class _UntilCheckpointsReader(SourceReader):
-    def __init__(self, source: UntilCheckpoints) -> None:
-        self.source = source
-        self.position = 0
-        self.completed = 0
-
-    async def read_batch(self, max_records: int) -> list[Any] | None:
-        if self.completed >= self.source.checkpoints or self.position >= self.source.limit:
-            return None
-        start = self.position
-        self.position += max_records
-        return list(range(start, self.position))
-
-    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
-        return [self.position]
-
-    def restore_state(self, entries: list[Any]) -> None:
-        self.position = int(entries[0])
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        self.completed += 1
-
-
 async def test_operator_state_is_captured_at_the_barrier(tmp_path):
     """Every checkpoint's counter equals the source position it was taken with: entries
     changed in place after the barrier never leak into the snapshot."""
     flow = Dataflow("inplace", batch_size=50)
-    # records flow until five checkpoints completed: as many as the test needs, however
-    # fast or slow the machine (a fixed input may end before the first few complete)
-    (flow.source(UntilCheckpoints(5), uid="src")
+    # the source waits for a completed checkpoint every 10,000 records: five complete while
+    # records flow (and more at the 2 ms interval), however fast or slow the machine
+    source = paced(range(60_000), every=10_000)
+    (flow.source(source, uid="src")
          .process(InPlaceCounter()).uid("counter")
          .sink(ListSink()))
     await flow.run(checkpoints=CheckpointConfig(interval=0.002, directory=tmp_path,
@@ -140,9 +108,10 @@ async def test_operator_state_is_captured_at_the_barrier(tmp_path):
         for uid in ("src", "counter"):
             handle = chk.metadata.operators[uid].subtasks[0].operator_state
             states[uid] = pickle.loads((chk.job_dir / handle.files[0].path).read_bytes())
-        position = states["src"]["source-position"][1][0]
+        position = states["src"]["source-position"][1][0]  # an index among the markers
+        read = sum(1 for item in source.items[:position] if item is not TestingSource.CHECKPOINT)
         counted = states["counter"]["progress"][1][0]["counted"]
-        assert counted == position, f"checkpoint {chk.checkpoint_id}"
+        assert counted == read, f"checkpoint {chk.checkpoint_id}"
 
 
 class SlowCommitSink(TwoPhaseCommitSink[list[Any]]):
@@ -170,32 +139,12 @@ class SlowCommitSink(TwoPhaseCommitSink[list[Any]]):
         txn.clear()
 
 
-class EndlessSource(Source):
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
-        return _EndlessReader()
-
-
-class _EndlessReader(SourceReader):
-    def __init__(self) -> None:
-        self.next = 0
-
-    async def read_batch(self, max_records: int) -> list[Any] | None:
-        batch = list(range(self.next, self.next + 10))
-        self.next += 10
-        await asyncio.sleep(0.001)  # a live stream's pace
-        return batch
-
-    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
-        return [self.next]
-
-    def restore_state(self, entries: list[Any]) -> None:
-        self.next = entries[0]
-
-
 async def test_stop_with_savepoint_waits_for_coroutine_commits(tmp_path):
     sink = SlowCommitSink()
     flow = Dataflow("stopping")
-    flow.source(EndlessSource(), uid="src").sink(sink).uid("sink")
+    # records, then an open stream: the job runs until it is stopped
+    flow.source(TestingSource([*range(20_000), TestingSource.HOLD], batch_size=10),
+                uid="src").sink(sink).uid("sink")
     job = await flow.start(checkpoints=CheckpointConfig(interval=None, directory=tmp_path))
     while sum(c["records_in"] for c in job.metrics.operators.values()) < 200:
         await asyncio.sleep(0.005)
@@ -214,6 +163,8 @@ async def test_end_of_job_waits_for_coroutine_commits(tmp_path):
     assert sorted(sink.committed) == list(range(5_000))
 
 
+# Hand-written: the test is about how a reader that is slow to stop on cancellation is
+# awaited (a SourceReader behaviour, not a record script).
 class SlowTeardownSource(Source):
     """Its reader takes a while to stop when cancelled (it flushes something remote)."""
 

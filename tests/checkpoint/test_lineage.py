@@ -4,7 +4,6 @@ lineage, restores that cannot be honoured, and falling back past damaged checkpo
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import json
 import shutil
@@ -23,7 +22,7 @@ from reactive import (
 from reactive.checkpoint.savepoints import export_savepoint
 from reactive.connectors.files import CommittingFileSink
 from reactive.errors import JobFailedError, RestoreError
-from reactive.sources import Source, SourceReader
+from reactive.testing import TestingSource
 from tests.support import Count, FailureInjector, failing_count, paced
 
 JOB = "lineage"
@@ -256,50 +255,17 @@ async def test_copied_checkpoint_directory_keeps_working(tmp_path):
     assert_exactly_once(tmp_path / "out", words)
 
 
-class StallingSource(Source):
-    """The words, then no end: the run can be stopped before any checkpoint completes."""
-
-    max_source_parallelism = 1
-
-    def __init__(self, words: list[str], emitted: asyncio.Event) -> None:
-        self.words = words
-        self.emitted = emitted
-
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
-        return _StallingReader(self)
-
-
-class _StallingReader(SourceReader):
-    def __init__(self, source: StallingSource) -> None:
-        self.source = source
-        self.position = 0
-
-    async def read_batch(self, max_records: int) -> list[Any] | None:
-        words = self.source.words
-        if self.position >= len(words):
-            self.source.emitted.set()
-            await asyncio.Event().wait()
-        batch = words[self.position:self.position + max_records]
-        self.position += len(batch)
-        return batch
-
-    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
-        return [self.position]
-
-    def restore_state(self, entries: list[Any]) -> None:
-        self.position = entries[0]
-
-
 async def _run_killed_before_its_first_checkpoint(flow_words: list[str], out: Path,
                                                   config: CheckpointConfig,
                                                   **options: Any) -> None:
-    emitted = asyncio.Event()
+    # the words, then no end: the run is cancelled before any checkpoint completes
+    source = TestingSource([*flow_words, TestingSource.HOLD])
     flow = Dataflow(JOB, parallelism=2, batch_size=64)
-    (flow.source(StallingSource(flow_words, emitted), uid="words")
+    (flow.source(source, uid="words")
          .key_by(lambda w: w).process(Count()).uid("count")
          .sink(CommittingFileSink(out, format="jsonl")).uid("files"))
     job = await flow.start(checkpoints=config, **options)
-    await emitted.wait()
+    await source.wait_held()
     await job.cancel()  # as a kill would: no checkpoint of this run completed
     assert job.metrics.completed_checkpoints == []
 

@@ -75,6 +75,8 @@ class Budget:
                 await self.changed.wait()
 
 
+# Hand-written: a parallel source whose per-split positions are redistributed on a
+# rescale (a TestingSource is not parallel).
 class SplitsSource(Source):
     """A parallel source over in-memory splits; the position is ``[split, index]`` per split
     (operator state, redistributed round robin), and a :class:`Budget` bounds each run."""
@@ -114,6 +116,8 @@ class _SplitsReader(SourceReader):
         self.positions = [list(e) for e in entries]
 
 
+# The line-file connector under the test's budget: the test is about that connector's
+# split positions across a rescale.
 class BudgetedLineFileSource(LineFileSource):
     """The line-file source (splits = files, position ``[path, offset]``) under a budget."""
 

@@ -44,6 +44,8 @@ class Log:
         self.sunk_at_completion: dict[int, int] = {}
 
 
+# Hand-written: it logs the order of the reader's reads, snapshots and completion
+# notifications, which is what the synchronous-snapshot tests check.
 class LoggedSource(Source):
     """A non-parallel source of ``items`` that logs its reads, snapshots and completions;
     with ``every``, it waits for a completed checkpoint each ``every`` records (so several

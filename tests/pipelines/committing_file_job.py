@@ -102,6 +102,8 @@ def _tick(kind: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+# Hand-written: the failure it injects is a declined source snapshot (snapshot_state
+# raising), a SourceReader behaviour TestingSource's ABORT (a read failure) does not cover.
 class WordSource(CollectionSource):
     """The words, non-parallel, position = index (``from_collection``'s source), declining
     its ``REACTIVE_TEST_DECLINE``-th snapshot of this process."""

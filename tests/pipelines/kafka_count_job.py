@@ -105,6 +105,8 @@ class KillingKafkaSink(KafkaSink):
 PER_CHECKPOINT = 1_000
 
 
+# The Kafka connector paced by snapshots: the test is about that connector's exactly-once
+# commits, which a TestingSource would replace.
 class PacedKafkaSource(KafkaSource):
     """The Kafka source, paced by checkpoints: each reader reads at most
     :data:`PER_CHECKPOINT` records between two of its snapshots. The kill points count

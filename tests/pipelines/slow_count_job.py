@@ -16,6 +16,8 @@ from reactive.sources import SourceReader
 RECORDS = 8_000
 
 
+# Hand-written: the graceful-stop tests signal the process while it runs, so the job must
+# last seconds of wall-clock time; a TestingSource reads as fast as the task asks.
 class ThrottledSource(CollectionSource):
     """The collection source, 50 records per read and a pause of 25 ms between reads (a
     slow upstream)."""

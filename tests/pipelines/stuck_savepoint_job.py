@@ -8,39 +8,12 @@ with an interval of an hour."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import sys
 from typing import Any
 
 from reactive import Dataflow
 from reactive.sinks import Sink, SinkWriter
-from reactive.sources import Source, SourceReader
-
-
-class Endless(Source):
-    """0, 1, 2, ... one small batch per 10 ms (a slow upstream)."""
-
-    max_source_parallelism = 1
-
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
-        return _EndlessReader()
-
-
-class _EndlessReader(SourceReader):
-    def __init__(self) -> None:
-        self.position = 0
-
-    async def read_batch(self, max_records: int) -> list[Any] | None:
-        await asyncio.sleep(0.01)  # the upstream's pace, not a synchronisation
-        batch = list(itertools.islice(itertools.count(self.position), 10))
-        self.position += len(batch)
-        return batch
-
-    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
-        return [self.position]
-
-    def restore_state(self, entries: list[Any]) -> None:
-        self.position = entries[0]
+from reactive.testing import TestingSource
 
 
 class StuckSink(Sink):
@@ -66,4 +39,6 @@ class _StuckWriter(SinkWriter):
 
 
 flow = Dataflow("stuck-savepoint", parallelism=1)
-flow.source(Endless()).uid("numbers").map(lambda x: x).uid("same").sink(StuckSink()).uid("out")
+# 0 .. 999, then an open stream (a live upstream with no new input) until the job is stopped
+numbers = TestingSource([*range(1_000), TestingSource.HOLD], batch_size=10)
+flow.source(numbers).uid("numbers").map(lambda x: x).uid("same").sink(StuckSink()).uid("out")

@@ -58,6 +58,8 @@ async def test_cancel_right_after_a_push_returns(tmp_path, interval, last):
     assert job.metrics.restarts == 0
 
 
+# Hand-written, not a TestingSource: the test is about a reader whose clean-up on
+# cancellation raises (a SourceReader behaviour TestingSource has no reason to script).
 class _FailingCleanup(Source):
     """A source whose reader waits for input and whose clean-up on cancellation fails."""
 

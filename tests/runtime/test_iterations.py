@@ -298,31 +298,6 @@ async def test_event_time_after_a_loop_holds_until_the_loop_is_done():
     assert late.records == []
 
 
-class _OpenEndedSource(TestingSource):
-    """A TestingSource that, having read its items, waits for more instead of ending (a
-    live input), and says when it got there."""
-
-    def __init__(self, items: list[Any]) -> None:
-        super().__init__(items)
-        import asyncio
-
-        self.drained = asyncio.Event()
-
-    def create_reader(self, subtask: int, parallelism: int) -> Any:
-        inner = super().create_reader(subtask, parallelism)
-        source = self
-
-        class Reader(type(inner)):  # type: ignore[misc]
-            async def read_batch(self, max_records: int) -> list[Any] | None:
-                batch = await super().read_batch(max_records)
-                if batch is None:
-                    source.drained.set()
-                    return []  # a live input with nothing new yet
-                return batch
-
-        return Reader(self)
-
-
 def _countdown_flow(source: TestingSource, sink: Any, parallelism: int) -> Dataflow:
     flow = Dataflow("countdown", parallelism=parallelism, batch_size=16)
 
@@ -342,11 +317,12 @@ async def test_stop_with_savepoint_keeps_the_loop_and_resumes_it_at_another_para
     Countdown.reset([], None)
     starts = {k: 200 + k % 50 for k in range(100)}
     items = list(starts.items())
-    source = _OpenEndedSource(items)
+    # the starts, then an open stream (a live input with nothing new) until the stop
+    source = TestingSource([*items, TestingSource.HOLD])
     first = _countdown_flow(source, CommittingFileSink(tmp_path / "out"), 2)
     job = await first.start(checkpoints=CheckpointConfig(interval=None,
                                                          directory=tmp_path / "chk"))
-    await source.drained.wait()
+    await source.wait_held()
     savepoint = await job.stop(savepoint=True)
     assert savepoint is not None
     assert _back_edge_log(savepoint), "the savepoint caught no record in the loop"

@@ -5,48 +5,15 @@ from __future__ import annotations
 import asyncio
 import sys
 import urllib.request
-from typing import Any
 
 import pytest
 
 from reactive import CheckpointConfig, Dataflow
 from reactive.connectors.collections import ListSink
 from reactive.errors import MissingExtraError
-from reactive.sources import Source, SourceReader
+from reactive.testing import TestingSource
 
 parser = pytest.importorskip("prometheus_client.parser")
-
-
-class EndlessSource(Source):
-    """Emits batches of integers until ``stop`` is set; ``emitted`` is set after the first."""
-
-    def __init__(self) -> None:
-        self.stop = asyncio.Event()
-        self.emitted = asyncio.Event()
-
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
-        return _EndlessReader(self)
-
-
-class _EndlessReader(SourceReader):
-    def __init__(self, source: EndlessSource) -> None:
-        self.source = source
-        self.position = 0
-
-    async def read_batch(self, max_records: int) -> list[Any] | None:
-        if self.source.stop.is_set():
-            return None
-        await asyncio.sleep(0)  # a yield to the loop, not a wait for time to pass
-        batch = list(range(self.position, self.position + 10))
-        self.position += 10
-        self.source.emitted.set()
-        return batch
-
-    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
-        return [self.position]
-
-    def restore_state(self, entries: list[Any]) -> None:
-        self.position = int(entries[0])
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -62,15 +29,16 @@ def _scrape(url: str) -> tuple[int, str, str]:
 async def test_a_running_job_is_scraped(tmp_path):
     from reactive.metrics_exporter import serve_metrics
 
-    source = EndlessSource()
+    # records, then an open stream: the job runs until the test cancels it
+    source = TestingSource([*range(2_000), TestingSource.HOLD], batch_size=10)
     flow = Dataflow("scraped")
     (flow.source(source, uid="src").rebalance()  # a channel between two tasks
          .map(lambda x: x + 1).uid("plus").sink(ListSink()))
     job = await flow.start(checkpoints=CheckpointConfig(interval=0.05, directory=tmp_path))
     server = serve_metrics(job, port=0)
     try:
-        await source.emitted.wait()
-        # the barrier follows the first batch: once it completes, every operator counted it
+        await source.wait_held()
+        # the barrier follows the records: once it completes, every operator counted them
         await job.checkpoint()
         assert server.host == "127.0.0.1" and server.port > 0
         assert server.url == f"http://127.0.0.1:{server.port}/metrics"
@@ -104,7 +72,6 @@ async def test_a_running_job_is_scraped(tmp_path):
         assert (again[("reactive_checkpoints_total", (("status", "completed"),))]
                 > samples[("reactive_checkpoints_total", (("status", "completed"),))])
     finally:
-        source.stop.set()
         await job.cancel()
         await asyncio.to_thread(server.close)
     with pytest.raises(OSError):

@@ -23,6 +23,7 @@ from reactive import (
     ValueStateDescriptor,
 )
 from reactive.connectors.collections import ListSink
+from reactive.testing import TestingSource
 from tests.support import Count, final_counts
 
 
@@ -112,30 +113,9 @@ async def test_embedded_job_runs_beside_the_application(tmp_path):
 
 
 async def test_cancel_stops_every_task(tmp_path):
-    from reactive import Source, SourceReader
-
-    class Forever(Source):
-        max_source_parallelism = 1
-
-        def create_reader(self, subtask, parallelism):
-            class R(SourceReader):
-                n = 0
-
-                async def read_batch(self, max_records):
-                    self.n += max_records
-                    return list(range(max_records))
-
-                def snapshot_state(self, checkpoint_id):
-                    return [self.n]
-
-                def restore_state(self, entries):
-                    self.n = entries[0]
-
-            return R()
-
     sink = ListSink()
     flow = Dataflow("forever")
-    flow.source(Forever()).map(lambda x: x).sink(sink)
+    flow.source(TestingSource([*range(1_000), TestingSource.HOLD])).map(lambda x: x).sink(sink)
     job = await flow.start(checkpoints=CheckpointConfig(interval=None, directory=tmp_path))
     first = await job.checkpoint()
     await job.cancel()

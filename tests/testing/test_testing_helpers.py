@@ -6,7 +6,9 @@ module also runs under strict mode."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -42,7 +44,7 @@ from reactive.time.watermarks import ACTIVE, IDLE
 from reactive.windowing.functions import ReduceAggregate
 from tests.support import Count, checkpoint_state, final_counts, zipf_words
 
-EOF, ABORT = TestingSource.EOF, TestingSource.ABORT
+EOF, ABORT, HOLD = TestingSource.EOF, TestingSource.ABORT, TestingSource.HOLD
 
 
 # ---------------------------------------------------------------------------- TestingSource
@@ -77,6 +79,33 @@ async def test_reader_batch_size_and_pickled_markers():
     assert pickle.loads(pickle.dumps(EOF)) is EOF and copy.deepcopy(ABORT) is ABORT
     with pytest.raises(ValueError):
         TestingSource([], batch_size=0)
+
+
+@pytest.mark.asyncio
+async def test_reader_holds_at_hold_without_ending_or_moving():
+    source = TestingSource(["a", "b", HOLD, "c"])
+    reader = source.create_reader(0, 1)
+    assert await reader.read_batch(100) == ["a", "b"]  # the records before the marker first
+    for _ in range(3):
+        assert await reader.read_batch(100) == []  # open, empty: the task serves barriers
+    await asyncio.wait_for(source.wait_held(), timeout=1)  # a guard, already set
+    assert reader.snapshot_state(1) == [2]  # the position stays at the marker
+    assert pickle.loads(pickle.dumps(source)).items == source.items  # the event is not kept
+
+
+@pytest.mark.asyncio
+async def test_hold_keeps_a_job_running_until_stop_with_savepoint(tmp_path):
+    words = zipf_words(1_000, 50, seed=6)
+    source = TestingSource([*words, HOLD, "never"], batch_size=50)
+    sink = ListSink()
+    job = await _count_flow(source, sink, "hold").start(
+        checkpoints=CheckpointConfig(interval=None, directory=tmp_path))
+    await source.wait_held()
+    assert job.status == "running"  # the marker did not end the stream
+    await job.checkpoint()  # barriers pass the holding source
+    await job.stop(savepoint=True, path=tmp_path / "sp")
+    await job.wait()
+    assert final_counts(sink.records) == dict(collections.Counter(words))  # not "never"
 
 
 def _count_flow(source: TestingSource, sink: ListSink, name: str) -> Dataflow:

@@ -52,6 +52,8 @@ async def test_records_pass_unchanged_and_watermarks_trail_by_the_bound():
     assert all(w <= r["ts"] - 10.0 or w == float("-inf") for r, w in sink.records)
 
 
+# Hand-written: two instances, one moving a manual clock per batch and one staying open
+# until results appear; a TestingSource is not parallel and has no per-batch hook.
 class PacedSource(Source):
     """Instance 0 emits ``records`` one per batch, moving a manual clock 1 s each time;
     instance 1 emits nothing and ends only once the sink shows results (or gives up)."""

@@ -109,6 +109,8 @@ async def test_deleted_timers_do_not_fire():
     assert sorted(sink.records) == [("a", 6.0), ("c", 8.0)]
 
 
+# Hand-written: the reader moves the manual processing-time clock between batches, a
+# per-batch hook a TestingSource does not have.
 class ClockSource(Source):
     """Emits records one batch at a time and moves a manual clock forward after each."""
 

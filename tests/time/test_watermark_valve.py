@@ -201,6 +201,8 @@ def test_output_is_monotonic_and_the_minimum_of_the_aligned_channels(
 
 
 # ---------------------------------------------------------------------------- in a job
+# Hand-written: two instances that coordinate (one waits until the other resumed with a
+# stale watermark); a TestingSource is not parallel.
 class StaleResumeSource(Source):
     """Two instances. Instance 0 emits ``("k", t, 1)`` for t = 0..59, one per batch, moving
     a manual clock 1 s each; at t = 15 it waits until instance 1 has resumed. Instance 1

@@ -98,6 +98,7 @@ class Firings(ProcessWindowFunction):
         yield key, fired.value()
 
 
+# a user's own source: the typed Source interface is what this case checks
 class Numbers(Source[int]):
     def create_reader(self, subtask: int, parallelism: int) -> SourceReader[int]:
         raise NotImplementedError

@@ -72,6 +72,8 @@ def test_valve_flushes_the_largest_watermark_when_every_channel_is_idle():
     assert valve.all_idle() and valve.watermark == 25.0
 
 
+# Hand-written: the test is about a reader's own watermark and idleness
+# (current_watermark, is_idle), which a TestingSource does not generate.
 class _IdleFlushSource(Source):
     """One reader: records at t = 0..29 with a watermark 15 s behind, then it goes idle and
     its watermark moves to 29 (it knows it caught up). It stays idle, without ending, until

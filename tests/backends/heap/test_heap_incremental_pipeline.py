@@ -3,7 +3,6 @@ that write far fewer bytes than the state when few keys change."""
 
 from __future__ import annotations
 
-import asyncio
 import collections
 from pathlib import Path
 from typing import Any
@@ -11,52 +10,20 @@ from typing import Any
 from reactive import CheckpointConfig, CheckpointStorage, Dataflow, RestartStrategy
 from reactive.backends.heap import HeapStateBackend
 from reactive.connectors.collections import ListSink
-from reactive.sources import Source, SourceReader
+from reactive.sources import Source
+from reactive.testing import TestingSource
 from tests.support import FailureInjector, checkpoint_state, failing_count, final_counts
 
 
-class GatedSource(Source):
-    """Emits ``rounds`` one after the other; after each round it waits until a checkpoint
-    taken at the end of the round completes (so each round lands in its own checkpoint)."""
-
-    max_source_parallelism = 1
-
-    def __init__(self, rounds: list[list[str]]) -> None:
-        self.rounds = rounds
-
-    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
-        return _GatedReader(self.rounds)
-
-
-class _GatedReader(SourceReader):
-    def __init__(self, rounds: list[list[str]]) -> None:
-        self.rounds = rounds
-        self.round, self.offset = 0, 0
-        self.snapshotted_at_end = False
-
-    async def read_batch(self, max_records: int) -> list[Any] | None:
-        if self.round >= len(self.rounds):
-            return None
-        items = self.rounds[self.round]
-        if self.offset >= len(items):
-            await asyncio.sleep(0.001)  # waits for the end-of-round checkpoint
-            return []
-        out = items[self.offset:self.offset + max_records]
-        self.offset += len(out)
-        return out
-
-    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
-        if self.round < len(self.rounds) and self.offset >= len(self.rounds[self.round]):
-            self.snapshotted_at_end = True
-        return [(self.round, self.offset)]
-
-    def restore_state(self, entries: list[Any]) -> None:
-        self.round, self.offset = entries[0]
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        if self.snapshotted_at_end:
-            self.snapshotted_at_end = False
-            self.round, self.offset = self.round + 1, 0
+def gated(rounds: list[list[str]]) -> TestingSource:
+    """The rounds one after the other, with a completed checkpoint between each two: the
+    reader waits at a CHECKPOINT marker after each round until one completes (two after the
+    first round, so that one holds every record of it: a checkpoint triggered after the
+    first marker's release, which came after the whole round was read)."""
+    items: list[Any] = [*rounds[0], TestingSource.CHECKPOINT, TestingSource.CHECKPOINT]
+    for r in rounds[1:]:
+        items += [*r, TestingSource.CHECKPOINT]
+    return TestingSource(items)
 
 
 def rounds(n_keys: int, n_rounds: int, hot: int) -> list[list[str]]:
@@ -78,7 +45,7 @@ async def test_counts_are_exact_after_crashes(tmp_path: Path) -> None:
     truth = dict(collections.Counter(words))
     injector = FailureInjector([4300, 4700, 5300])  # in the update rounds
     sink = ListSink()
-    job = await flow("inc", GatedSource(data), failing_count(injector), sink).run(
+    job = await flow("inc", gated(data), failing_count(injector), sink).run(
         checkpoints=CheckpointConfig(interval=0.01, directory=tmp_path, retained=2),
         restart=RestartStrategy.fixed(5, 0.0), state_backend=HeapStateBackend(incremental=True))
     assert injector.failures == 3
@@ -100,7 +67,7 @@ async def test_counts_are_exact_after_crashes(tmp_path: Path) -> None:
 async def test_bytes_per_checkpoint_fall_when_few_keys_change(tmp_path: Path) -> None:
     data = rounds(20_000, 6, 30)
     sink = ListSink()
-    await flow("bytes", GatedSource(data), failing_count(FailureInjector([])), sink).run(
+    await flow("bytes", gated(data), failing_count(FailureInjector([])), sink).run(
         checkpoints=CheckpointConfig(interval=0.01, directory=tmp_path, retained=10_000),
         state_backend=HeapStateBackend(incremental=True))
     storage = CheckpointStorage(tmp_path, "bytes")

@@ -32,6 +32,7 @@ from reactive import (
 )
 from reactive.backends.rocksdb import RocksDBStateBackend, read_rocksdb_snapshot
 from reactive.connectors.collections import CallbackSink, ListSink
+from reactive.testing import TestingSource
 from tests.support import Count, FailureInjector, failing_count, final_counts, paced, zipf_words
 
 MAX_PARALLELISM = 128
@@ -96,6 +97,9 @@ async def test_keyed_count_is_exact_after_failures(tmp_path: Path, incremental: 
 
 
 # ---------------------------------------------------------------------- incremental
+# Hand-written: the test feeds records while the job runs and a resumed job starts with a
+# new, empty source whose restored position must not replay them; a TestingSource is a
+# fixed list indexed by its position.
 class PushSource(Source):
     """A source the test feeds: records pushed with :meth:`push` are emitted in order; it
     ends after :meth:`close`. Its position is the number of records emitted."""
@@ -311,8 +315,8 @@ PIPELINE_SCRIPT = textwrap.dedent('''
     import reactive.backends.rocksdb as rocksdb
     import reactive.backends.rocksdb.snapshot as rocksdb_snapshot
     from reactive.connectors.collections import ListSink
-    from reactive import (CheckpointConfig, Dataflow, KeyedProcessFunction, Source,
-                          SourceReader, ValueStateDescriptor)
+    from reactive import CheckpointConfig, Dataflow, KeyedProcessFunction, ValueStateDescriptor
+    from reactive.testing import TestingSource
 
     directory, state, words_file, pause_at = sys.argv[1:5]
     PAUSE_AT = int(pause_at)
@@ -329,36 +333,12 @@ PIPELINE_SCRIPT = textwrap.dedent('''
             yield (ctx.current_key, n)
 
 
-    class Words(Source):
-        """The words, then nothing (the job runs until it is killed); position = index."""
-        max_source_parallelism = 1
-
-        def create_reader(self, subtask, parallelism):
-            return Reader()
-
-
-    class Reader(SourceReader):
-        position = 0
-        snapshots = 0
-
-        async def read_batch(self, max_records):
-            # the second half waits until checkpoint PAUSE_AT - 1 is taken: that checkpoint
-            # then lies inside the input however fast the job runs
-            held = self.position >= len(words) // 2 and self.snapshots < PAUSE_AT - 1
-            if held or self.position >= len(words):
-                await asyncio.sleep(0.01)  # idle: keep injecting barriers
-                return []
-            batch = words[self.position:self.position + 500]
-            self.position += len(batch)
-            await asyncio.sleep(0)
-            return batch
-
-        def snapshot_state(self, checkpoint_id):
-            self.snapshots += 1
-            return [self.position]
-
-        def restore_state(self, entries):
-            self.position = int(entries[0])
+    # the first half, then PAUSE_AT - 1 CHECKPOINT markers: checkpoints 1 .. PAUSE_AT - 1
+    # complete with the second half unread however fast the job runs (the last marker may
+    # wait for checkpoint PAUSE_AT, which never completes), then the rest and no end
+    half = len(words) // 2
+    WORDS = TestingSource([*words[:half], *[TestingSource.CHECKPOINT] * (PAUSE_AT - 1),
+                           *words[half:], TestingSource.HOLD])
 
 
     original_write = rocksdb_snapshot.RocksDBSnapshot.write
@@ -376,7 +356,7 @@ PIPELINE_SCRIPT = textwrap.dedent('''
 
     async def main():
         flow = Dataflow("killed", parallelism=2, max_parallelism=128, batch_size=256)
-        (flow.source(Words()).uid("words").key_by(lambda w: w).process(Count()).uid("count")
+        (flow.source(WORDS).uid("words").key_by(lambda w: w).process(Count()).uid("count")
              .sink(ListSink()))
         await flow.run(checkpoints=CheckpointConfig(interval=0.05, directory=directory),
                        state_backend=rocksdb.RocksDBStateBackend(path=state))
@@ -426,7 +406,11 @@ async def test_kill_between_sync_and_async_part_keeps_previous_checkpoint(
     # resume from it: the counts continue exactly where checkpoint pause_at - 1 left them
     sink = ListSink()
     flow = Dataflow("killed", parallelism=2, max_parallelism=MAX_PARALLELISM, batch_size=256)
-    (flow.from_collection(words).uid("words").key_by(lambda w: w)
+    # the killed run's input, ending here: the restored position is an index into it
+    half = len(words) // 2
+    resumed = TestingSource([*words[:half], *[TestingSource.CHECKPOINT] * (pause_at - 1),
+                             *words[half:]])
+    (flow.source(resumed).uid("words").key_by(lambda w: w)
          .process(Count()).uid("count").sink(sink))
     job = await flow.run(checkpoints=CheckpointConfig(interval=0.05, directory=tmp_path / "chk"),
                          state_backend=RocksDBStateBackend(path=tmp_path / "state2"),

@@ -177,6 +177,8 @@ class ObservedWriter(TwoPhaseCommitWriter[Txn]):
         self.sink.probe.mark("aborted", checkpoint_id, self.sink.subtask)
 
 
+# Hand-written: its snapshot_state records into the probe when the source snapshots
+# relative to the sink's transactions; the test checks that order.
 class GatedSource(Source):
     """Emits the batches the test pushes into the probe, ``[]`` while there is none (so
     barriers are injected between them), and ends when ``probe.ended`` is set."""

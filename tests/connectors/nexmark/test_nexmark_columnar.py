@@ -102,6 +102,8 @@ async def test_columnar_query_equals_the_batch_reference(query: str, tables: R.T
     assert rows_of(sink.records) == expected
 
 
+# The columnar Nexmark reader held back by the gate: the test is about that connector's
+# splits and Arrow batches, which a TestingSource would replace.
 class GatedArrowSource(NexmarkArrowSource):
     """The columnar Nexmark source held back by a :class:`Gate`."""
 

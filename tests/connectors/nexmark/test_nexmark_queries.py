@@ -109,6 +109,8 @@ class Gate:
             pass
 
 
+# A Nexmark reader held back by the gate: the test is about the Nexmark connector's own
+# parallel splits and positions, which a TestingSource would replace.
 class GatedSource(NexmarkSource):
     """The Nexmark source held back by a :class:`Gate` (the test's pacing)."""
 
