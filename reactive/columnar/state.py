@@ -248,8 +248,9 @@ def iter_columnar_key_groups(handle: dict[str, Any], job_dir: Path, *,
     per key group, ``{aggregate output: {key: value}}``, the key as the per-record API sees
     it (the column's value, or the tuple of the key columns' values), the value as the
     aggregate's result (a mean, not its sum and count); for a window operator's state, one
-    entry per open window, keyed by ``(key, window start, window end)``. For the
-    embedding's state queries and the PySpark bridge's checkpoint reader.
+    entry per open window, keyed by ``(key, window start, window end)``; under a time to
+    live, the keys live at the snapshot's barrier only. For the embedding's state queries
+    and the PySpark bridge's checkpoint reader.
 
     Args:
         handle: a ``"columnar-heap"`` handle.
@@ -267,11 +268,15 @@ def iter_columnar_key_groups(handle: dict[str, Any], job_dir: Path, *,
     key_columns = handle["key_columns"]
     row_columns = handle.get("row_columns", [])
     groups = _key_group_batches(handle, job_dir, key_group_range)
+    expired_before = handle.get("ttl_expired_before")
 
     def key_groups() -> Iterator[KeyGroupState]:
         for kg, batches in groups:
             table = _latest_per_key(pa.Table.from_batches(batches),
                                     key_columns + row_columns).combine_chunks()
+            if expired_before is not None:  # an older file of a chain may hold expired keys
+                table = table.filter(pa.array(
+                    table.column(TTL_TIMESTAMP).to_numpy() > expired_before))
             columns = [table.column(c).to_pylist() for c in key_columns]
             keys: list[Any] = columns[0] if len(columns) == 1 \
                 else list(zip(*columns, strict=True))
@@ -391,6 +396,9 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
                            for a in self.aggregates]}
         if self.windowed:
             handle["row_columns"] = ["_start"]
+        if self.expired_before is not None:
+            # the keys last written at or before this time were expired at the barrier
+            handle["ttl_expired_before"] = self.expired_before
         if not self.incremental:
             path = ctx.exclusive_path(".arrow")
             n, sha = write_atomic(path, [data])
