@@ -46,6 +46,9 @@ class ColumnarAggregateOperator(StreamOperator):
     #: slots cached in front of a :class:`SlotStore` (RocksDB) before the cache is
     #: written back and emptied
     cache_slots = 1 << 18
+    #: under a ttl, the key index's size below which expired slots are never dropped from
+    #: memory (the check runs each time the index grew to four times its last live size)
+    compact_min_slots = 1 << 12
 
     def __init__(self, name: str, uid: str, key_columns: list[str],
                  specs: list[Spec], emit: Literal["changelog", "final"],
@@ -62,6 +65,8 @@ class ColumnarAggregateOperator(StreamOperator):
         self.arrays: dict[str, np.ndarray] = {}
         self.index: KeyIndex
         self.cache: SlotCache | None = None
+        #: the key index's size at which the next check for expired slots to drop runs
+        self._compact_at = self.compact_min_slots
 
     def keyed_state_backend(self, job_backend: StateBackend) -> StateBackend:
         """The backend of this operator's keyed state: the job backend's columnar one
@@ -163,6 +168,8 @@ class ColumnarAggregateOperator(StreamOperator):
         if self.cache is not None:
             keys = self.cache.lookup(b)
         else:
+            if self.ttl is not None and self.index.size >= self._compact_at:
+                self._compact()
             keys = self.index.lookup(b)
             self.backend.thaw()
             self.backend.touch(keys.slots, self.index.size)
@@ -199,6 +206,33 @@ class ColumnarAggregateOperator(StreamOperator):
                 for part in s.state_columns():
                     self.arrays[f"{s.output}.{part}"][expired] = s.initial(part)
         stamps[slots] = now
+
+    def _compact(self) -> None:
+        """Drop the expired slots from memory when they are at least half of the index:
+        rebuild the key index with the live keys (new slots, in the old order) and the
+        arrays with their rows. O(slots), run when the index grew to four times the live
+        slots of the last check, so O(1) amortized per key (the slots stay within four times
+        the live keys of the last check, plus a batch's new keys)."""
+        size = self.index.size
+        live = self._live(size)
+        assert live is not None
+        if 2 * len(live) <= size:
+            index = KeyIndex(self.key_columns, self.index.max_parallelism, self.uid)
+            taken = pa.array(live)
+            columns = self.index.keys_prefix([len(c) for c in self.index.key_chunks])
+            if len(live):
+                index.install([c.take(taken) for c in columns])
+            capacity = max(1024, 2 * len(live))
+            for s in self.specs:
+                for part in s.state_columns():
+                    name = f"{s.output}.{part}"
+                    self.arrays[name] = _compacted(self.arrays[name], live, capacity,
+                                                   s.initial(part))
+            self.arrays[TTL_TIMESTAMP] = _compacted(self.arrays[TTL_TIMESTAMP], live,
+                                                    capacity, np.inf)
+            self.index = index
+            self.backend.compacted(index)
+        self._compact_at = max(self.compact_min_slots, 4 * len(live))
 
     def _live(self, size: int) -> np.ndarray | None:
         """The slots below ``size`` not expired now (None: every slot, no ttl)."""
@@ -241,3 +275,10 @@ class ColumnarAggregateOperator(StreamOperator):
         columns = [results(s, {p: arrays[f"{s.output}.{p}"] for p in s.state_columns()},
                            len(keys)) for s in self.specs]
         return [pa.RecordBatch.from_arrays(key_columns + columns, schema=self.schema)]
+
+
+def _compacted(array: np.ndarray, live: np.ndarray, capacity: int, initial: Any) -> np.ndarray:
+    """A new array of ``capacity`` elements: ``array[live]``, then ``initial``."""
+    out = np.full(capacity, initial, array.dtype)
+    out[:len(live)] = array[live]
+    return out

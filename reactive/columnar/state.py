@@ -139,6 +139,16 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
                     self.arrays[name] = self.arrays[name].copy()
             self._frozen = set()
 
+    def compacted(self, index: KeyIndex) -> None:
+        """The operator rebuilt its key index and arrays with the live slots only (new slot
+        numbers; the arrays replaced in the bound dict): a snapshot in flight keeps the old
+        ones, and the next incremental snapshot writes every live slot (the masks of the
+        old numbering are dropped; an older file's rows of a dropped key are expired)."""
+        self.index = index
+        self._frozen = set()
+        self._pending = []
+        self.dirty = np.ones(max(index.size, 1024), bool)
+
     def touch(self, slots: np.ndarray, size: int) -> None:
         """Mark ``slots`` changed (``size``: the slots in use)."""
         if not self.incremental:

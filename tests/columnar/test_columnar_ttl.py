@@ -229,3 +229,61 @@ def test_a_dictionary_value_without_rows_in_a_batch_is_not_written_by_it():
     op.process_batch([pa.record_batch({"word": words, "n": [1, 2]})])
     clock.advance_to(12)  # b, written at 0 only, expired at 10
     assert finals(op) == {"a": (3, 3)}
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_expired_keys_leave_memory_and_snapshots_stay_exact(tmp_path, incremental,
+                                                                  monkeypatch):
+    """An open key space (each key active for one batch): the key index stays bounded by
+    about four times the live keys, and a snapshot taken across the drop (incremental: a chain
+    from before it) restores exactly the live keys and values."""
+    from reactive.columnar.aggregate_operator import ColumnarAggregateOperator
+
+    monkeypatch.setattr(ColumnarAggregateOperator, "compact_min_slots", 64)
+    clock = ManualClock(0.0)
+    op = ttl_operator(KeyGroupRange(0, 15), clock, incremental)
+    op.open()
+    sizes = []
+    for step in range(60):
+        clock.advance(1.0)  # a key lives TTL = 10 batches
+        op.process_batch([batch_of([f"k{step}-{i}" for i in range(20)] + ["hot"])])
+        sizes.append(op.index.size)
+        if step == 30:
+            await snapshot(op, tmp_path, 1)
+    assert max(sizes[30:]) <= 4 * 11 * 21 + 21  # not 60 * 20 keys
+    handle = await snapshot(op, tmp_path, 2)
+    if incremental:  # the chain's first file has the slots of before the drop
+        assert len(handle["chain"]) == 2
+    expected = {f"k{s}-{i}": (1, i) for s in range(50, 60) for i in range(20)}
+    expected["hot"] = (60, 60 * 20)
+    assert finals(op) == expected
+    restored = ttl_operator(KeyGroupRange(0, 15), clock, incremental)
+    restored.keyed_backend.restore([handle], tmp_path)
+    restored.open()
+    assert finals(restored) == expected
+
+
+async def test_a_snapshot_in_flight_across_the_drop_writes_the_state_at_its_barrier(
+        tmp_path, monkeypatch):
+    from reactive.columnar.aggregate_operator import ColumnarAggregateOperator
+    from reactive.state.backend import SnapshotContext
+
+    # the check runs before the third batch (100 keys), which finds 99 of them expired
+    monkeypatch.setattr(ColumnarAggregateOperator, "compact_min_slots", 100)
+    clock = ManualClock(0.0)
+    op = ttl_operator(KeyGroupRange(0, 15), clock)
+    op.open()
+    op.process_batch([batch_of([f"old{i}" for i in range(1, 100)])])
+    clock.advance(5)
+    op.process_batch([batch_of(["old0"])])
+    ctx = SnapshotContext(1, tmp_path, tmp_path / "chk-1", tmp_path / "shared", "agg", 0)
+    in_flight = op.keyed_backend.snapshot(ctx)  # the synchronous part only
+    clock.advance(5)  # old1..old99 expire: the next batch drops them from memory
+    op.process_batch([batch_of(["old0", "new"])])
+    assert op.index.size == 2
+    handle = await in_flight.write()
+    restored = ttl_operator(KeyGroupRange(0, 15), ManualClock(5.0))
+    restored.keyed_backend.restore([handle], tmp_path)
+    restored.open()
+    assert finals(restored) == {"old0": (1, 0), **{f"old{i}": (1, i - 1) for i in range(1, 100)}}
+    assert finals(op) == {"old0": (2, 0), "new": (1, 1)}
