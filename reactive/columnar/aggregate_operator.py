@@ -3,19 +3,23 @@ batches, with its state in arrays per slot (:mod:`.state`)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 import numpy as np
 
+from ..errors import ConfigurationError
 from ..keygroups import KeyGroupRange
 from ..runtime.operators import StreamOperator
 from ..state.backend import KeyedStateBackend, StateBackend
+from ..state.ttl_clock import TtlClock
+from ..state.ttl_config import StateTtlConfig
 from .aggregates import Spec, results, update
 from .grouping import Grouping
 from .key_index import KeyIndex
 from .schema import pa, position_of
 from .slot_store import SlotCache, SlotStore
-from .state import ColumnarKeyedStateBackend, ColumnarStateBackend
+from .state import TTL_TIMESTAMP, ColumnarKeyedStateBackend, ColumnarStateBackend
 
 __all__ = ["ColumnarAggregateOperator"]
 
@@ -33,17 +37,27 @@ class ColumnarAggregateOperator(StreamOperator):
         emit: ``"changelog"`` (a row per input row, with the running values) or
             ``"final"`` (a row per key at the end of input).
         schema: the output schema (key columns, then one column per aggregate).
+        ttl: the keys' time to live (processing time, on create and write, never returning
+            an expired value; see :meth:`KeyedColumnarStream.agg
+            <reactive.columnar.stream.KeyedColumnarStream.agg>`), or None.
     """
 
     keyed = True
     #: slots cached in front of a :class:`SlotStore` (RocksDB) before the cache is
     #: written back and emptied
     cache_slots = 1 << 18
+    #: under a ttl, the key index's size below which expired slots are never dropped from
+    #: memory (the check runs each time the index grew to four times its last live size)
+    compact_min_slots = 1 << 12
 
     def __init__(self, name: str, uid: str, key_columns: list[str],
                  specs: list[Spec], emit: Literal["changelog", "final"],
-                 schema: Any) -> None:
+                 schema: Any, ttl: StateTtlConfig | None = None) -> None:
         super().__init__(name, uid)
+        self.ttl = ttl
+        #: read once per record batch: every row of a batch is written at the batch's time
+        self.ttl_clock = None if ttl is None else \
+            TtlClock(time.time if ttl.clock is None else ttl.clock.now)
         self.key_columns = key_columns
         self.specs = specs
         self.emit = emit
@@ -51,6 +65,8 @@ class ColumnarAggregateOperator(StreamOperator):
         self.arrays: dict[str, np.ndarray] = {}
         self.index: KeyIndex
         self.cache: SlotCache | None = None
+        #: the key index's size at which the next check for expired slots to drop runs
+        self._compact_at = self.compact_min_slots
 
     def keyed_state_backend(self, job_backend: StateBackend) -> StateBackend:
         """The backend of this operator's keyed state: the job backend's columnar one
@@ -67,6 +83,12 @@ class ColumnarAggregateOperator(StreamOperator):
               keyed_backend: KeyedStateBackend | None) -> None:
         super().setup(subtask, parallelism, max_parallelism, keyed_backend)
         if isinstance(keyed_backend, SlotStore):
+            if self.ttl is not None:
+                raise ConfigurationError(
+                    f"operator {self.name!r}: agg(ttl=...) keeps its last-write times "
+                    "in the heap's columnar arrays; the RocksDB slot store has no place for "
+                    "them yet (its rows would never expire): run this job on the heap "
+                    "state backend, or drop ttl")
             self.cache = SlotCache(keyed_backend, self.key_columns, self.specs,
                                    max_parallelism, self.uid, self.cache_slots)
             self.index, self.arrays = self.cache.index, self.cache.arrays
@@ -77,13 +99,31 @@ class ColumnarAggregateOperator(StreamOperator):
         self.key_group_range: KeyGroupRange = keyed_backend.key_group_range
         self.arrays = {f"{s.output}.{part}": np.full(1024, s.initial(part), s.dtype(part))
                        for s in self.specs for part in s.state_columns()}
-        keyed_backend.bind(self.index, self.arrays, self.specs)
+        ttl = None
+        if self.ttl is not None and self.ttl_clock is not None:
+            # +inf: a slot not yet written is not expired (its values are the initial ones)
+            self.arrays[TTL_TIMESTAMP] = np.full(1024, np.inf)
+            ttl = (float(self.ttl.ttl), self.ttl_clock.now)
+        keyed_backend.bind(self.index, self.arrays, self.specs, ttl=ttl)
 
     def open(self) -> None:
         if self.cache is not None:
             return  # restored state is in the store, read when a batch meets its key
+        now = None if self.ttl_clock is None else self.ttl_clock.now()
         for keys, table in self.backend.restored:
             table = table.combine_chunks()
+            if now is not None and self.ttl is not None:
+                if TTL_TIMESTAMP not in table.column_names:
+                    # state taken without a ttl: its keys count as written at the restore
+                    table = table.append_column(TTL_TIMESTAMP,
+                                                pa.array(np.full(table.num_rows, now)))
+                # an expired key is not installed: it never gets a slot again
+                live = table.column(TTL_TIMESTAMP).to_numpy() > now - self.ttl.ttl
+                if not live.all():
+                    table = table.filter(pa.array(live))
+                    keys = [table.column(c).combine_chunks() for c in self.key_columns]
+                if not table.num_rows:
+                    continue
             slots = self.index.install(keys)
             self._grow(self.index.size)
             for name, array in self.arrays.items():
@@ -103,6 +143,11 @@ class ColumnarAggregateOperator(StreamOperator):
                 grown = np.full(capacity, s.initial(part), old.dtype)
                 grown[:len(old)] = old
                 arrays[name] = grown
+        if TTL_TIMESTAMP in arrays:
+            old = arrays[TTL_TIMESTAMP]
+            grown = np.full(capacity, np.inf)
+            grown[:len(old)] = old
+            arrays[TTL_TIMESTAMP] = grown
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
         out = []
@@ -123,10 +168,14 @@ class ColumnarAggregateOperator(StreamOperator):
         if self.cache is not None:
             keys = self.cache.lookup(b)
         else:
+            if self.ttl is not None and self.index.size >= self._compact_at:
+                self._compact()
             keys = self.index.lookup(b)
             self.backend.thaw()
             self.backend.touch(keys.slots, self.index.size)
             self._grow(self.index.size)
+            if self.ttl_clock is not None:
+                self._expire(keys.slots, keys.codes, keys.num_groups, b.num_rows)
         grouping = Grouping(keys.codes, keys.num_groups)
         row_slots = keys.slots[keys.codes] if changelog else None
         arrays = self.arrays
@@ -139,6 +188,59 @@ class ColumnarAggregateOperator(StreamOperator):
         keys_out = [b.column(c) for c in self.key_columns]
         return pa.RecordBatch.from_arrays(keys_out + columns, schema=self.schema)
 
+    def _expire(self, slots: np.ndarray, codes: np.ndarray, num_groups: int,
+                num_rows: int) -> None:
+        """Reset the batch's slots whose time to live ran out to fresh accumulators, and
+        stamp every slot the batch writes with the batch's time (Flink's
+        ``OnCreateAndWrite``): a gather, a compare and a scatter per batch, none per row."""
+        assert self.ttl is not None and self.ttl_clock is not None
+        if num_groups > num_rows // 4:
+            # a batch's groups may be a whole dictionary: only the slots its rows use are
+            # written (the others keep their time)
+            slots = slots[np.bincount(codes, minlength=num_groups) > 0]
+        now = self.ttl_clock.now()
+        stamps = self.arrays[TTL_TIMESTAMP]
+        expired = slots[stamps[slots] <= now - self.ttl.ttl]
+        if len(expired):
+            for s in self.specs:
+                for part in s.state_columns():
+                    self.arrays[f"{s.output}.{part}"][expired] = s.initial(part)
+        stamps[slots] = now
+
+    def _compact(self) -> None:
+        """Drop the expired slots from memory when they are at least half of the index:
+        rebuild the key index with the live keys (new slots, in the old order) and the
+        arrays with their rows. O(slots), run when the index grew to four times the live
+        slots of the last check, so O(1) amortized per key (the slots stay within four times
+        the live keys of the last check, plus a batch's new keys)."""
+        size = self.index.size
+        live = self._live(size)
+        assert live is not None
+        if 2 * len(live) <= size:
+            index = KeyIndex(self.key_columns, self.index.max_parallelism, self.uid)
+            taken = pa.array(live)
+            columns = self.index.keys_prefix([len(c) for c in self.index.key_chunks])
+            if len(live):
+                index.install([c.take(taken) for c in columns])
+            capacity = max(1024, 2 * len(live))
+            for s in self.specs:
+                for part in s.state_columns():
+                    name = f"{s.output}.{part}"
+                    self.arrays[name] = _compacted(self.arrays[name], live, capacity,
+                                                   s.initial(part))
+            self.arrays[TTL_TIMESTAMP] = _compacted(self.arrays[TTL_TIMESTAMP], live,
+                                                    capacity, np.inf)
+            self.index = index
+            self.backend.compacted(index)
+        self._compact_at = max(self.compact_min_slots, 4 * len(live))
+
+    def _live(self, size: int) -> np.ndarray | None:
+        """The slots below ``size`` not expired now (None: every slot, no ttl)."""
+        if self.ttl is None or self.ttl_clock is None:
+            return None
+        now = self.ttl_clock.now()
+        return np.flatnonzero(self.arrays[TTL_TIMESTAMP][:size] > now - self.ttl.ttl)
+
     def end_input(self) -> list[Any]:
         if self.emit != "final":
             return []
@@ -148,7 +250,15 @@ class ColumnarAggregateOperator(StreamOperator):
             return []
         size = self.index.size
         keys = self.index.keys_prefix([len(c) for c in self.index.key_chunks])
-        columns = [results(s, {p: self.arrays[f"{s.output}.{p}"] for p in s.state_columns()},
+        live = self._live(size)
+        arrays = self.arrays
+        if live is not None:  # an expired key's value is never returned
+            keys = [k.take(pa.array(live)) for k in keys]
+            arrays = {n: a[live] for n, a in arrays.items()}
+            size = len(live)
+            if not size:
+                return []
+        columns = [results(s, {p: arrays[f"{s.output}.{p}"] for p in s.state_columns()},
                            size) for s in self.specs]
         return [pa.RecordBatch.from_arrays(keys + columns, schema=self.schema)]
 
@@ -165,3 +275,10 @@ class ColumnarAggregateOperator(StreamOperator):
         columns = [results(s, {p: arrays[f"{s.output}.{p}"] for p in s.state_columns()},
                            len(keys)) for s in self.specs]
         return [pa.RecordBatch.from_arrays(key_columns + columns, schema=self.schema)]
+
+
+def _compacted(array: np.ndarray, live: np.ndarray, capacity: int, initial: Any) -> np.ndarray:
+    """A new array of ``capacity`` elements: ``array[live]``, then ``initial``."""
+    out = np.full(capacity, initial, array.dtype)
+    out[:len(live)] = array[live]
+    return out

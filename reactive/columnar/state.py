@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import io
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,9 @@ KEY_GROUP_COLUMN = "_key_group"
 ROW_COLUMN = "_row"
 MAX_CHAIN = 8
 """Files an incremental snapshot's chain may reach before a full file replaces it."""
+TTL_TIMESTAMP = "_ttl_timestamp"
+"""The state array of a slot's last write time (seconds; float64) under a time-to-live:
+written into snapshots beside the values, so a restore keeps each key's expiry."""
 
 Chain = list[tuple[dict[str, Any], dict[str, int]]]
 """An incremental snapshot's files, oldest first: (file reference, key group -> batch)."""
@@ -93,6 +96,7 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
         self.arrays: dict[str, np.ndarray] = {}
         self.aggregates: list[Spec] = []
         self.rows: Any = None
+        self.ttl: tuple[float, Callable[[], float]] | None = None
         self._frozen: set[str] = set()
         self.restored: list[tuple[list[Any], Any]] = []
         # slots changed since the last snapshot, and the masks of the snapshots taken
@@ -103,7 +107,8 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
         self._written: dict[int, Chain] = {}
 
     def bind(self, index: KeyIndex, arrays: dict[str, np.ndarray],
-             aggregates: list[Spec], rows: Any = None) -> None:
+             aggregates: list[Spec], rows: Any = None,
+             ttl: tuple[float, Callable[[], float]] | None = None) -> None:
         """Attach the operator's key index, arrays (by name; the dict is shared) and the
         aggregates they hold (recorded in handles, for readers of the snapshots).
 
@@ -115,11 +120,15 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
                 (an object whose ``size`` counts the rows), the arrays indexed by pane with
                 each pane's slot in ``_slot`` (a negative slot: a pane merged away) and its
                 window in ``_start`` and ``_end``; a key then has one row per window.
+            ttl: ``(seconds, clock)`` when the slots expire: ``arrays`` then holds
+                :data:`TTL_TIMESTAMP`, and a snapshot leaves out the slots whose last write
+                is ``seconds`` or more before the clock's time at the barrier.
         """
         self.index = index
         self.arrays = arrays
         self.aggregates = aggregates
         self.rows = rows
+        self.ttl = ttl
 
     def thaw(self) -> None:
         """Copy the arrays a snapshot still reads (copy-on-write), before the operator
@@ -129,6 +138,16 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
                 if name in self.arrays:
                     self.arrays[name] = self.arrays[name].copy()
             self._frozen = set()
+
+    def compacted(self, index: KeyIndex) -> None:
+        """The operator rebuilt its key index and arrays with the live slots only (new slot
+        numbers; the arrays replaced in the bound dict): a snapshot in flight keeps the old
+        ones, and the next incremental snapshot writes every live slot (the masks of the
+        old numbering are dropped; an older file's rows of a dropped key are expired)."""
+        self.index = index
+        self._frozen = set()
+        self._pending = []
+        self.dirty = np.ones(max(index.size, 1024), bool)
 
     def touch(self, slots: np.ndarray, size: int) -> None:
         """Mark ``slots`` changed (``size``: the slots in use)."""
@@ -168,11 +187,13 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
         incremental = self.incremental and not ctx.savepoint
         base = list(self._base) if incremental and 0 < len(self._base) < MAX_CHAIN else []
         rows = self.rows
+        # the time at the barrier: a slot expired then is not written (never resurrected)
+        expired_before = None if self.ttl is None else self.ttl[1]() - self.ttl[0]
         return _ColumnarSnapshot(
             self, ctx, index.size if rows is None else rows.size, list(index.key_columns),
             list(self.aggregates), [list(chunks) for chunks in index.key_chunks],
             index.key_groups, dict(self.arrays), incremental, base, masks if base else None,
-            windowed=rows is not None)
+            windowed=rows is not None, expired_before=expired_before)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         chain = self._written.pop(checkpoint_id, None)
@@ -237,8 +258,9 @@ def iter_columnar_key_groups(handle: dict[str, Any], job_dir: Path, *,
     per key group, ``{aggregate output: {key: value}}``, the key as the per-record API sees
     it (the column's value, or the tuple of the key columns' values), the value as the
     aggregate's result (a mean, not its sum and count); for a window operator's state, one
-    entry per open window, keyed by ``(key, window start, window end)``. For the
-    embedding's state queries and the PySpark bridge's checkpoint reader.
+    entry per open window, keyed by ``(key, window start, window end)``; under a time to
+    live, the keys live at the snapshot's barrier only. For the embedding's state queries
+    and the PySpark bridge's checkpoint reader.
 
     Args:
         handle: a ``"columnar-heap"`` handle.
@@ -256,11 +278,15 @@ def iter_columnar_key_groups(handle: dict[str, Any], job_dir: Path, *,
     key_columns = handle["key_columns"]
     row_columns = handle.get("row_columns", [])
     groups = _key_group_batches(handle, job_dir, key_group_range)
+    expired_before = handle.get("ttl_expired_before")
 
     def key_groups() -> Iterator[KeyGroupState]:
         for kg, batches in groups:
             table = _latest_per_key(pa.Table.from_batches(batches),
                                     key_columns + row_columns).combine_chunks()
+            if expired_before is not None:  # an older file of a chain may hold expired keys
+                table = table.filter(pa.array(
+                    table.column(TTL_TIMESTAMP).to_numpy() > expired_before))
             columns = [table.column(c).to_pylist() for c in key_columns]
             keys: list[Any] = columns[0] if len(columns) == 1 \
                 else list(zip(*columns, strict=True))
@@ -300,7 +326,8 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
                  key_columns: list[str], aggregates: list[Spec],
                  key_chunks: list[list[Any]], key_groups: np.ndarray,
                  arrays: dict[str, np.ndarray], incremental: bool, base: Chain,
-                 masks: list[np.ndarray] | None, windowed: bool = False) -> None:
+                 masks: list[np.ndarray] | None, windowed: bool = False,
+                 expired_before: float | None = None) -> None:
         self.backend = backend
         self.ctx = ctx
         self.size = size
@@ -313,6 +340,8 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
         self.base = base
         self.masks = masks  # None: write every slot
         self.windowed = windowed  # rows are windows' panes (see bind)
+        # slots last written at or before this time are expired (None: no ttl)
+        self.expired_before = expired_before
 
     async def write(self) -> dict[str, Any]:
         handle, chain = await in_thread(self._write)
@@ -325,12 +354,18 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
         if self.windowed:
             return np.flatnonzero(self.arrays["_slot"][:size] >= 0)
         if self.masks is None:
-            return np.arange(size)
-        changed = np.zeros(size, bool)
-        for m in self.masks:
-            n = min(len(m), size)
-            changed[:n] |= m[:n]
-        return np.flatnonzero(changed)
+            slots = np.arange(size)
+        else:
+            changed = np.zeros(size, bool)
+            for m in self.masks:
+                n = min(len(m), size)
+                changed[:n] |= m[:n]
+            slots = np.flatnonzero(changed)
+        if self.expired_before is not None:
+            # an expired slot left out of an incremental file: an older file's row of its
+            # key has an older timestamp, so a restore finds it expired too
+            slots = slots[self.arrays[TTL_TIMESTAMP][slots] > self.expired_before]
+        return slots
 
     def _file(self, slots: np.ndarray) -> tuple[bytes, dict[str, int]]:
         """The IPC file of ``slots`` (rows: panes for windows), one record batch per key
@@ -371,6 +406,9 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
                            for a in self.aggregates]}
         if self.windowed:
             handle["row_columns"] = ["_start"]
+        if self.expired_before is not None:
+            # the keys last written at or before this time were expired at the barrier
+            handle["ttl_expired_before"] = self.expired_before
         if not self.incremental:
             path = ctx.exclusive_path(".arrow")
             n, sha = write_atomic(path, [data])

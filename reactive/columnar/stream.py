@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConfigurationError
 from ..graph import Edge, GraphBuilder, Transformation
+from ..state.ttl_config import StateTtlConfig
 from .operators import (
     ColumnarFilterOperator,
     MapBatchesOperator,
@@ -268,7 +269,8 @@ class KeyedColumnarStream:
         return ColumnarWindowedStream(self, assigner, timestamp)
 
     def agg(self, emit: Literal["changelog", "final"] = "changelog",
-            name: str | None = None, **aggregates: tuple[str, Any]) -> ColumnarStream:
+            name: str | None = None, ttl: float | StateTtlConfig | None = None,
+            **aggregates: tuple[str, Any]) -> ColumnarStream:
         """Keyed aggregation over the batches: ``agg(count=("word", "count"),
         total=("amount", "sum"))``, with ``count``, ``sum``, ``mean``, ``min``, ``max``,
         ``first``, ``last`` (nulls skipped, as SQL's aggregates), or a user-defined
@@ -280,6 +282,12 @@ class KeyedColumnarStream:
                 aggregate's value including that row (a running count); ``"final"``: one
                 row per key at the end of the input.
             name: the operator's display name.
+            ttl: the keys' time to live (Flink's ``StateTtlConfig``): seconds, or a
+                :class:`~reactive.state.ttl_config.StateTtlConfig` (``clock``: a manual one
+                in tests). A key not written for ``ttl`` seconds of processing time is
+                expired: seen again, it starts from a fresh accumulator; it is left out of
+                snapshots and of the final output. Every row of a record batch is written
+                at the batch's time (the clock is read once per batch). Heap state only.
             aggregates: ``output_column=(input_column, function)``, the function a name or
                 a ``VectorizedAggregateFunction``.
 
@@ -287,7 +295,11 @@ class KeyedColumnarStream:
             The columnar stream of the key columns and the aggregates.
 
         Raises:
-            ConfigurationError: for an unknown function or column, or no aggregate.
+            ConfigurationError: for an unknown function or column, no aggregate, or a ttl
+                with event time or ``visibility="return_expired_if_not_cleaned_up"`` (an
+                aggregation folds every row into its key's value, so a returned expired
+                value would be counted on). On the RocksDB backend, a ttl fails the job's
+                start with a ``ConfigurationError`` (its slot store keeps no write times).
         """
         from .aggregate_operator import ColumnarAggregateOperator
         from .aggregates import parse_aggregates
@@ -299,11 +311,33 @@ class KeyedColumnarStream:
         out_schema = pa.schema([schema.field(c) for c in self.columns]
                                + [s.output_field() for s in specs])
         columns = self.columns
+        config = _agg_ttl(ttl)
         return self.stream._then(
             "columnar_agg", name,
             lambda t: ColumnarAggregateOperator(t.name, t.resolved_uid, columns, specs, emit,
-                                                out_schema),
+                                                out_schema, config),
             out_schema, edge=self._edge())
+
+
+def _agg_ttl(ttl: float | StateTtlConfig | None) -> StateTtlConfig | None:
+    """The time to live of a columnar aggregation, checked (see ``agg``).
+
+    Raises:
+        ConfigurationError: for a bad ttl or an option the aggregation cannot keep.
+    """
+    if ttl is None:
+        return None
+    config = ttl if isinstance(ttl, StateTtlConfig) else StateTtlConfig(ttl)
+    if config.time_characteristic != "processing_time":
+        raise ConfigurationError(
+            "agg(ttl=...): a columnar aggregation's time to live is processing time; "
+            f"got time_characteristic={config.time_characteristic!r}")
+    if config.visibility != "never_return_expired":
+        raise ConfigurationError(
+            "agg(ttl=...): a columnar aggregation never returns an expired value (a key "
+            "seen again starts from a fresh accumulator); got "
+            f"visibility={config.visibility!r}")
+    return config
 
 
 def _projected_schema(schema: Any, names: list[str], exprs: list[Any] | None) -> Any:
