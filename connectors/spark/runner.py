@@ -45,6 +45,7 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 _PRE_SCHEMA = "record binary, ts timestamp, seq bigint, key binary"
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 STATE_STORE_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+WATERMARK_POLICY = "spark.sql.streaming.multipleWatermarkPolicy"
 #: the shuffle partitions :func:`~.session.local_session` set when its caller chose none:
 #: while the session still has that value, the runner sizes the queries as in a session
 #: where nobody set them
@@ -291,6 +292,10 @@ class SparkRunner:
             wanted[SHUFFLE_PARTITIONS] = str(chosen)
         if self.state_store == "rocksdb":
             wanted[STATE_STORE_PROVIDER] = ROCKSDB_PROVIDER
+        if any(t.kind == "union" for t in flow.transformations):
+            # a union's query has a watermark per input; only their minimum holds a timer
+            # until every input has passed it (the embedded union's watermark)
+            wanted[WATERMARK_POLICY] = "min"
         settings: dict[str, str] = {}
         for key, value in wanted.items():
             had = conf.get(key, None)
@@ -351,8 +356,19 @@ class SparkRunner:
         # the source's reader runs the steps before the keyed operator (or the sink)
         if plan.keyed is None:
             shape = "per-record"
-            out = self._source_frame(plan, _records_to_sink(plan, encoder),
-                                     encoder.spark_schema())
+            out = _union([self._source_frame(p, _records_to_sink(p, encoder),
+                                             encoder.spark_schema()) for p in plan.inputs()])
+        elif plan.branches:
+            shape = "transformWithState"
+            log.info("operator %r runs in Python (transformWithState): its input is a union, "
+                     "with a watermark per input", plan.keyed.name)
+            # one watermark per input, each with its own bound: the query's is their minimum
+            # (Spark's multipleWatermarkPolicy "min"), so one input's end-of-input marker
+            # fires no timer while another still has records
+            out = keyed_from(_union([
+                self._source_frame(p, _records_to_keyed(p), _PRE_SCHEMA).withWatermark(
+                    "ts", f"{int((p.watermark_delay or 0.0) * 1000)} milliseconds")
+                for p in plan.inputs()]), plan, encoder, watermarked=True)
         else:
             window, why_not = native_window(plan) if self.native else (None, "native=False")
             if window is not None:
@@ -374,6 +390,14 @@ class SparkRunner:
         log.info("starting the Spark query of sink %r (%s; checkpoint location %s)",
                  plan.sink.uid, shape, location)
         return writer.start(), shape
+
+
+def _union(frames: list[DataFrame]) -> DataFrame:
+    """The rows of every frame (of one schema) in one stream (Spark's ``union``)."""
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.union(frame)
+    return out
 
 
 def shuffle_partitions_for(flow: LogicalGraph) -> int:
