@@ -26,7 +26,8 @@ deterministic source. What a path may hold:
 Anything else -- an async operator, a loop, a two-input operator (connect, joins, broadcast
 state), a keyed operator before a union, a non-keyed process function with operator state,
 a custom two-phase-commit or callback sink, the Kafka connectors -- is refused by
-:func:`translate` before anything runs, with a :class:`~.errors.TranslationError` naming the operator and why.
+:func:`translate` before anything runs, with a :class:`~.errors.TranslationError` naming
+the operator and why.
 """
 
 from __future__ import annotations
