@@ -333,6 +333,25 @@ class SparkRunner:
                                           then, schema))
                 .load())
 
+    def _columnar_frame(self, plan: QueryPlan, encoder: Any) -> DataFrame:
+        """A columnar plan's rows: the Arrow source's record batches through each
+        ``map_batches`` step as Spark's ``mapInArrow`` (Arrow batches in and out of the
+        Python workers, the embedded operator's schema check on every result), then the
+        sink's rows."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from .stream_source import SOURCE_FORMAT, source_options
+
+        frame = (self.spark.readStream.format(getattr(self, "_source_format", SOURCE_FORMAT))
+                 .options(**source_options("arrow", plan.source.source,
+                                           self.max_records_per_batch, self.read_partitions))
+                 .load())
+        columnar = [s for s in plan.before_key if s.kind == "map_batches"]
+        for step in columnar:
+            frame = frame.mapInArrow(_map_batches(step), from_arrow_schema(step.schema))
+        records = [s for s in plan.before_key if s.kind not in ("map_batches", "to_records")]
+        return frame.mapInArrow(_batches_to_sink(records, encoder), encoder.spark_schema())
+
     def _start_one_query(self, plans: list[QueryPlan], location: Path
                          ) -> tuple[StreamingQuery, dict[str, str]]:
         from .one_query import start_one_query
@@ -354,7 +373,10 @@ class SparkRunner:
         assert plan.sink is not None
         encoder = SinkEncoder(plan.sink)
         # the source's reader runs the steps before the keyed operator (or the sink)
-        if plan.keyed is None:
+        if plan.source.kind == "arrow":
+            shape = "columnar (mapInArrow)"
+            out = self._columnar_frame(plan, encoder)
+        elif plan.keyed is None:
             shape = "per-record"
             out = _union([self._source_frame(p, _records_to_sink(p, encoder),
                                              encoder.spark_schema()) for p in plan.inputs()])
@@ -390,6 +412,43 @@ class SparkRunner:
         log.info("starting the Spark query of sink %r (%s; checkpoint location %s)",
                  plan.sink.uid, shape, location)
         return writer.start(), shape
+
+
+def _map_batches(step: Any) -> Any:
+    """A ``map_batches`` step as a ``mapInArrow`` function: the embedded runtime's operator
+    runs each batch (a result of another schema, or a raising function, fails the query
+    naming the operator)."""
+
+    def run(batches: Any) -> Any:
+        from reactive.columnar.operators import MapBatchesOperator
+
+        from .record_chain import _subtask
+
+        op = MapBatchesOperator(step.name, step.uid, step.fn, step.schema)
+        op.subtask = _subtask()
+        for batch in batches:
+            yield from op.process_batch([batch])
+
+    return run
+
+
+def _batches_to_sink(steps: list[Any], encoder: Any) -> Any:
+    """A columnar stream's record batches as the sink's rows (a ``mapInArrow`` function):
+    each row as the ``dict`` of its columns (as the embedded sink, or ``to_records``, hands
+    it on), through the per-record ``steps`` after ``to_records``."""
+
+    def run(batches: Any) -> Any:
+        from .record_chain import run_steps
+
+        row = encoder.row
+        for batch in batches:
+            rows = [row(r) for d in batch.to_pylist()
+                    for r, _ in run_steps(steps, d, None)] if steps else \
+                [row(d) for d in batch.to_pylist()]
+            if rows:
+                yield encoder.batch(rows)
+
+    return run
 
 
 def _union(frames: list[DataFrame]) -> DataFrame:

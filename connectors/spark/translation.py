@@ -73,18 +73,22 @@ class SourceStep:
 
 @dataclass
 class RecordStep:
-    """One per-record operator (``map``, ``filter``, ``flat_map``) or ``assign_timestamps``.
+    """One per-record operator (``map``, ``filter``, ``flat_map``), ``assign_timestamps``, or
+    a columnar stream's ``map_batches``.
 
     Attributes:
         name, uid: the operator's.
-        kind: ``"map"``, ``"filter"``, ``"flat_map"`` or ``"timestamps"``.
-        fn: the user function (for ``"timestamps"``: record -> event time, seconds).
+        kind: ``"map"``, ``"filter"``, ``"flat_map"``, ``"timestamps"`` or ``"map_batches"``.
+        fn: the user function (for ``"timestamps"``: record -> event time, seconds; for
+            ``"map_batches"``: ``pyarrow.RecordBatch`` -> ``pyarrow.RecordBatch``).
+        schema: the ``pyarrow.Schema`` of a ``"map_batches"`` step's results (else None).
     """
 
     name: str
     uid: str
     kind: str
     fn: Callable[[Any], Any]
+    schema: Any = None
 
 
 @dataclass
@@ -236,8 +240,12 @@ def _check(t: Transformation) -> None:
     if t.kind in ("source", "sink", "assign_timestamps"):
         return
     op = t.factory()
-    if type(op) in _PER_RECORD:
+    if type(op) in _PER_RECORD or t.kind in ("map_batches", "to_records"):
         return
+    if t.kind.startswith("columnar_"):
+        raise _refuse(t, f"columnar operators of kind {t.kind!r} are not translated: a "
+                         "columnar stream runs on Spark as map_batches steps (mapInArrow), "
+                         "then optionally to_records and per-record steps")
     if t.kind in ("process", "reduce", "window"):
         if not (t.inputs and t.inputs[0].partitioning == "hash"):
             raise _refuse(t, "a process function without key_by(...) has operator state, "
@@ -275,6 +283,9 @@ def _branches(union: Transformation) -> list[Branch]:
                 continue
             op = t.factory()
             kind = _PER_RECORD.get(type(op))
+            if t.kind == "map_batches":
+                raise _refuse(t, f"a union of columnar streams ({union.name!r}) is not "
+                                 "translated")
             if kind is None:
                 raise _refuse(t, f"a keyed operator before union {union.name!r} is not "
                                  "translated (a union's inputs are sources and per-record "
@@ -296,6 +307,8 @@ def _plan(flow: LogicalGraph, sink: Transformation) -> QueryPlan:
         plan = QueryPlan(branches[0].source, branches=branches)
     else:
         plan = QueryPlan(_source_step(path[0]))
+    if plan.source.kind == "arrow":
+        return _columnar_plan(plan, path, sink)
     delay: float | None = None
     keyed_t: Transformation | None = None
     for t in path[1:-1]:
@@ -327,6 +340,39 @@ def _plan(flow: LogicalGraph, sink: Transformation) -> QueryPlan:
             and delay is None:
         raise _refuse(keyed_t, "event-time windows need assign_timestamps(...) before key_by on Spark "
                       "(its bound is the query's watermark delay)")
+    plan.sink = _sink_step(sink)
+    return plan
+
+
+def _columnar_plan(plan: QueryPlan, path: list[Transformation],
+                   sink: Transformation) -> QueryPlan:
+    """The plan of a columnar path: an Arrow source, ``map_batches`` steps (Spark's
+    ``mapInArrow``), optionally ``to_records`` and per-record steps, a committing file sink.
+    ``before_key`` holds them all, a ``"to_records"`` step between the columnar and the
+    per-record ones.
+
+    Raises:
+        TranslationError: naming any other operator on the path.
+    """
+    if plan.branches:
+        raise _refuse(path[0], "a union of columnar streams is not translated")
+    records = False
+    for t in path[1:-1]:
+        op = t.factory()
+        kind = _PER_RECORD.get(type(op))
+        if records and kind is not None:
+            plan.before_key.append(RecordStep(t.name, t.resolved_uid, kind, op.fn))  # type: ignore[attr-defined]
+        elif t.kind == "to_records" and not records:
+            records = True
+            plan.before_key.append(RecordStep(t.name, t.resolved_uid, "to_records", _identity))
+        elif t.kind == "map_batches" and not records:
+            plan.before_key.append(RecordStep(t.name, t.resolved_uid, "map_batches",
+                                              op.fn, op.schema))  # type: ignore[attr-defined]
+        else:
+            raise _refuse(t, f"operators of kind {t.kind!r} are not translated on a columnar "
+                             "path: it runs on Spark as map_batches steps (mapInArrow), then "
+                             "optionally to_records and map / filter / flat_map, to a "
+                             "committing file sink")
     plan.sink = _sink_step(sink)
     return plan
 
@@ -366,6 +412,10 @@ def _keyed_step(flow: LogicalGraph, t: Transformation, op: ops.StreamOperator) -
                      edge.key_serializer, flow.max_parallelism)
 
 
+def _identity(value: Any) -> Any:
+    return value
+
+
 class _Constant:
     """A picklable function of no arguments returning ``value``."""
 
@@ -377,11 +427,14 @@ class _Constant:
 
 
 def _source_step(t: Transformation) -> SourceStep:
+    from reactive.columnar import ArrowSource
     from reactive.connectors.collections import CollectionSource
     from reactive.connectors.files import CsvFileSource, LineFileSource
 
     factory_source = t.factory()
     source = getattr(factory_source, "source", None)
+    if isinstance(source, ArrowSource):
+        return SourceStep(t.name, t.resolved_uid, "arrow", source)
     if isinstance(source, LineFileSource):
         return SourceStep(t.name, t.resolved_uid, "lines", source)
     if isinstance(source, CollectionSource):
