@@ -21,7 +21,9 @@ deterministic source. What a path may hold:
 - one keyed operator after ``key_by``: ``process(KeyedProcessFunction)``, ``reduce`` or an
   event-time or count window, run by ``groupBy(key).transformWithState`` with its state and
   timers in Spark's state store (:mod:`.keyed_processor`);
-- a committing file sink (Spark's file sink: JSON lines as text, or parquet).
+- a committing file sink (Spark's file sink: JSON lines as text, or parquet);
+- a columnar path instead: an Arrow source (``from_arrow``), ``map_batches`` steps (Spark's
+  ``mapInArrow``), optionally ``to_records`` and per-record steps, a committing file sink.
 
 Anything else -- an async operator, a loop, a two-input operator (connect, joins, broadcast
 state), a keyed operator before a union, a non-keyed process function with operator state,
