@@ -146,12 +146,18 @@ class KeyedOperatorProcessor(StatefulProcessor):
             op.fn.close()
 
 
-def keyed_from(pre: DataFrame, plan: QueryPlan, encoder: Any) -> DataFrame:
+def keyed_from(pre: DataFrame, plan: QueryPlan, encoder: Any,
+               watermarked: bool = False) -> DataFrame:
     """The sink's rows of a keyed operator run in Python (``transformWithState``), from its
     input rows ``record, ts, seq, key`` (the records pickled, their event time and the
-    canonical bytes of their key; the end-of-input marker with a null record and key)."""
+    canonical bytes of their key; the end-of-input marker with a null record and key).
+    ``watermarked``: ``pre`` already carries its watermarks (a union's inputs, one each)."""
     assert plan.keyed is not None and plan.sink is not None
     delay = plan.watermark_delay or 0.0
+    if watermarked:
+        processor = KeyedOperatorProcessor(plan.keyed, plan.after_key, plan.sink)
+        return pre.select("key", "record", "seq").groupBy("key").transformWithState(
+            processor, encoder.spark_schema(), "Append", "EventTime")
     keyed = (pre
              # the marker's event time passes the watermark beyond every timer; the
              # records' event time is dropped before the operator, which judges lateness

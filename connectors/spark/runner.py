@@ -45,6 +45,7 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 _PRE_SCHEMA = "record binary, ts timestamp, seq bigint, key binary"
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 STATE_STORE_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+WATERMARK_POLICY = "spark.sql.streaming.multipleWatermarkPolicy"
 #: the shuffle partitions :func:`~.session.local_session` set when its caller chose none:
 #: while the session still has that value, the runner sizes the queries as in a session
 #: where nobody set them
@@ -291,6 +292,10 @@ class SparkRunner:
             wanted[SHUFFLE_PARTITIONS] = str(chosen)
         if self.state_store == "rocksdb":
             wanted[STATE_STORE_PROVIDER] = ROCKSDB_PROVIDER
+        if any(t.kind == "union" for t in flow.transformations):
+            # a union's query has a watermark per input; only their minimum holds a timer
+            # until every input has passed it (the embedded union's watermark)
+            wanted[WATERMARK_POLICY] = "min"
         settings: dict[str, str] = {}
         for key, value in wanted.items():
             had = conf.get(key, None)
@@ -328,6 +333,25 @@ class SparkRunner:
                                           then, schema))
                 .load())
 
+    def _columnar_frame(self, plan: QueryPlan, encoder: Any) -> DataFrame:
+        """A columnar plan's rows: the Arrow source's record batches through each
+        ``map_batches`` step as Spark's ``mapInArrow`` (Arrow batches in and out of the
+        Python workers, the embedded operator's schema check on every result), then the
+        sink's rows."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from .stream_source import SOURCE_FORMAT, source_options
+
+        frame = (self.spark.readStream.format(getattr(self, "_source_format", SOURCE_FORMAT))
+                 .options(**source_options("arrow", plan.source.source,
+                                           self.max_records_per_batch, self.read_partitions))
+                 .load())
+        columnar = [s for s in plan.before_key if s.kind == "map_batches"]
+        for step in columnar:
+            frame = frame.mapInArrow(_map_batches(step), from_arrow_schema(step.schema))
+        records = [s for s in plan.before_key if s.kind not in ("map_batches", "to_records")]
+        return frame.mapInArrow(_batches_to_sink(records, encoder), encoder.spark_schema())
+
     def _start_one_query(self, plans: list[QueryPlan], location: Path
                          ) -> tuple[StreamingQuery, dict[str, str]]:
         from .one_query import start_one_query
@@ -349,10 +373,24 @@ class SparkRunner:
         assert plan.sink is not None
         encoder = SinkEncoder(plan.sink)
         # the source's reader runs the steps before the keyed operator (or the sink)
-        if plan.keyed is None:
+        if plan.source.kind == "arrow":
+            shape = "columnar (mapInArrow)"
+            out = self._columnar_frame(plan, encoder)
+        elif plan.keyed is None:
             shape = "per-record"
-            out = self._source_frame(plan, _records_to_sink(plan, encoder),
-                                     encoder.spark_schema())
+            out = _union([self._source_frame(p, _records_to_sink(p, encoder),
+                                             encoder.spark_schema()) for p in plan.inputs()])
+        elif plan.branches:
+            shape = "transformWithState"
+            log.info("operator %r runs in Python (transformWithState): its input is a union, "
+                     "with a watermark per input", plan.keyed.name)
+            # one watermark per input, each with its own bound: the query's is their minimum
+            # (Spark's multipleWatermarkPolicy "min"), so one input's end-of-input marker
+            # fires no timer while another still has records
+            out = keyed_from(_union([
+                self._source_frame(p, _records_to_keyed(p), _PRE_SCHEMA).withWatermark(
+                    "ts", f"{int((p.watermark_delay or 0.0) * 1000)} milliseconds")
+                for p in plan.inputs()]), plan, encoder, watermarked=True)
         else:
             window, why_not = native_window(plan) if self.native else (None, "native=False")
             if window is not None:
@@ -374,6 +412,51 @@ class SparkRunner:
         log.info("starting the Spark query of sink %r (%s; checkpoint location %s)",
                  plan.sink.uid, shape, location)
         return writer.start(), shape
+
+
+def _map_batches(step: Any) -> Any:
+    """A ``map_batches`` step as a ``mapInArrow`` function: the embedded runtime's operator
+    runs each batch (a result of another schema, or a raising function, fails the query
+    naming the operator)."""
+
+    def run(batches: Any) -> Any:
+        from reactive.columnar.operators import MapBatchesOperator
+
+        from .record_chain import _subtask
+
+        op = MapBatchesOperator(step.name, step.uid, step.fn, step.schema)
+        op.subtask = _subtask()
+        for batch in batches:
+            yield from op.process_batch([batch])
+
+    return run
+
+
+def _batches_to_sink(steps: list[Any], encoder: Any) -> Any:
+    """A columnar stream's record batches as the sink's rows (a ``mapInArrow`` function):
+    each row as the ``dict`` of its columns (as the embedded sink, or ``to_records``, hands
+    it on), through the per-record ``steps`` after ``to_records``."""
+
+    def run(batches: Any) -> Any:
+        from .record_chain import run_steps
+
+        row = encoder.row
+        for batch in batches:
+            rows = [row(r) for d in batch.to_pylist()
+                    for r, _ in run_steps(steps, d, None)] if steps else \
+                [row(d) for d in batch.to_pylist()]
+            if rows:
+                yield encoder.batch(rows)
+
+    return run
+
+
+def _union(frames: list[DataFrame]) -> DataFrame:
+    """The rows of every frame (of one schema) in one stream (Spark's ``union``)."""
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.union(frame)
+    return out
 
 
 def shuffle_partitions_for(flow: LogicalGraph) -> int:

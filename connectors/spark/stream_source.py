@@ -51,8 +51,10 @@ def source_options(kind: str, source: Any, max_records_per_batch: int,
     """The options of a :class:`ReactiveSource` reading ``source``.
 
     Args:
-        kind: ``"lines"``, ``"csv"`` or ``"collection"``.
-        source: the ``LineFileSource``, ``CsvFileSource`` or ``CollectionSource``.
+        kind: ``"lines"``, ``"csv"``, ``"collection"`` or ``"arrow"``.
+        source: the ``LineFileSource``, ``CsvFileSource``, ``CollectionSource`` or
+            ``ArrowSource`` (read as its table's record batches, by row index; ``then``
+            does not apply).
         max_records_per_batch: records per micro-batch at most.
         read_partitions: Spark partitions (tasks) each micro-batch is read and processed in,
             by consecutive ranges of records.
@@ -70,12 +72,19 @@ def source_options(kind: str, source: Any, max_records_per_batch: int,
     elif kind == "lines":
         spec = {"kind": kind, "files": source.splits(),
                 "with_offsets": source.with_offsets, "errors": source.errors}
+    elif kind == "arrow":
+        spec = {"kind": kind, "table": source.table, "batch_size": source.batch_size}
     else:
         spec = {"kind": kind, "items": list(source.items)}
     data = pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL)
     options = {"spec": base64.b64encode(data).decode("ascii"),
                "maxRecordsPerBatch": str(max_records_per_batch),
                "readPartitions": str(read_partitions)}
+    if kind == "arrow":  # the table's own batches, in its schema
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        options["schema"] = "json:" + from_arrow_schema(source.table.schema).json()
+        return options
     if (then is None) != (schema is None):
         raise ValueError("source_options takes both of then= and schema=, or neither")
     if then is not None:
@@ -118,6 +127,8 @@ class ReactiveSource(DataSource):
 
         if spec["kind"] == "lines":
             return _LinesReader(spec, limit, parts, emit)
+        if spec["kind"] == "arrow":
+            return _ArrowTableReader(spec, limit, parts)
         if spec["kind"] == "csv":
             from .csv_stream import CsvStreamReader
 
@@ -221,6 +232,24 @@ class _CollectionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release."""
+
+
+class _ArrowTableReader(_CollectionReader):
+    """An Arrow table's rows as record batches of at most the source's ``batch_size`` rows
+    (zero-copy slices), by row index (offsets as :class:`_CollectionReader`'s); no
+    end-of-input marker (a columnar plan has no timers to fire)."""
+
+    def __init__(self, spec: dict[str, Any], limit: int, parts: int = 1) -> None:
+        super().__init__({"items": range(spec["table"].num_rows)}, limit, parts)
+        self.table = spec["table"]
+        self.batch_size: int = spec["batch_size"]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, _Span)
+        first, last = partition.start["index"], partition.end["index"]
+        if last > first:
+            yield from self.table.slice(first, last - first).to_batches(
+                max_chunksize=self.batch_size)
 
 
 class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -1,5 +1,6 @@
 """Translating a dataflow's logical graph into Spark query plans: one plan per sink, a path
-from a source through per-record functions, at most one keyed operator, to the sink.
+from a source (or the union of several) through per-record functions, at most one keyed
+operator, to the sink.
 
 Each sink of the dataflow becomes one Spark streaming query (Spark's unit of a checkpoint
 location and of exactly-once output); a part of the graph two sinks share (a parse step
@@ -8,6 +9,11 @@ deterministic source. What a path may hold:
 
 - a source: the line-file or CSV file source (read by byte offset) or a collection (by
   index);
+- ``union``: the inputs' records in one stream (Spark's ``union`` of one read per
+  source, each running its own per-record steps up to the union); inputs made of sources
+  and per-record steps only, with a keyed operator after the union only where event time
+  is assigned on each input before it (Spark keeps a watermark per input and the query's
+  is their minimum, as the embedded runtime's union forwards the minimum of its inputs');
 - ``map`` / ``filter`` / ``flat_map`` (and the runtime's own pass-through filters, such as
   the window operator's result and late-data outputs): run per record in Arrow batches;
 - ``assign_timestamps``: gives records event time; its bound becomes the watermark delay
@@ -15,18 +21,21 @@ deterministic source. What a path may hold:
 - one keyed operator after ``key_by``: ``process(KeyedProcessFunction)``, ``reduce`` or an
   event-time or count window, run by ``groupBy(key).transformWithState`` with its state and
   timers in Spark's state store (:mod:`.keyed_processor`);
-- a committing file sink (Spark's file sink: JSON lines as text, or parquet).
+- a committing file sink (Spark's file sink: JSON lines as text, or parquet);
+- a columnar path instead: an Arrow source (``from_arrow``), ``map_batches`` steps (Spark's
+  ``mapInArrow``), optionally ``to_records`` and per-record steps, a committing file sink.
 
 Anything else -- an async operator, a loop, a two-input operator (connect, joins, broadcast
-state), a non-keyed process function with operator state, a custom two-phase-commit or
-callback sink, the Kafka connectors -- is refused by :func:`translate` before anything runs,
-with a :class:`~.errors.TranslationError` naming the operator and why.
+state), a keyed operator before a union, a non-keyed process function with operator state,
+a custom two-phase-commit or callback sink, the Kafka connectors -- is refused by
+:func:`translate` before anything runs, with a :class:`~.errors.TranslationError` naming
+the operator and why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reactive.graph import LogicalGraph, Transformation
@@ -36,14 +45,15 @@ from reactive.serialization import Serializer
 
 from .errors import TranslationError
 
-__all__ = ["KeyedStep", "QueryPlan", "RecordStep", "SinkStep", "SourceStep", "translate"]
+__all__ = ["Branch", "KeyedStep", "QueryPlan", "RecordStep", "SinkStep", "SourceStep",
+           "translate"]
 
 # operators that call one user function per record, by their runtime class
 _PER_RECORD: dict[type, str] = {ops.MapOperator: "map", ops.FilterOperator: "filter",
                                 ops.FlatMapOperator: "flat_map"}
 
 _TWO_INPUT_KINDS = {"co_map", "co_flat_map", "co_process", "broadcast_process", "join",
-                    "interval_join", "window_join", "union"}
+                    "interval_join", "window_join"}
 
 
 @dataclass
@@ -65,18 +75,22 @@ class SourceStep:
 
 @dataclass
 class RecordStep:
-    """One per-record operator (``map``, ``filter``, ``flat_map``) or ``assign_timestamps``.
+    """One per-record operator (``map``, ``filter``, ``flat_map``), ``assign_timestamps``, or
+    a columnar stream's ``map_batches``.
 
     Attributes:
         name, uid: the operator's.
-        kind: ``"map"``, ``"filter"``, ``"flat_map"`` or ``"timestamps"``.
-        fn: the user function (for ``"timestamps"``: record -> event time, seconds).
+        kind: ``"map"``, ``"filter"``, ``"flat_map"``, ``"timestamps"`` or ``"map_batches"``.
+        fn: the user function (for ``"timestamps"``: record -> event time, seconds; for
+            ``"map_batches"``: ``pyarrow.RecordBatch`` -> ``pyarrow.RecordBatch``).
+        schema: the ``pyarrow.Schema`` of a ``"map_batches"`` step's results (else None).
     """
 
     name: str
     uid: str
     kind: str
     fn: Callable[[Any], Any]
+    schema: Any = None
 
 
 @dataclass
@@ -122,6 +136,21 @@ class SinkStep:
 
 
 @dataclass
+class Branch:
+    """One input of a union: a source and the per-record steps from it to the union.
+
+    Attributes:
+        source: the source.
+        steps: its ``map`` / ``filter`` / ``flat_map`` / ``assign_timestamps`` steps, in order.
+        watermark_delay: the bound of its ``assign_timestamps`` (seconds), or None.
+    """
+
+    source: SourceStep
+    steps: list[RecordStep] = field(default_factory=list)
+    watermark_delay: float | None = None
+
+
+@dataclass
 class QueryPlan:
     """One Spark streaming query: a source, per-record steps, at most one keyed step, more
     per-record steps, a sink.
@@ -133,7 +162,11 @@ class QueryPlan:
         after_key: steps between the keyed operator and the sink.
         sink: the sink.
         watermark_delay: the bound of the ``assign_timestamps`` before the keyed operator
-            (seconds), or None when the records have no event time.
+            (seconds), or None when the records have no event time (or, after a union,
+            each input has its own: ``Branch.watermark_delay``).
+        branches: the inputs of a union on the path, in the union's input order (empty
+            without one); ``source`` is then the first's, and ``before_key`` holds the
+            steps after the union.
     """
 
     source: SourceStep
@@ -142,6 +175,17 @@ class QueryPlan:
     after_key: list[RecordStep] = field(default_factory=list)
     sink: SinkStep | None = None
     watermark_delay: float | None = None
+    branches: list[Branch] = field(default_factory=list)
+
+    def inputs(self) -> list[QueryPlan]:
+        """The plan as one linear plan per source: each branch's steps followed by the steps
+        after the union (``[self]`` without a union). Their reads, unioned, are the
+        query's input."""
+        if not self.branches:
+            return [self]
+        return [replace(self, source=b.source, before_key=[*b.steps, *self.before_key],
+                        watermark_delay=b.watermark_delay, branches=[])
+                for b in self.branches]
 
 
 def _refuse(t: Transformation, reason: str) -> TranslationError:
@@ -178,8 +222,13 @@ def translate(flow: LogicalGraph) -> list[QueryPlan]:
 
 def _check(t: Transformation) -> None:
     """Refuse a transformation without a Spark translation (see the module docstring)."""
+    if t.kind == "union":
+        if any(e.partitioning in ("hash", "broadcast") for e in t.inputs):
+            raise _refuse(t, "a union of keyed or broadcast streams is not translated; "
+                             "key the stream after the union")
+        return
     if t.kind in _TWO_INPUT_KINDS or len(t.inputs) > 1:
-        raise _refuse(t, "operators with two inputs (union, connect, joins, broadcast state) "
+        raise _refuse(t, "operators with two inputs (connect, joins, broadcast state) "
                          "are not translated; run the program embedded")
     if t.kind == "map_async" or t.kind.startswith("map_async"):
         raise _refuse(t, "async operators (map_async) keep in-flight calls in the embedded "
@@ -193,8 +242,12 @@ def _check(t: Transformation) -> None:
     if t.kind in ("source", "sink", "assign_timestamps"):
         return
     op = t.factory()
-    if type(op) in _PER_RECORD:
+    if type(op) in _PER_RECORD or t.kind in ("map_batches", "to_records"):
         return
+    if t.kind.startswith("columnar_"):
+        raise _refuse(t, f"columnar operators of kind {t.kind!r} are not translated: a "
+                         "columnar stream runs on Spark as map_batches steps (mapInArrow), "
+                         "then optionally to_records and per-record steps")
     if t.kind in ("process", "reduce", "window"):
         if not (t.inputs and t.inputs[0].partitioning == "hash"):
             raise _refuse(t, "a process function without key_by(...) has operator state, "
@@ -204,17 +257,60 @@ def _check(t: Transformation) -> None:
                      f"({type(op).__name__})")
 
 
-def _path(sink: Transformation) -> list[Transformation]:
-    """The transformations from the source to ``sink``, in order."""
-    path = [sink]
-    while path[-1].inputs:
+def _path(end: Transformation) -> list[Transformation]:
+    """The transformations from the source, or the last union, to ``end``, in order."""
+    path = [end]
+    while path[-1].inputs and path[-1].kind != "union":
         path.append(path[-1].inputs[0].upstream)
     return path[::-1]
 
 
+def _branches(union: Transformation) -> list[Branch]:
+    """The inputs of ``union`` as branches: a source and per-record steps each (the inputs
+    of a union feeding this one are its inputs too).
+
+    Raises:
+        TranslationError: naming a keyed operator before the union.
+    """
+    branches: list[Branch] = []
+    for edge in union.inputs:
+        path = _path(edge.upstream)
+        steps: list[RecordStep] = []
+        delay: float | None = None
+        for t in path[1:]:
+            if t.kind == "assign_timestamps":
+                assert t.timestamp_fn is not None
+                steps.append(RecordStep(t.name, t.resolved_uid, "timestamps", t.timestamp_fn))
+                delay = float(t.factory().generator.delay)  # type: ignore[attr-defined]
+                continue
+            op = t.factory()
+            kind = _PER_RECORD.get(type(op))
+            if t.kind == "map_batches":
+                raise _refuse(t, f"a union of columnar streams ({union.name!r}) is not "
+                                 "translated")
+            if kind is None:
+                raise _refuse(t, f"a keyed operator before union {union.name!r} is not "
+                                 "translated (a union's inputs are sources and per-record "
+                                 "steps); key the stream after the union")
+            steps.append(RecordStep(t.name, t.resolved_uid, kind, op.fn))  # type: ignore[attr-defined]
+        if path[0].kind == "union":
+            for inner in _branches(path[0]):
+                branches.append(Branch(inner.source, [*inner.steps, *steps],
+                                       delay if delay is not None else inner.watermark_delay))
+        else:
+            branches.append(Branch(_source_step(path[0]), steps, delay))
+    return branches
+
+
 def _plan(flow: LogicalGraph, sink: Transformation) -> QueryPlan:
     path = _path(sink)
-    plan = QueryPlan(_source_step(path[0]))
+    if path[0].kind == "union":
+        branches = _branches(path[0])
+        plan = QueryPlan(branches[0].source, branches=branches)
+    else:
+        plan = QueryPlan(_source_step(path[0]))
+    if plan.source.kind == "arrow":
+        return _columnar_plan(plan, path, sink)
     delay: float | None = None
     keyed_t: Transformation | None = None
     for t in path[1:-1]:
@@ -240,12 +336,66 @@ def _plan(flow: LogicalGraph, sink: Transformation) -> QueryPlan:
         plan.keyed = _keyed_step(flow, t, op)
         keyed_t = t
     plan.watermark_delay = delay
-    if keyed_t is not None and plan.keyed is not None and _needs_event_time(plan.keyed) \
+    if keyed_t is not None and plan.branches:
+        _check_union_event_time(plan, path[0], keyed_t)
+    elif keyed_t is not None and plan.keyed is not None and _needs_event_time(plan.keyed) \
             and delay is None:
         raise _refuse(keyed_t, "event-time windows need assign_timestamps(...) before key_by on Spark "
                       "(its bound is the query's watermark delay)")
     plan.sink = _sink_step(sink)
     return plan
+
+
+def _columnar_plan(plan: QueryPlan, path: list[Transformation],
+                   sink: Transformation) -> QueryPlan:
+    """The plan of a columnar path: an Arrow source, ``map_batches`` steps (Spark's
+    ``mapInArrow``), optionally ``to_records`` and per-record steps, a committing file sink.
+    ``before_key`` holds them all, a ``"to_records"`` step between the columnar and the
+    per-record ones.
+
+    Raises:
+        TranslationError: naming any other operator on the path.
+    """
+    if plan.branches:
+        raise _refuse(path[0], "a union of columnar streams is not translated")
+    records = False
+    for t in path[1:-1]:
+        op = t.factory()
+        kind = _PER_RECORD.get(type(op))
+        if records and kind is not None:
+            plan.before_key.append(RecordStep(t.name, t.resolved_uid, kind, op.fn))  # type: ignore[attr-defined]
+        elif t.kind == "to_records" and not records:
+            records = True
+            plan.before_key.append(RecordStep(t.name, t.resolved_uid, "to_records", _identity))
+        elif t.kind == "map_batches" and not records:
+            plan.before_key.append(RecordStep(t.name, t.resolved_uid, "map_batches",
+                                              op.fn, op.schema))  # type: ignore[attr-defined]
+        else:
+            raise _refuse(t, f"operators of kind {t.kind!r} are not translated on a columnar "
+                             "path: it runs on Spark as map_batches steps (mapInArrow), then "
+                             "optionally to_records and map / filter / flat_map, to a "
+                             "committing file sink")
+    plan.sink = _sink_step(sink)
+    return plan
+
+
+def _check_union_event_time(plan: QueryPlan, union: Transformation,
+                            keyed_t: Transformation) -> None:
+    """Refuse a keyed operator after a union whose event time Spark cannot follow as the
+    embedded runtime does: Spark keeps one watermark per input of a union (the query's is
+    their minimum, as the embedded union forwards the minimum of its inputs'), so event time
+    must be assigned on every input before the union, not once after it."""
+    assert plan.keyed is not None
+    timed = [b.watermark_delay is not None for b in plan.branches]
+    if plan.watermark_delay is not None or (any(timed) and not all(timed)):
+        raise _refuse(keyed_t, f"event time assigned after union {union.name!r}, or on some "
+                               "of its inputs only, is not translated: assign_timestamps(...) "
+                               "on each input before the union (Spark keeps a watermark per "
+                               "input)")
+    if _needs_event_time(plan.keyed) and not all(timed):
+        raise _refuse(keyed_t, "event-time windows need assign_timestamps(...) on each input "
+                               f"of union {union.name!r} on Spark (their bounds are the "
+                               "query's watermark delays)")
 
 
 def _needs_event_time(step: KeyedStep) -> bool:
@@ -264,6 +414,10 @@ def _keyed_step(flow: LogicalGraph, t: Transformation, op: ops.StreamOperator) -
                      edge.key_serializer, flow.max_parallelism)
 
 
+def _identity(value: Any) -> Any:
+    return value
+
+
 class _Constant:
     """A picklable function of no arguments returning ``value``."""
 
@@ -275,11 +429,14 @@ class _Constant:
 
 
 def _source_step(t: Transformation) -> SourceStep:
+    from reactive.columnar import ArrowSource
     from reactive.connectors.collections import CollectionSource
     from reactive.connectors.files import CsvFileSource, LineFileSource
 
     factory_source = t.factory()
     source = getattr(factory_source, "source", None)
+    if isinstance(source, ArrowSource):
+        return SourceStep(t.name, t.resolved_uid, "arrow", source)
     if isinstance(source, LineFileSource):
         return SourceStep(t.name, t.resolved_uid, "lines", source)
     if isinstance(source, CollectionSource):

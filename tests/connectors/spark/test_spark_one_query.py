@@ -51,7 +51,8 @@ def test_one_query_takes_one_source_and_one_keyed_operator(tmp_path: Path) -> No
     assert one_query_refusal(translate(flow)) == "the sinks read different sources"
 
 
-def test_columnar_map_batches_is_refused_naming_it(tmp_path: Path) -> None:
+def test_columnar_operators_other_than_map_batches_are_refused_naming_them(
+        tmp_path: Path) -> None:
     import pyarrow as pa
     import pytest
 
@@ -60,8 +61,8 @@ def test_columnar_map_batches_is_refused_naming_it(tmp_path: Path) -> None:
     table = pa.table({"n": [1, 2, 3]})
     flow = Dataflow("columnar")
     (flow.from_arrow(table).map_batches(lambda b: b, table.schema, name="identity")
-         .to_records().sink(CommittingFileSink(tmp_path / "out")))
+         .select("n", name="just-n").to_records().sink(CommittingFileSink(tmp_path / "out")))
     with pytest.raises(TranslationError) as info:
         SparkRunner(None, tmp_path / "chk").start(flow)  # type: ignore[arg-type]
-    assert info.value.operator == "identity"
+    assert info.value.operator == "just-n"
     assert "map_batches" in str(info.value)

@@ -277,8 +277,8 @@ async def _service(x: Any) -> Any:
 @pytest.mark.parametrize("build, operator, why", [
     (lambda f: f.from_collection([1]).map_async(_service, name="enrich").sink(
         CommittingFileSink("/nonexistent")), "enrich", "async operators"),
-    (lambda f: f.from_collection([1]).union(f.from_collection([2])).sink(
-        CommittingFileSink("/nonexistent")), "union", "two inputs"),
+    (lambda f: f.from_collection([1]).connect(f.from_collection([2])).map(
+        str, str, name="both").sink(CommittingFileSink("/nonexistent")), "both", "two inputs"),
     (lambda f: f.from_collection([1]).map(str, name="fmt").sink(print, name="console"),
      "console", "CommittingFileSink"),
     (lambda f: f.from_collection([1]).key_by(str).window(TumblingEventTimeWindows.of(1),

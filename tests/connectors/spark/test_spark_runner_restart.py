@@ -50,7 +50,9 @@ def build(data: Path, out: Path, shape: str = "python") -> Any:
     ``"two-sinks"`` as ``"native"`` with the malformed lines written to a dead-letter sink
     (``out/_dead_letters``) too: both sinks from one query; ``"csv"`` as ``"two-sinks"``
     with the file read by the CSV file source (pyarrow blocks in the Spark tasks, the
-    malformed lines its ``InvalidRow`` dead letters)."""
+    malformed lines its ``InvalidRow`` dead letters); ``"union"`` as ``"python"`` with the
+    lines split between two files (:func:`split_input`), each read, parsed and given event
+    time on its own, then unioned (Spark's union of two reads, a watermark per input)."""
     from reactive import AggregateFunction, Dataflow, TumblingEventTimeWindows
     from reactive.connectors.files import CommittingFileSink
     from reactive.windowing.aggregates import Aggregates, count, sum_of
@@ -93,7 +95,20 @@ def build(data: Path, out: Path, shape: str = "python") -> Any:
             return [("malformed", record.raw.decode().rstrip("\r\n"))]
         return [record]
 
+    def event_time(r: Any) -> float:
+        return float(r[1])
+
     flow = Dataflow("restart")
+    if shape == "union":
+        a, b = (flow.read_text_file(f, name=f"input-{f.stem}").flat_map(parse, name=f"parse-{f.stem}")
+                .assign_timestamps(event_time, max_out_of_orderness=2)
+                for f in split_files(data))
+        (a.union(b).key_by(lambda r: r[0]).window(TumblingEventTimeWindows.of(60))
+          .aggregate(Total()).uid("totals")
+          .map(lambda w: {"key": w.key, "start": int(w.start), "n": w.value[0],
+                          "total": w.value[1]})
+          .sink(CommittingFileSink(out)).uid("out"))
+        return flow
     if shape == "csv":
         from reactive.connectors.files import CsvFileSource
 
@@ -120,6 +135,18 @@ def build(data: Path, out: Path, shape: str = "python") -> Any:
     return flow
 
 
+def split_files(data: Path) -> tuple[Path, Path]:
+    """The two files of the ``"union"`` shape, beside ``data``."""
+    return data.with_name("input-a.csv"), data.with_name("input-b.csv")
+
+
+def split_input(data: Path) -> None:
+    """Write ``data``'s lines alternately to the two files of :func:`split_files`."""
+    lines = data.read_text().splitlines(keepends=True)
+    for i, path in enumerate(split_files(data)):
+        path.write_text("".join(lines[i::2]))
+
+
 def driver(data: Path, out: Path, checkpoints: Path, shape: str) -> None:
     """The driver process: run the dataflow on Spark to the end of its input. With
     :data:`KILL_ENV` set to a micro-batch's entry in the sink's commit log, the first record
@@ -135,7 +162,8 @@ def driver(data: Path, out: Path, checkpoints: Path, shape: str) -> None:
     spark = local_session("local[2]", app_name="reactive-restart", shuffle_partitions=2)
     job = SparkRunner(spark, checkpoints, max_records_per_batch=BATCH,
                       one_query=shape in ("two-sinks", "csv")).run(build(data, out, shape))
-    wanted = "transformWithState" if shape == "python" else "native window aggregation"
+    wanted = ("transformWithState" if shape in ("python", "union")
+              else "native window aggregation")
     assert job.shapes["out"] == wanted, job.shapes
     if shape in ("two-sinks", "csv"):
         assert job.queries["out"] is job.queries["dead"], "the sinks ran as two queries"
@@ -198,6 +226,8 @@ def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int | None,
 
     data, out, chk = tmp_path / "input.csv", tmp_path / "out", tmp_path / "chk"
     rows = write_input(data, seed)
+    if shape == "union":
+        split_input(data)
     commits = query_location(chk, shape) / "commits"
     first = start_driver(data, out, chk, shape, kill_after, kill_between)
     code = first.wait(timeout=600)
@@ -231,10 +261,11 @@ def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int | None,
 
 
 # each case starts two drivers (two JVMs): the default run restarts the transformWithState
-# shape, whose state is the runner's own, and the one query writing two sinks; Spark's native
-# window aggregation restarts in -m slow
+# shape, whose state is the runner's own, the one query writing two sinks, and a union of two
+# sources (both offsets in one offset log); Spark's native window aggregation restarts in
+# -m slow
 @pytest.mark.parametrize("shape", ["python", pytest.param("native", marks=pytest.mark.slow),
-                                   "two-sinks", "csv"])
+                                   "two-sinks", "csv", "union"])
 def test_driver_killed_mid_way_resumes_exactly_once(
         tmp_path: Path, spark: Any, shape: str) -> None:
     check_restart(tmp_path, spark, seed=19, kill_after=1, shape=shape)
