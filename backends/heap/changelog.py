@@ -94,22 +94,34 @@ class GroupChain:
         full_bytes: the size of the leading full blob (0: the chain starts from empty).
         delta_bytes: the total size of the deltas after it.
         deltas: how many deltas follow the full blob.
+        expires: per TTL state, the earliest expiry (seconds) of the entries its blobs
+            hold, or of entries they held that a later blob replaced (a lower bound): a
+            snapshot writes the key group again, without what expired, once it is due
+            (:mod:`.ttl_filter`).
     """
 
     entries: tuple[Entry, ...] = ()
     full_bytes: int = 0
     delta_bytes: int = 0
     deltas: int = 0
+    expires: tuple[tuple[str, float], ...] = ()
 
-    def with_delta(self, entry: Entry) -> GroupChain:
-        """This chain followed by the delta ``entry``."""
+    def with_delta(self, entry: Entry, expires: tuple[tuple[str, float], ...] = ()
+                   ) -> GroupChain:
+        """This chain followed by the delta ``entry`` holding TTL entries ``expires``."""
+        earliest = dict(self.expires)
+        for name, t in expires:
+            earliest[name] = min(t, earliest.get(name, t))
         return GroupChain((*self.entries, entry), self.full_bytes,
-                          self.delta_bytes + entry[2], self.deltas + 1)
+                          self.delta_bytes + entry[2], self.deltas + 1,
+                          tuple(earliest.items()))
 
     @staticmethod
-    def full(entry: Entry | None) -> GroupChain:
-        """The chain of a key group just written in full (None: it is empty)."""
-        return EMPTY if entry is None else GroupChain((entry,), entry[2], 0, 0)
+    def full(entry: Entry | None, expires: tuple[tuple[str, float], ...] = ()
+             ) -> GroupChain:
+        """The chain of a key group just written in full (None: it is empty) holding TTL
+        entries ``expires``."""
+        return EMPTY if entry is None else GroupChain((entry,), entry[2], 0, 0, expires)
 
 
 EMPTY = GroupChain()
