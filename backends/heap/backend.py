@@ -142,7 +142,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._tables: dict[str, Table] = {}
         # TTL state name -> its clock's time: what a snapshot's synchronous part reads to
         # leave expired entries out (:mod:`.ttl_filter`)
-        self._ttl_now: dict[str, Callable[[], float]] = {}
+        self._ttl_now: dict[str, tuple[Callable[[], float], float]] = {}
         self.current_key: Any = None
         self._idx = self._n  # the _NoKey sentinel until a key is set
         max_deltas, delta_ratio = limits(incremental, max_deltas, delta_ratio)
@@ -298,7 +298,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         # clock is kept either way: snapshots leave out what expired by its time
         stored = backend_descriptor(descriptor, config)
         inner = self.get_state(stored)
-        self._ttl_now[stored.name] = clock.now
+        self._ttl_now[stored.name] = (clock.now, config.ttl)
         if not isinstance(descriptor, ValueStateDescriptor):
             return ttl_state(descriptor, config, inner, clock.now)
         assert isinstance(inner, ValueState)
@@ -437,11 +437,11 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     def _ttl_filter(self) -> TtlFilter:
         """The TTL time of every bound TTL state, read now (a snapshot's synchronous part)."""
-        times: dict[str, tuple[str, float]] = {}
-        for name, now in self._ttl_now.items():
+        times: dict[str, tuple[str, float, float]] = {}
+        for name, (now, ttl) in self._ttl_now.items():
             table = self._tables.get(name)
             if table is not None and table.descriptor is not None and not table.serialized:
-                times[name] = (table.descriptor.kind, now())
+                times[name] = (table.descriptor.kind, now(), ttl)
         return TtlFilter(times)
 
     def dispose(self) -> None:

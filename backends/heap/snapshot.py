@@ -577,7 +577,7 @@ class HeapSnapshot(KeyedStateSnapshot):
             moved.append((out.ref, out.offset, length, kind))
             out.copy(self.ctx.job_dir / ref["path"], offset, length)
         return GroupChain(tuple(moved), chain.full_bytes, chain.delta_bytes, chain.deltas,
-                          chain.expires)
+                          chain.expires, chain.ttl_bound)
 
     def _path(self) -> Path:
         ctx = self.ctx
@@ -615,16 +615,18 @@ class HeapSnapshot(KeyedStateSnapshot):
             for idx in range(self.n):
                 if idx >= frozen_below:
                     self.next_idx = idx
+                self.ttl.group(() if base is None else base[idx].ttl_bound,
+                               full is None or idx in full)
                 if full is None or idx in full:
                     entry = await self._write_full(idx, out)
-                    chains.append(GroupChain.full(entry, self.ttl.take_earliest()))
+                    chains.append(GroupChain.full(entry, *self.ttl.take_earliest()))
                 else:
                     assert base is not None
                     keys = dirty.pop(idx, None)
                     chain = base[idx] if self.incremental else self._carry(base[idx], out)
                     if keys is not None:
                         entry = await self._write_delta(idx, keys, out)
-                        chain = chain.with_delta(entry, self.ttl.take_earliest())
+                        chain = chain.with_delta(entry, *self.ttl.take_earliest())
                     chains.append(chain)
                 self._check()
                 # written: later touches of this key group need no capture

@@ -12,7 +12,11 @@ key left with none is not written at all, or written as a tombstone in a delta).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from functools import partial
+from itertools import chain, compress
+from operator import itemgetter
 from typing import Any
 
 from reactive.serialization import Serializer
@@ -21,6 +25,18 @@ __all__ = ["DROP", "TtlFilter", "live_value"]
 
 #: :func:`live_value`'s answer for a key left with no live entry
 DROP: Any = object()
+_second = itemgetter(1)
+Bounds = tuple[tuple[str, float], ...]  # (state name, seconds) per TTL state
+_min_pair = partial(min, key=_second)  # a list's or map's pair that expires first
+
+
+def _expiries(kind: str, values: Iterable[Any]) -> Iterator[float]:
+    """The expiry times in ``values`` (a TTL table's values of ``kind``), at C speed."""
+    if kind == "list":
+        return map(_second, chain.from_iterable(values))
+    if kind == "map":
+        return map(_second, chain.from_iterable(map(dict.values, values)))
+    return map(_second, values)
 
 
 def live_value(kind: str, value: Any, now: float) -> Any:
@@ -47,45 +63,76 @@ def live_value(kind: str, value: Any, now: float) -> Any:
 
 
 class TtlFilter:
-    """The TTL times of one snapshot's TTL states, and the count of entries it left out.
+    """The TTL times of one snapshot's TTL states, the bounds that spare it a pass over key
+    groups where nothing can have expired, and the count of entries it left out.
+
+    Bounds, per key group and TTL state, recorded in the group's chain: the earliest expiry
+    the chain's blobs hold (:attr:`.changelog.GroupChain.expires`: the blobs may hold an
+    expired entry once it passed), and ``min(earliest expiry among the group's entries at
+    the barrier, expired ones included, the TTL time + ttl)``
+    (:attr:`.changelog.GroupChain.ttl_bound`): a lower bound of every expiry in the group's
+    table until the next snapshot, since an entry written after the barrier expires at least
+    ``ttl`` after it (the clock does not go back: a wall clock that does can only make a
+    snapshot keep an expired entry, never drop a live one). A snapshot whose TTL time is
+    below its base's bound skips the group (checking costs a pass over the entries, as
+    much as pickling them: a cache miss per entry); else it checks and computes the exact
+    minimum. Without a base (the first checkpoint, savepoints) every group is checked.
 
     Args:
-        times: state name -> (kind, TTL time in seconds) of every TTL state, read in the
-            snapshot's synchronous part; states not named are written as they are.
+        times: state name -> (kind, TTL time, ttl), both in seconds, of every TTL state,
+            read in the snapshot's synchronous part; states not named are written as they
+            are.
 
     Attributes:
         dropped: keys or entries left out so far (a list's elements and a map's entries
             one by one; a value state's value as one).
     """
 
-    __slots__ = ("_earliest", "dropped", "times")
+    __slots__ = ("_earliest", "_full", "_prior", "_table", "dropped", "times")
 
-    def __init__(self, times: Mapping[str, tuple[str, float]]) -> None:
+    def __init__(self, times: Mapping[str, tuple[str, float, float]]) -> None:
         self.times = dict(times)
         self.dropped = 0
-        self._earliest: dict[str, float] = {}
+        self._earliest: dict[str, float] = {}  # of the entries written
+        self._table: dict[str, float] = {}  # of the table's entries, expired ones included
+        self._prior: dict[str, float] = {}
+        self._full = True
 
-    def _note(self, name: str, kind: str, values: Iterable[Any]) -> None:
-        """Track the earliest expiry among ``values`` (the live values written)."""
-        if kind == "list":
-            times = [p[1] for v in values for p in v]
-        elif kind == "map":
-            times = [p[1] for v in values for p in v.values()]
-        else:
-            times = [v[1] for v in values]
-        if times:
-            t = min(times)
-            self._earliest[name] = min(t, self._earliest.get(name, t))
+    def _note(self, name: str, table: float, written: float) -> None:
+        if table < self._table.get(name, math.inf):
+            self._table[name] = table
+        if written < self._earliest.get(name, math.inf):
+            self._earliest[name] = written
 
-    def take_earliest(self) -> tuple[tuple[str, float], ...]:
-        """The earliest expiry per state of what was written since the last call (one
-        key group's blob: :attr:`.changelog.GroupChain.expires`), and start again."""
-        out = tuple(self._earliest.items())
+    def group(self, prior: Iterable[tuple[str, float]], full: bool) -> None:
+        """Start a key group: ``prior`` is its base chain's bound (empty: none), ``full``
+        whether it is written in full (else a delta of its changed keys, or not at all)."""
+        self._prior = dict(prior)
+        self._full = full
         self._earliest.clear()
-        return out
+        self._table.clear()
+
+    def take_earliest(self) -> tuple[Bounds, Bounds]:
+        """The key group's bounds (see the class): the earliest expiry per TTL state of
+        what was written, and the table's bound (a state left out of it has none known:
+        the next snapshot checks it)."""
+        bounds: list[tuple[str, float]] = []
+        for name, (_, now, ttl) in self.times.items():
+            if self._full:
+                bound = self._table.get(name, math.inf)
+            else:
+                prior = self._prior.get(name)
+                if prior is None:
+                    continue
+                bound = prior
+            bounds.append((name, min(bound, now + ttl)))
+        written = tuple(self._earliest.items())
+        self._earliest.clear()
+        self._table.clear()
+        return written, tuple(bounds)
 
     def due(self, expires: Iterable[tuple[str, float]]) -> bool:
-        """Whether a blob holding TTL entries ``expires`` may hold one expired now."""
+        """Whether a key group of bound ``expires`` may hold an entry expired now."""
         times = self.times
         return any(name in times and t <= times[name][1] for name, t in expires)
 
@@ -94,29 +141,43 @@ class TtlFilter:
 
     def entries(self, name: str, d: dict[Any, Any]) -> dict[Any, Any]:
         """``d`` (a key group's ``{key: value}`` of state ``name``) without what expired:
-        ``d`` itself when nothing did (or ``name`` has no TTL), else a new dict."""
+        ``d`` itself when nothing did (or ``name`` has no TTL), else a new dict.
+
+        The check is one C-level pass over the expiries (the minimum), skipped where the
+        group's bound is later than the TTL time; only a key group holding an expired
+        entry is filtered key by key."""
         spec = self.times.get(name)
         if spec is None or not d:
             return d
-        kind, now = spec
-        if kind == "list" or kind == "map":
-            out: dict[Any, Any] = {}
-            changed = False
-            for k, v in d.items():
-                live = live_value(kind, v, now)
-                if live is not v:
-                    changed = True
+        kind, now, _ = spec
+        prior = self._prior.get(name, -math.inf)
+        if prior > now:  # nothing in the group can have expired: no pass
+            self._note(name, prior, prior)
+            return d
+        earliest = table = min(_expiries(kind, d.values()), default=math.inf)
+        if earliest <= now:
+            if kind == "list" or kind == "map":
+                # the keys holding an expired element or entry, at C speed; only they are
+                # filtered one by one
+                values: Iterable[Any] = d.values()
+                if kind == "map":
+                    values = map(dict.values, values)
+                firsts = map(_second, map(_min_pair, values))
+                out = d.copy()
+                for k in compress(d, map(now.__ge__, firsts)):
+                    v = d[k]
+                    live = live_value(kind, v, now)
                     self.dropped += len(v) - (0 if live is DROP else len(live))
-                if live is not DROP:
-                    out[k] = live
-            if changed:
-                d = out
-        else:
-            out = {k: v for k, v in d.items() if v[1] > now}
-            self.dropped += len(d) - len(out)
-            if len(out) < len(d):
-                d = out
-        self._note(name, kind, d.values())
+                    if live is DROP:
+                        del out[k]
+                    else:
+                        out[k] = live
+            else:  # the pairs whose expiry is after now, at C speed
+                out = dict(compress(d.items(), map(now.__lt__, map(_second, d.values()))))
+                self.dropped += len(d) - len(out)
+            d = out
+            earliest = min(_expiries(kind, d.values()), default=math.inf)
+        self._note(name, table, earliest)
         return d
 
     def value(self, name: str, value: Any, ser: Serializer | None = None) -> Any:
@@ -126,11 +187,11 @@ class TtlFilter:
         spec = self.times.get(name)
         if spec is None:
             return value
-        kind, now = spec
+        kind, now, _ = spec
         plain = value if ser is None else ser.deserialize(value)
         live = live_value(kind, plain, now)
-        if live is not DROP:
-            self._note(name, kind, (live,))
+        self._note(name, min(_expiries(kind, (plain,)), default=math.inf),
+                   math.inf if live is DROP else min(_expiries(kind, (live,))))
         if live is plain:
             return value
         self.dropped += len(plain) - (0 if live is DROP else len(live)) \

@@ -191,7 +191,7 @@ class Upper:
 def test_a_captured_value_is_filtered_through_its_serializer():
     """A copy-on-write capture of a state with a custom serializer holds the serializer's
     bytes: the filter decodes them to decide, and answers bytes again."""
-    ttl = TtlFilter({"v": ("value", 12.0), "l": ("list", 12.0)})
+    ttl = TtlFilter({"v": ("value", 12.0, 10.0), "l": ("list", 12.0, 10.0)})
     ser = Upper()
     assert ttl.value("v", ser.serialize(("x", 10.0)), ser) is DROP
     assert ttl.value("v", ser.serialize(("x", 15.0)), ser) == ser.serialize(("x", 15.0))
@@ -199,4 +199,5 @@ def test_a_captured_value_is_filtered_through_its_serializer():
     assert ser.deserialize(ttl.value("l", both, ser)) == [("y", 15.0)]
     assert ttl.value("other", ("x", 1.0)) == ("x", 1.0)  # not a TTL state: as it is
     assert ttl.dropped == 2
-    assert ttl.take_earliest() == (("v", 15.0), ("l", 15.0))
+    # written: the earliest live expiry; the table: the earliest of all, the dropped included
+    assert ttl.take_earliest() == ((("v", 15.0), ("l", 15.0)), (("v", 10.0), ("l", 10.0)))
