@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -19,6 +19,7 @@ from reactive import (
     ValueStateDescriptor,
 )
 from reactive.backends.heap import HeapStateBackend
+from reactive.backends.heap.fork_snapshot import fork_supported
 from reactive.backends.heap.ttl_filter import DROP, TtlFilter
 from reactive.state.key_group_stream import merge_key_groups, read_key_groups
 from reactive.testing.operator_harness import OperatorSnapshot, OperatorTestHarness
@@ -58,10 +59,11 @@ class Probe(KeyedProcessFunction):
 
 
 def harness(tmp_path: Path, incremental: bool, rewrite_expired: bool = False,
-            restore_from: OperatorSnapshot | None = None) -> OperatorTestHarness:
+            restore_from: OperatorSnapshot | None = None,
+            snapshot: Literal["paced", "fork"] = "paced") -> OperatorTestHarness:
     h = OperatorTestHarness.for_keyed_process(
         Probe(), key_selector=lambda r: r[0], max_parallelism=16, directory=tmp_path,
-        state_backend=HeapStateBackend(incremental=incremental,
+        state_backend=HeapStateBackend(incremental=incremental, snapshot=snapshot,
                                        rewrite_expired=rewrite_expired))
     h.open(restore_from=restore_from)
     return h
@@ -81,12 +83,18 @@ def written(snapshot: OperatorSnapshot) -> dict[str, dict[Any, Any]]:
         return merge_key_groups(stream)
 
 
-@pytest.mark.parametrize("incremental", [False, True])
+@pytest.mark.parametrize(("incremental", "snapshot"), [
+    (False, "paced"), (True, "paced"),
+    # the child process forked at the barrier runs the same writer, with the same TTL times
+    pytest.param(True, "fork", marks=[
+        pytest.mark.e2e, pytest.mark.skipif(fork_supported() is not None,
+                                            reason="os.fork() is not usable here")]),
+])
 async def test_a_snapshot_holds_only_the_entries_live_at_its_ttl_time(
-        tmp_path: Path, incremental: bool):
+        tmp_path: Path, incremental: bool, snapshot: Literal["paced", "fork"]):
     """Keys written at 0 expire at 10, keys written at 6 at 16: a snapshot at 12 holds the
     second ones only, and of a list or map written at both times only the later elements."""
-    h = harness(tmp_path, incremental)
+    h = harness(tmp_path, incremental, snapshot=snapshot)
     h.set_processing_time(0.0)
     old, new = [f"a{i}" for i in range(10)], [f"b{i}" for i in range(10)]
     for k in old:
