@@ -64,7 +64,7 @@ from reactive.state.key_group_stream import (
     find_key_group_reader,
     read_key_groups,
 )
-from reactive.state.ttl import backend_descriptor
+from reactive.state.ttl import backend_descriptor, ttl_state
 from reactive.state.ttl_clock import TtlClock
 from reactive.state.ttl_config import StateTtlConfig
 
@@ -73,6 +73,7 @@ from .fork_snapshot import ForkedSnapshot, fork_snapshot, fork_supported
 from .format import BACKEND, is_heap_handle, iter_heap_key_groups
 from .snapshot import HeapSnapshot
 from .state import Table, create_state, descriptor_serializer
+from .ttl_filter import TtlFilter
 from .ttl_state import HeapTtlValueState, HeapTtlValueStateOnRead
 
 __all__ = ["HeapKeyedStateBackend", "HeapStateBackend", "SnapshotStrategy"]
@@ -110,14 +111,17 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         snapshot: ``"paced"`` (copy-on-write per key, serialized on the loop thread at its
             share) or ``"fork"`` (written by a forked child process, :mod:`.fork_snapshot`;
             the caller checked :func:`.fork_snapshot.fork_supported`).
+        rewrite_expired: write a key group in full again when its earlier blobs may hold
+            an expired time-to-live entry (see :class:`HeapStateBackend`).
     """
 
     def __init__(self, key_group_range: KeyGroupRange, max_parallelism: int, *,
                  operator_uid: str | None = None, incremental: bool = False,
                  max_deltas: int | None = None, delta_ratio: float | None = None,
                  snapshot_share: float | None = None,
-                 snapshot: SnapshotStrategy = "paced") -> None:
+                 snapshot: SnapshotStrategy = "paced", rewrite_expired: bool = False) -> None:
         self.key_group_range = key_group_range
+        self.rewrite_expired = rewrite_expired
         self.max_parallelism = max_parallelism
         self.operator_uid = operator_uid
         self.incremental = incremental
@@ -136,6 +140,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         # keys added to _idx_cache per key-group index (how much of a key group is dirty)
         self._counts = [0] * self._n
         self._tables: dict[str, Table] = {}
+        # TTL state name -> its clock's time: what a snapshot's synchronous part reads to
+        # leave expired entries out (:mod:`.ttl_filter`)
+        self._ttl_now: dict[str, tuple[Callable[[], float], float]] = {}
         self.current_key: Any = None
         self._idx = self._n  # the _NoKey sentinel until a key is set
         max_deltas, delta_ratio = limits(incremental, max_deltas, delta_ratio)
@@ -287,11 +294,13 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     def get_ttl_state(self, descriptor: StateDescriptor, config: StateTtlConfig,
                       clock: TtlClock) -> State | None:
         # a value state reads its table directly (HeapTtlValueState); the other kinds get
-        # the runtime's decorators, whose per-access cost their collections dominate
-        if not isinstance(descriptor, ValueStateDescriptor):
-            return None
+        # the runtime's decorators, whose per-access cost their collections dominate. The
+        # clock is kept either way: snapshots leave out what expired by its time
         stored = backend_descriptor(descriptor, config)
         inner = self.get_state(stored)
+        self._ttl_now[stored.name] = (clock.now, config.ttl)
+        if not isinstance(descriptor, ValueStateDescriptor):
+            return ttl_state(descriptor, config, inner, clock.now)
         assert isinstance(inner, ValueState)
         cls = HeapTtlValueStateOnRead if config.update_type == "on_read_and_write" else \
             HeapTtlValueState
@@ -341,12 +350,19 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                 ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         else:
             plan = SnapshotPlan(None)
+        ttl = self._ttl_filter()
+        if ttl and self.rewrite_expired and plan.full is not None and plan.base is not None:
+            # a key group whose blobs may hold an expired TTL entry is written again in
+            # full, without it, rather than carried over or chained onto
+            plan.full.update(i for i, chain in enumerate(plan.base)
+                             if chain.expires and i not in plan.full and ttl.due(chain.expires))
         snap = HeapSnapshot(ctx, plan, tables=self._tables, start=self._start, n=self._n,
                             key_encoding=key_encoding_name(self._key_serializer),
                             incremental=incremental, release=self._release,
                             on_written=None if ctx.savepoint else self._log.written,
                             on_failed=self._log.reset, share=self.snapshot_share,
-                            garbage=garbage, fresh_memo=not ctx.savepoint)
+                            garbage=garbage, fresh_memo=not ctx.savepoint,
+                            ttl=ttl)
         if self._fork:
             # the child's image is the state at the barrier: nothing to watch
             forked = fork_snapshot(snap)
@@ -419,6 +435,15 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                         # holds the empty one: state objects index table.maps per call)
                         table.maps[idx] = d
 
+    def _ttl_filter(self) -> TtlFilter:
+        """The TTL time of every bound TTL state, read now (a snapshot's synchronous part)."""
+        times: dict[str, tuple[str, float, float]] = {}
+        for name, (now, ttl) in self._ttl_now.items():
+            table = self._tables.get(name)
+            if table is not None and table.descriptor is not None and not table.serialized:
+                times[name] = (table.descriptor.kind, now(), ttl)
+        return TtlFilter(times)
+
     def dispose(self) -> None:
         for snap in list(self._watching):
             snap.discard()
@@ -426,6 +451,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             child.discard()
         self._children.clear()
         self._tables.clear()
+        self._ttl_now.clear()
 
 
 class HeapStateBackend(StateBackend):
@@ -468,6 +494,16 @@ class HeapStateBackend(StateBackend):
             while a child runs, and the pages the child reads, are copied, up to about the
             state's size per child. Where ``fork()`` is unavailable or unsafe (not Linux or
             macOS, a free-threaded build) it falls back to ``"paced"`` with a log line.
+        rewrite_expired: what a checkpoint does with a key group whose earlier blobs (carried
+            over by a full checkpoint, referred to by an incremental one) may hold a
+            time-to-live entry expired by the checkpoint's TTL time. False (the default):
+            keep them; the entry goes from the files once the incremental cleanup or an
+            access removes it (the next checkpoint writes its tombstone) or its key group is
+            written in full again, and a restore never returns it. True: write such a key
+            group in full again, without the expired entries, so no checkpoint holds one;
+            with keys expiring all the time (an open key space) that is nearly every key
+            group at every checkpoint: the work of a checkpoint follows the state's size
+            instead of its changes.
 
     Raises:
         ConfigurationError: if ``max_deltas < 1``, ``delta_ratio <= 0``,
@@ -479,7 +515,7 @@ class HeapStateBackend(StateBackend):
     def __init__(self, incremental: bool = False, max_deltas: int | None = None,
                  delta_ratio: float | None = None,
                  snapshot_share: float | None = None,
-                 snapshot: SnapshotStrategy = "paced") -> None:
+                 snapshot: SnapshotStrategy = "paced", rewrite_expired: bool = False) -> None:
         if (max_deltas is not None and max_deltas < 1) or \
                 (delta_ratio is not None and not delta_ratio > 0):
             raise ConfigurationError("max_deltas must be >= 1 and delta_ratio > 0")
@@ -499,6 +535,7 @@ class HeapStateBackend(StateBackend):
         self.delta_ratio = delta_ratio
         self.snapshot_share = snapshot_share
         self.snapshot: SnapshotStrategy = snapshot
+        self.rewrite_expired = rewrite_expired
 
     def create_keyed_backend(
         self,
@@ -513,4 +550,5 @@ class HeapStateBackend(StateBackend):
                                      incremental=self.incremental, max_deltas=self.max_deltas,
                                      delta_ratio=self.delta_ratio,
                                      snapshot_share=self.snapshot_share,
-                                     snapshot=self.snapshot)
+                                     snapshot=self.snapshot,
+                                     rewrite_expired=self.rewrite_expired)

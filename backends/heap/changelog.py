@@ -94,22 +94,39 @@ class GroupChain:
         full_bytes: the size of the leading full blob (0: the chain starts from empty).
         delta_bytes: the total size of the deltas after it.
         deltas: how many deltas follow the full blob.
+        expires: per TTL state, the earliest expiry (seconds) of the entries the blobs
+            hold (a lower bound): once it passed, they may hold an expired entry.
+        ttl_bound: per TTL state, a lower bound (seconds) of the expiry of every entry the
+            key group's table holds until the next snapshot: a snapshot at an earlier TTL
+            time need not look for expired entries there (:class:`.ttl_filter.TtlFilter`).
     """
 
     entries: tuple[Entry, ...] = ()
     full_bytes: int = 0
     delta_bytes: int = 0
     deltas: int = 0
+    expires: tuple[tuple[str, float], ...] = ()
+    ttl_bound: tuple[tuple[str, float], ...] = ()
 
-    def with_delta(self, entry: Entry) -> GroupChain:
-        """This chain followed by the delta ``entry``."""
+    def with_delta(self, entry: Entry, expires: tuple[tuple[str, float], ...] = (),
+                   ttl_bound: tuple[tuple[str, float], ...] = ()) -> GroupChain:
+        """This chain followed by the delta ``entry`` holding TTL entries ``expires``,
+        the table's bound now ``ttl_bound``."""
+        earliest = dict(self.expires)
+        for name, t in expires:
+            earliest[name] = min(t, earliest.get(name, t))
         return GroupChain((*self.entries, entry), self.full_bytes,
-                          self.delta_bytes + entry[2], self.deltas + 1)
+                          self.delta_bytes + entry[2], self.deltas + 1,
+                          tuple(earliest.items()), ttl_bound)
 
     @staticmethod
-    def full(entry: Entry | None) -> GroupChain:
-        """The chain of a key group just written in full (None: it is empty)."""
-        return EMPTY if entry is None else GroupChain((entry,), entry[2], 0, 0)
+    def full(entry: Entry | None, expires: tuple[tuple[str, float], ...] = (),
+             ttl_bound: tuple[tuple[str, float], ...] = ()) -> GroupChain:
+        """The chain of a key group just written in full (None: it is empty) holding TTL
+        entries ``expires``, the table's bound ``ttl_bound``."""
+        if entry is None:
+            return EMPTY if not ttl_bound else GroupChain(ttl_bound=ttl_bound)
+        return GroupChain((entry,), entry[2], 0, 0, expires, ttl_bound)
 
 
 EMPTY = GroupChain()

@@ -40,6 +40,11 @@
   snapshot's paced work instead of a cost on the records. A key group with another value
   (a list, a dict: it could change in place) stays under copy-on-write per key.
 
+- *time-to-live*: an entry of a TTL state that expired by the TTL time read in the
+  synchronous part is not written (Flink's cleanup in full snapshot, :mod:`.ttl_filter`); a
+  key group whose earlier blobs may hold one (:attr:`.changelog.GroupChain.expires`) is
+  written in full again instead of carried over or chained onto.
+
 This is the per-entry analogue of Flink's ``CopyOnWriteStateTable`` (Carbone 2018 (PhD thesis),
 section 4.5.1): the task never serializes a whole key group inline. A state mutation always
 follows a ``set_current_key`` of its key, except for the key that is current at the barrier,
@@ -67,6 +72,7 @@ from .file_writer import SnapshotFileWriter, SnapshotOutput
 from .format import DELTA, FULL, encode_frame, heap_v2_handle
 from .pacing import LoopShare
 from .state import Table, descriptor_serializer
+from .ttl_filter import DROP, TtlFilter
 
 __all__ = ["FREEZE_MAX", "PATIENCE", "PIECE", "SHARE", "Frozen", "HeapSnapshot",
            "capture_entries", "safe_name"]
@@ -227,6 +233,8 @@ class HeapSnapshot(KeyedStateSnapshot):
         fresh_memo: the backend swapped in a fresh key memo at this snapshot's synchronous
             part (checkpoints, not savepoints): it reports a key on its first memo miss
             since then, and :attr:`seen` is not consulted.
+        ttl: the TTL times read in the synchronous part: expired TTL entries are not written
+            (:mod:`.ttl_filter`); None: every entry is written.
 
     Attributes:
         next_idx: key groups below this index are written: touches of them are ignored.
@@ -249,7 +257,7 @@ class HeapSnapshot(KeyedStateSnapshot):
                  on_written: Callable[[int, list[GroupChain]], None] | None = None,
                  on_failed: Callable[[], None] | None = None,
                  share: float | None = None, garbage: Any = None,
-                 fresh_memo: bool = False) -> None:
+                 fresh_memo: bool = False, ttl: TtlFilter | None = None) -> None:
         self.ctx = ctx
         self.plan = plan
         self.tables = list(tables.items())
@@ -262,6 +270,9 @@ class HeapSnapshot(KeyedStateSnapshot):
         self._on_failed = on_failed
         self._garbage = garbage
         self.fresh_memo = fresh_memo
+        self.ttl = TtlFilter({}) if ttl is None else ttl
+        self._sers = {name: ser for name, t in self.tables  # a TTL capture's serializer
+                      if name in self.ttl.times and (ser := _serializer(t)) is not None}
         self.next_idx = 0
         self.failure: StateSerializationError | None = None
         self._discarded = False
@@ -358,11 +369,11 @@ class HeapSnapshot(KeyedStateSnapshot):
             if not d:
                 continue
             ser = _serializer(t)
-            # comprehensions: the per-key work of a delta stays in C-level loops
-            if ser is None:
-                values = {k: d[k] for k in live if k in d}
-            else:
-                values = {k: _serialize(ser, d[k], op, name, k) for k in live if k in d}
+            # comprehensions: the per-key work of a delta stays in C-level loops; an
+            # expired TTL entry is left out (a listed key without a value: a tombstone)
+            values = self.ttl.entries(name, {k: d[k] for k in live if k in d})
+            if ser is not None:
+                values = {k: _serialize(ser, v, op, name, k) for k, v in values.items()}
             if values:
                 states[name] = values
         if cap and len(live) < len(keys):
@@ -370,7 +381,9 @@ class HeapSnapshot(KeyedStateSnapshot):
                 entries = cap.get(key)
                 if entries is not None:
                     for name, value in entries.items():
-                        states.setdefault(name, {})[key] = _thaw(value)
+                        value = self.ttl.value(name, _thaw(value), self._sers.get(name))
+                        if value is not DROP:
+                            states.setdefault(name, {})[key] = value
         return keys, states
 
     def _keys_frame(self, keys: list[Any], states: dict[str, dict[Any, Any]]) -> bytes:
@@ -384,7 +397,7 @@ class HeapSnapshot(KeyedStateSnapshot):
         begun = False
         frozen = self._frozen.get(idx)
         for name, table in self.tables:
-            d = table.maps[idx] if frozen is None else frozen.get(name)
+            d = self.ttl.entries(name, table.maps[idx] if frozen is None else frozen.get(name, {}))
             if not d:
                 continue
             if not begun:
@@ -563,7 +576,8 @@ class HeapSnapshot(KeyedStateSnapshot):
         for ref, offset, length, kind in chain.entries:
             moved.append((out.ref, out.offset, length, kind))
             out.copy(self.ctx.job_dir / ref["path"], offset, length)
-        return GroupChain(tuple(moved), chain.full_bytes, chain.delta_bytes, chain.deltas)
+        return GroupChain(tuple(moved), chain.full_bytes, chain.delta_bytes, chain.deltas,
+                          chain.expires, chain.ttl_bound)
 
     def _path(self) -> Path:
         ctx = self.ctx
@@ -601,14 +615,19 @@ class HeapSnapshot(KeyedStateSnapshot):
             for idx in range(self.n):
                 if idx >= frozen_below:
                     self.next_idx = idx
+                self.ttl.group(() if base is None else base[idx].ttl_bound,
+                               full is None or idx in full)
                 if full is None or idx in full:
-                    chains.append(GroupChain.full(await self._write_full(idx, out)))
+                    entry = await self._write_full(idx, out)
+                    chains.append(GroupChain.full(entry, *self.ttl.take_earliest()))
                 else:
                     assert base is not None
                     keys = dirty.pop(idx, None)
                     chain = base[idx] if self.incremental else self._carry(base[idx], out)
-                    chains.append(chain if keys is None else
-                                  chain.with_delta(await self._write_delta(idx, keys, out)))
+                    if keys is not None:
+                        entry = await self._write_delta(idx, keys, out)
+                        chain = chain.with_delta(entry, *self.ttl.take_earliest())
+                    chains.append(chain)
                 self._check()
                 # written: later touches of this key group need no capture
                 self.next_idx = max(self.next_idx, idx + 1)
