@@ -15,11 +15,14 @@ from reactive.runtime.loop import run_coroutine
 
 @pytest.fixture(autouse=True)
 def _restore_gc():
-    threshold, frozen = gc.get_threshold(), gc.get_freeze_count()
+    """Each test starts with nothing frozen (a test run before it in this worker may have left
+    objects frozen: a heap fork snapshot freezes the parent's objects, and outside
+    ``throughput_gc`` nothing unfreezes them), and gets the thresholds back afterwards."""
+    gc.unfreeze()
+    threshold = gc.get_threshold()
     yield
     gc.set_threshold(*threshold)
-    if gc.get_freeze_count() and not frozen:
-        gc.unfreeze()
+    gc.unfreeze()
 
 
 def _seen_by_a_map() -> tuple[list[tuple[int, int, int]], ListSink, Dataflow]:
