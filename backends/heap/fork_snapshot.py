@@ -46,7 +46,9 @@ memory is at most about the state's size (one copy of the pages it reads), freed
 exits. ``gc.freeze()`` at the fork moves the objects alive then into the permanent
 generation, so the parent's collections do not walk (and copy) the state's pages either; as
 with :func:`reactive.runtime.gc_tuning.throughput_gc`, reference counting still frees them,
-and only reference cycles among them wait until the job's collector settings are restored.
+and only reference cycles among them wait until the freeze is given back: by
+``throughput_gc`` when the job owns its process, else (a job embedded in an application) by
+the last child reaped, so the application is left with nothing frozen.
 
 Where ``fork()`` is unavailable or unsafe (not Linux or macOS, or a free-threaded build),
 :func:`fork_supported` says why and the backend falls back to the paced strategy with a log
@@ -78,6 +80,31 @@ __all__ = ["ForkedSnapshot", "fork_snapshot", "fork_supported"]
 log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct("!Q")
+
+#: live children whose fork took the freeze this module owns: the first fork made while
+#: nothing was frozen owns it, and the last of those children to be reaped gives it back
+#: (``gc.unfreeze``), so an embedded job leaves no objects frozen in the application. An
+#: application's or ``throughput_gc``'s own freeze is never undone here.
+_freeze_holders = 0
+
+
+def _take_freeze() -> bool:
+    """Before a fork: freeze every tracked object (the collectors of both processes then
+    skip them, so neither copies their pages). Returns whether this child holds the
+    module's own freeze (to give back with :func:`_give_back_freeze`)."""
+    global _freeze_holders
+    owned = _freeze_holders > 0 or gc.get_freeze_count() == 0
+    gc.freeze()
+    if owned:
+        _freeze_holders += 1
+    return owned
+
+
+def _give_back_freeze() -> None:
+    global _freeze_holders
+    _freeze_holders -= 1
+    if _freeze_holders == 0:
+        gc.unfreeze()
 
 
 def fork_supported() -> str | None:
@@ -115,8 +142,10 @@ class ForkedSnapshot(KeyedStateSnapshot):
             memory over the parent's image), once :meth:`write` returned; 0 where unknown.
     """
 
-    def __init__(self, pid: int, read_fd: int, snapshot: HeapSnapshot) -> None:
+    def __init__(self, pid: int, read_fd: int, snapshot: HeapSnapshot,
+                 holds_freeze: bool = False) -> None:
         self.pid = pid
+        self._holds_freeze = holds_freeze
         self._fd: int | None = read_fd
         self._snapshot = snapshot
         self._reaped = False
@@ -211,9 +240,15 @@ class ForkedSnapshot(KeyedStateSnapshot):
         while True:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
-                self._reaped = True
+                self._mark_reaped()
                 return status
             await asyncio.sleep(0.001)
+
+    def _mark_reaped(self) -> None:
+        self._reaped = True
+        if self._holds_freeze:
+            self._holds_freeze = False
+            _give_back_freeze()
 
     def _close_fd(self) -> None:
         if self._fd is not None:
@@ -238,7 +273,7 @@ class ForkedSnapshot(KeyedStateSnapshot):
                 os.kill(self.pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
-            self._reaped = True
+            self._mark_reaped()
 
 
 def _describe(status: int) -> str:
@@ -257,12 +292,14 @@ def fork_snapshot(snapshot: HeapSnapshot) -> ForkedSnapshot:
     """
     read_fd, write_fd = os.pipe()
     parent = os.getpid()
-    gc.freeze()
+    holds_freeze = _take_freeze()
     try:
         pid = os.fork()
     except BaseException:
         os.close(read_fd)
         os.close(write_fd)
+        if holds_freeze:
+            _give_back_freeze()
         raise
     if pid == 0:  # pragma: no cover - the child; its effects are what the tests check
         try:
@@ -273,7 +310,7 @@ def fork_snapshot(snapshot: HeapSnapshot) -> ForkedSnapshot:
         finally:
             os._exit(0)
     os.close(write_fd)
-    return ForkedSnapshot(pid, read_fd, snapshot)
+    return ForkedSnapshot(pid, read_fd, snapshot, holds_freeze)
 
 
 def _isolate(write_fd: int) -> None:  # pragma: no cover - child

@@ -111,6 +111,30 @@ async def test_forked_checkpoints_hold_the_exact_state(words, truth, tmp_path, c
     assert job.metrics.restarts == 0
 
 
+async def test_an_embedded_job_leaves_nothing_frozen_in_the_application(words, truth, tmp_path,
+                                                                         child_hook):
+    """Each fork freezes the parent's objects (so neither collector copies their pages);
+    in an application's own loop (no ``throughput_gc``) the last child reaped unfreezes
+    them, and an application's own freeze is left alone."""
+    import gc
+
+    gc.unfreeze()
+    sink = ListSink()
+    await _count_job(words, sink).run(
+        checkpoints=CheckpointConfig(interval=0.05, directory=tmp_path),
+        state_backend=HeapStateBackend(snapshot="fork"))
+    assert final_counts(sink.records) == truth and len(_children(tmp_path)) >= 2
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # the application's own freeze
+    try:
+        await _count_job(words, ListSink()).run(
+            checkpoints=CheckpointConfig(interval=0.05, directory=tmp_path / "again"),
+            state_backend=HeapStateBackend(snapshot="fork"))
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+
+
 async def test_a_child_that_dies_fails_only_its_checkpoint(words, truth, tmp_path,
                                                            child_hook):
     child_hook.update({1: "die", 2: "die"})
