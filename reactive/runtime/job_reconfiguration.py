@@ -41,6 +41,28 @@ class JobReconfiguration:
     async def _wait_running(self) -> CheckpointCoordinator:
         raise NotImplementedError
 
+    async def _coordinator_for(self, uid: str, action: str,
+                               needs_checkpoints: str) -> CheckpointCoordinator:
+        """The running attempt's coordinator, to send a change of operator ``uid`` with its
+        next barrier, once the input accepted before the call was read.
+
+        Raises:
+            ReconfigurationError: without checkpointing (``needs_checkpoints`` says why it
+                needs them), no operator ``uid``, or the job is not running.
+        """
+        if self.options.checkpoints is None:
+            raise ReconfigurationError(
+                f"{needs_checkpoints} (pass checkpoints=CheckpointConfig(...))")
+        uids = sorted(t.resolved_uid for t in self.flow.transformations)
+        if uid not in uids:
+            raise ReconfigurationError(f"job {self.name!r} has no operator {uid!r}; its "
+                                       f"operators: {uids}")
+        await read_accepted_input(self.flow.transformations)
+        try:
+            return await self._wait_running()
+        except CheckpointError as exc:
+            raise ReconfigurationError(f"cannot {action} {uid!r}: {exc}") from exc
+
     async def update(self, uid: str, function: Any) -> CompletedCheckpoint:
         """Replace operator ``uid``'s function by a new version while the job runs
         (reconfiguration carried by the epoch marker: Carbone 2018 (PhD thesis), section
@@ -76,19 +98,9 @@ class JobReconfiguration:
                 the last completed checkpoint, which runs the old version (with no restart
                 left, the job fails).
         """
-        if self.options.checkpoints is None:
-            raise ReconfigurationError(
-                "job.update needs checkpointing: the update travels with a checkpoint's "
-                "barrier (pass checkpoints=CheckpointConfig(...))")
-        uids = sorted(t.resolved_uid for t in self.flow.transformations)
-        if uid not in uids:
-            raise ReconfigurationError(f"job {self.name!r} has no operator {uid!r}; its "
-                                       f"operators: {uids}")
-        await read_accepted_input(self.flow.transformations)
-        try:
-            coordinator = await self._wait_running()
-        except CheckpointError as exc:
-            raise ReconfigurationError(f"cannot update operator {uid!r}: {exc}") from exc
+        coordinator = await self._coordinator_for(
+            uid, "update operator", "job.update needs checkpointing: the update travels with "
+            "a checkpoint's barrier")
         tasks = self._runner.tasks
         running = [op for task in tasks for op in task.operators if op.uid == uid]
         if not running:
@@ -152,19 +164,8 @@ class JobReconfiguration:
     async def _change_window_queries(self, uid: str, action: Literal["add", "remove"],
                                      name: str | None, assigner: Any = None
                                      ) -> WindowQueryChange:
-        if self.options.checkpoints is None:
-            raise ReconfigurationError(
-                "window queries change with a checkpoint's barrier: pass "
-                "checkpoints=CheckpointConfig(...)")
-        uids = sorted(t.resolved_uid for t in self.flow.transformations)
-        if uid not in uids:
-            raise ReconfigurationError(f"job {self.name!r} has no operator {uid!r}; its "
-                                       f"operators: {uids}")
-        await read_accepted_input(self.flow.transformations)
-        try:
-            coordinator = await self._wait_running()
-        except CheckpointError as exc:
-            raise ReconfigurationError(f"cannot change operator {uid!r}: {exc}") from exc
+        coordinator = await self._coordinator_for(
+            uid, "change operator", "window queries change with a checkpoint's barrier")
         return await send_change(self._runner, coordinator, uid, action, name, assigner)
 
     @property
