@@ -193,7 +193,10 @@ class RuntimeContext:
             state: State = self._keyed.get_state(descriptor)
         else:
             if self.ttl_cleanup is None:
-                self.ttl_cleanup = IncrementalCleanup(self._keyed)
+                # a backend may sweep its own way (RocksDB: its store from a cursor); a
+                # backend of the bare protocol gets the key-group walk
+                make = getattr(self._keyed, "ttl_cleanup", None)
+                self.ttl_cleanup = IncrementalCleanup(self._keyed) if make is None else make()
             clock = self._ttl_clock(config)
             native = self._keyed.get_ttl_state(descriptor, config, clock)
             if native is not None:

@@ -32,6 +32,9 @@ from reactive.state.backend import (
     StateBackend,
 )
 from reactive.state.descriptors import StateDescriptor
+from reactive.state.ttl import IncrementalCleanup, backend_descriptor, ttl_state
+from reactive.state.ttl_clock import TtlClock
+from reactive.state.ttl_config import StateTtlConfig
 
 from .db import BACKEND, open_db, options, safe_name
 from .generations import Generation
@@ -39,6 +42,7 @@ from .keys import MAX_KEY_GROUPS, key_group_prefix
 from .restore import RocksDBRestoreOperation
 from .snapshot import RocksDBSnapshot
 from .state import WriteBackCache, create_state
+from .ttl_sweep import RocksDBTtlSweep
 
 __all__ = ["RocksDBKeyedStateBackend", "RocksDBStateBackend"]
 
@@ -164,6 +168,21 @@ class RocksDBKeyedStateBackend(WriteBackCache, KeyedStateBackend):
             )
         table.bind(descriptor)
         return create_state(self, table, descriptor)
+
+    def get_ttl_state(self, descriptor: StateDescriptor, config: StateTtlConfig,
+                      clock: TtlClock) -> State | None:
+        # the runtime's decorators over this backend's state; the clock is kept so that a
+        # checkpoint's local phase leaves out what expired by its TTL time (:mod:`.ttl`)
+        stored = backend_descriptor(descriptor, config)
+        inner = self.get_state(stored)
+        self._ttl_times[stored.name] = (stored.kind, clock.now)
+        return ttl_state(descriptor, config, inner, clock.now)
+
+    def ttl_cleanup(self) -> IncrementalCleanup:
+        """The sweep of the stored TTL entries (:class:`.ttl_sweep.RocksDBTtlSweep`): reads
+        RocksDB from a cursor, without writing every dirty entry out first as
+        :meth:`keys_in_key_group` does."""
+        return RocksDBTtlSweep(self, lambda: self._decode_key)
 
     def keys(self, state_name: str) -> Iterator[Any]:
         table = self._tables.get(state_name)

@@ -53,6 +53,8 @@ from rocksdict import Checkpoint, Rdict, WriteBatch
 
 from reactive.errors import StateSerializationError
 
+from .ttl import DROP, dropped_count, live_value
+
 __all__ = [
     "ABSENT",
     "CLOCK_EVERY",
@@ -151,10 +153,13 @@ class FrozenTable:
         serialized: key -> value bytes of dirty keys whose object the task took over.
         staged: the state's restored-but-unread entries (shared with the live state): a
             key written to RocksDB leaves it.
+        ttl: a TTL state's kind and the checkpoint's TTL time (seconds), read in the
+            synchronous part: a dirty entry expired by then is written as a delete, a
+            list's or map's expired elements left out (:mod:`.ttl`); None: no TTL.
     """
 
     __slots__ = ("dirty", "dumps", "held_back", "name", "operator_uid", "serialized", "sid",
-                 "staged", "values")
+                 "staged", "ttl", "values")
 
     def __init__(self, table: CacheTable, operator_uid: str | None) -> None:
         self.name = table.name
@@ -167,6 +172,7 @@ class FrozenTable:
         self.operator_uid = operator_uid
         # dirty keys of mutable values the refill left here (None: refill not finished)
         self.held_back: list[Any] | None = None
+        self.ttl: tuple[str, float] | None = None
 
     def serialize(self, key: Any, value: Any) -> bytes:
         """``value`` of ``key`` as bytes.
@@ -208,6 +214,9 @@ class Generation:
         checkpointed: the local checkpoint exists (or failed: ``checkpoint_error``).
         retired: out of the read path (persisted, and checkpointed if wanted).
         discarded: its snapshot was discarded (a local checkpoint made anyway is removed).
+        dropped: TTL entries left out because they had expired by the checkpoint's TTL
+            time (:attr:`FrozenTable.ttl`; a list's elements and a map's entries one by
+            one).
     """
 
     def __init__(self, checkpoint_id: int, tables: list[FrozenTable],
@@ -222,6 +231,7 @@ class Generation:
         self.error: BaseException | None = None
         self.checkpoint_error: BaseException | None = None
         self.job: Future[None] | None = None
+        self.dropped = 0
         #: called before the first entry is written or looked up, once: completes frozen
         #: entries the synchronous part left to build (a columnar cache's barrier rows)
         self.complete: Callable[[], None] | None = None
@@ -261,6 +271,14 @@ class Generation:
                 data = ft.serialized.get(key)
                 if data is None:
                     value = ft.values[key]
+                    if ft.ttl is not None and value is not ABSENT:
+                        # cleanup in the checkpoint: what expired by its TTL time is not
+                        # written (a delete replaces an older value RocksDB may hold)
+                        kind, t = ft.ttl
+                        live = live_value(kind, value, t)
+                        if live is not value:
+                            self.dropped += dropped_count(kind, value, live)
+                            value = ABSENT if live is DROP else live
                     if value is ABSENT:
                         wb.delete(kgb + ft.sid + encode(key))
                         n += 1

@@ -57,6 +57,7 @@ from .generations import IMMUTABLE as _IMMUTABLE
 from .generations import MISS as _MISS
 from .generations import FrozenTable, Generation, GenerationQueue, step_budget
 from .keys import state_id
+from .ttl import barrier_times
 
 __all__ = ["REFILL_CHUNK", "StateTable", "WriteBackCache", "create_state", "pickle_dumps"]
 
@@ -152,6 +153,9 @@ class WriteBackCache:
         # warms the cache with): a known key costs one dict hit
         self._kgb_memo: dict[Any, bytes] = {}
         self._tables: dict[str, StateTable] = {}
+        # TTL state name -> (kind, its clock's now): a snapshot's synchronous part reads
+        # the clocks once, and its local phase leaves out what expired by then (:mod:`.ttl`)
+        self._ttl_times: dict[str, tuple[str, Callable[[], float]]] = {}
         self._gens = GenerationQueue(lambda: self._db, lambda: self._encode_key,
                                      self._retired)
 
@@ -296,9 +300,12 @@ class WriteBackCache:
         generation (O(number of states)); the states continue in empty dicts, refilled by
         :meth:`_refill` in the asynchronous part."""
         tables = []
+        ttl = barrier_times(self._ttl_times) if self._ttl_times else {}
         for t in self._tables.values():
             if t.cache:
-                tables.append(FrozenTable(t, self.operator_uid))
+                ft = FrozenTable(t, self.operator_uid)
+                ft.ttl = ttl.get(t.name)
+                tables.append(ft)
                 t.cache = {}
                 t.dirty = {}
         gen = Generation(checkpoint_id, tables, local)
