@@ -28,6 +28,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import numpy as np
+from rocksdict import WriteBatch
 
 from reactive.columnar.slot_store import BarrierRows, SlotStore
 from reactive.errors import RestoreError
@@ -36,6 +37,8 @@ from reactive.state.backend import KeyedStateSnapshot, SnapshotContext
 from .backend import RocksDBKeyedStateBackend, RocksDBStateBackend
 from .db import BACKEND
 from .generations import ABSENT, MISS, FrozenTable, Generation, raw_bytes, step_budget
+from .keys import KEY_GROUP_BYTES, PREFIX_BYTES, key_group_bounds
+from .ttl_sweep import successor
 
 __all__ = ["COLUMNAR_STATE", "ColumnarRocksDBKeyedStateBackend"]
 
@@ -57,6 +60,8 @@ class ColumnarRocksDBKeyedStateBackend(RocksDBKeyedStateBackend, SlotStore):
         # barrier rows handed over in the synchronous part under way, for its generation
         self._barrier_rows: list[BarrierRows] = []
         self._encode_key = _memoized(self._encode_key, self.cache_entries)
+        # where the next sweep of expired rows starts (None: the range's start)
+        self._sweep_cursor: bytes | None = None
 
     def before_snapshot(self, hook: Callable[[], None]) -> None:
         self._hooks.append(hook)
@@ -162,6 +167,66 @@ class ColumnarRocksDBKeyedStateBackend(RocksDBKeyedStateBackend, SlotStore):
             self._evict(table)
             if len(table.cache) >= n:
                 break
+
+    def sweep_rows(self, budget: int, column: int,
+                   expired_before: float) -> tuple[int, int]:
+        """Delete expired rows from RocksDB (Flink's incremental cleanup over the store, as
+        :class:`.ttl_sweep.RocksDBTtlSweep` for the per-record states): at most ``budget``
+        rows checked from the cursor of the last call (wrapping around the instance's key
+        range), for at most :data:`.generations.STEP_SECONDS`. A row whose key this
+        backend's write-back cache holds is skipped (the cache holds its newest value),
+        and nothing is deleted while a frozen generation is pending (it would leak into an
+        older checkpoint)."""
+        if budget <= 0 or self._gens.pending:
+            return 0, 0
+        table = self._columnar
+        sid, cache, staged = table.sid, table.cache, table.staged
+        lower, upper = key_group_bounds(self._start, self._end)
+        clock, step, every = step_budget()
+        deadline = clock() + step
+        it = self._db.iter()
+        it.seek(self._sweep_cursor if self._sweep_cursor is not None else lower)
+        gone: list[bytes] = []
+        n = checked = 0
+        wrapped = False
+        while n < budget:
+            k = cast(bytes, it.key()) if it.valid() else None
+            if k is None or (upper is not None and k >= upper):
+                if wrapped:
+                    break
+                wrapped = True
+                it.seek(lower)
+                continue
+            n += 1
+            if k[KEY_GROUP_BYTES:PREFIX_BYTES] != sid:  # not a row: the next key group's
+                kg = k[:KEY_GROUP_BYTES]
+                if k[KEY_GROUP_BYTES:PREFIX_BYTES] < sid:
+                    it.seek(kg + sid)
+                elif kg == b"\xff" * KEY_GROUP_BYTES:  # the last key group: past its end
+                    it.seek_to_last()
+                    it.next()
+                else:
+                    it.seek(successor(kg) + sid)
+                continue
+            checked += 1
+            row = pickle.loads(cast(bytes, it.value()))
+            if len(row) > column and row[column] <= expired_before:
+                key = self._decode_key(k[PREFIX_BYTES:])
+                if key not in cache:
+                    gone.append(k)
+                    if staged:
+                        staged.pop(key, None)
+            it.next()
+            if not n % every and clock() >= deadline:
+                break
+        self._sweep_cursor = cast(bytes, it.key()) if it.valid() else None
+        del it
+        if gone:
+            wb = WriteBatch(raw_mode=True)
+            for k in gone:
+                wb.delete(k)
+            self._db.write(wb)
+        return checked, len(gone)
 
     def iter_rows(self) -> Iterator[tuple[Any, tuple[Any, ...]]]:
         table = self._columnar

@@ -15,10 +15,10 @@ from .keys import KEY_GROUP_BYTES, PREFIX_BYTES, key_group_bounds
 from .state import StateTable, WriteBackCache
 from .ttl import DROP, dropped_count, live_value
 
-__all__ = ["RocksDBTtlSweep"]
+__all__ = ["RocksDBTtlSweep", "successor"]
 
 
-def _successor(prefix: bytes) -> bytes:
+def successor(prefix: bytes) -> bytes:
     """The smallest key after every key starting with ``prefix`` (``prefix`` is not all
     0xff: a key group below 65535's or a state id's)."""
     n = int.from_bytes(prefix, "big") + 1
@@ -101,7 +101,7 @@ class RocksDBTtlSweep(IncrementalCleanup):
             work += 1
             spec = by_sid.get(k[KEY_GROUP_BYTES:PREFIX_BYTES])
             if spec is None:  # another state's entries: skip them at once
-                it.seek(_successor(k[:PREFIX_BYTES]))
+                it.seek(successor(k[:PREFIX_BYTES]))
                 continue
             table, state, now = spec
             checked += 1

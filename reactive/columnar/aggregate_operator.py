@@ -4,11 +4,11 @@ batches, with its state in arrays per slot (:mod:`.state`)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import ConfigurationError
 from ..keygroups import KeyGroupRange
 from ..runtime.operators import StreamOperator
 from ..state.backend import KeyedStateBackend, StateBackend
@@ -83,14 +83,10 @@ class ColumnarAggregateOperator(StreamOperator):
               keyed_backend: KeyedStateBackend | None) -> None:
         super().setup(subtask, parallelism, max_parallelism, keyed_backend)
         if isinstance(keyed_backend, SlotStore):
-            if self.ttl is not None:
-                raise ConfigurationError(
-                    f"operator {self.name!r}: agg(ttl=...) keeps its last-write times "
-                    "in the heap's columnar arrays; the RocksDB slot store has no place for "
-                    "them yet (its rows would never expire): run this job on the heap "
-                    "state backend, or drop ttl")
+            # with a ttl, each stored row ends with its key's last-write time
             self.cache = SlotCache(keyed_backend, self.key_columns, self.specs,
-                                   max_parallelism, self.uid, self.cache_slots)
+                                   max_parallelism, self.uid, self.cache_slots,
+                                   ttl=self._ttl_spec())
             self.index, self.arrays = self.cache.index, self.cache.arrays
             return
         assert isinstance(keyed_backend, ColumnarKeyedStateBackend)
@@ -99,12 +95,17 @@ class ColumnarAggregateOperator(StreamOperator):
         self.key_group_range: KeyGroupRange = keyed_backend.key_group_range
         self.arrays = {f"{s.output}.{part}": np.full(1024, s.initial(part), s.dtype(part))
                        for s in self.specs for part in s.state_columns()}
-        ttl = None
-        if self.ttl is not None and self.ttl_clock is not None:
+        ttl = self._ttl_spec()
+        if ttl is not None:
             # +inf: a slot not yet written is not expired (its values are the initial ones)
             self.arrays[TTL_TIMESTAMP] = np.full(1024, np.inf)
-            ttl = (float(self.ttl.ttl), self.ttl_clock.now)
         keyed_backend.bind(self.index, self.arrays, self.specs, ttl=ttl)
+
+    def _ttl_spec(self) -> tuple[float, Callable[[], float]] | None:
+        """``(seconds, clock)`` of the keys' time to live (None: no ttl)."""
+        if self.ttl is None or self.ttl_clock is None:
+            return None
+        return (float(self.ttl.ttl), self.ttl_clock.now)
 
     def open(self) -> None:
         if self.cache is not None:
@@ -167,6 +168,9 @@ class ColumnarAggregateOperator(StreamOperator):
     def _fold(self, b: Any, changelog: bool) -> Any:
         if self.cache is not None:
             keys = self.cache.lookup(b)
+            if self.ttl_clock is not None:
+                self._expire(keys.slots, keys.codes, keys.num_groups, b.num_rows)
+                self.cache.sweep(b.num_rows)  # the store's share of the cleanup
         else:
             if self.ttl is not None and self.index.size >= self._compact_at:
                 self._compact()

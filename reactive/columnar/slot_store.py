@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from ..state.backend import KeyedStateBackend
 from .aggregates import Spec
 from .key_index import BatchKeys, KeyIndex
 from .schema import pa
+from .state import TTL_TIMESTAMP
 
 __all__ = ["BarrierRows", "SlotCache", "SlotStore"]
 
@@ -94,6 +95,22 @@ class SlotStore(KeyedStateBackend):
         keep them and write them in the asynchronous part."""
         self.store_rows(*rows.take(len(rows)))
 
+    def sweep_rows(self, budget: int, column: int,
+                   expired_before: float) -> tuple[int, int]:
+        """Delete stored rows whose time to live ran out: the next (at most) ``budget``
+        rows from where the last call stopped (the rows of keys cached by the store itself
+        are left to their write-back). The default sweeps nothing.
+
+        Args:
+            budget: rows to check at most.
+            column: the position of the last-write time (seconds) in a row.
+            expired_before: a row last written at or before this time is expired.
+
+        Returns:
+            tuple[int, int]: the rows checked and the rows deleted.
+        """
+        return 0, 0
+
     @abstractmethod
     def iter_rows(self) -> Iterator[tuple[Any, tuple[Any, ...]]]:
         """Every stored ``(key, row)`` of this instance, by key group."""
@@ -115,17 +132,41 @@ class SlotCache:
         capacity: the slots cached (at the start of a batch) past which every changed
             one is written back and the cache emptied; the cache holds at most this many
             plus one batch's distinct keys.
+        ttl: ``(seconds, clock)`` when the keys expire (``agg(ttl=...)``): each row ends
+            with its key's last-write time (the array :data:`~.state.TTL_TIMESTAMP`, which
+            the operator stamps); a changed slot expired when written back (or at a
+            barrier) is written as a delete, :meth:`all_rows` leaves expired keys out and
+            :meth:`sweep` deletes expired rows from the store.
+
+    Attributes:
+        dropped: changed slots written back as deletes because they had expired.
+        swept: rows :meth:`sweep` deleted from the store.
     """
 
+    #: stored rows a sweep checks per row processed, at least and at most
+    MIN_RATE = 1 / 16
+    MAX_RATE = 4.0
+
     def __init__(self, store: SlotStore, key_columns: list[str], specs: list[Spec],
-                 max_parallelism: int, operator: str, capacity: int) -> None:
+                 max_parallelism: int, operator: str, capacity: int,
+                 ttl: tuple[float, Callable[[], float]] | None = None) -> None:
         self.store = store
         self.specs = specs
         self.capacity = capacity
+        self.ttl = ttl
+        self.dropped = 0
+        self.swept = 0
+        self._rate = self.MIN_RATE  # stored rows checked per row processed
+        self._found = 0.0  # moving average of the expired share of the rows checked
+        self._credit = 0.0
         self.index = KeyIndex(key_columns, max_parallelism, operator)
         self.names = [f"{s.output}.{p}" for s in specs for p in s.state_columns()]
         self._initial = {f"{s.output}.{p}": (s.initial(p), s.dtype(p))
                          for s in specs for p in s.state_columns()}
+        if ttl is not None:
+            # +inf: a slot not yet written is not expired (its values are the initial ones)
+            self.names.append(TTL_TIMESTAMP)
+            self._initial[TTL_TIMESTAMP] = (np.inf, np.dtype(np.float64))
         self.arrays: dict[str, np.ndarray] = {}
         self.keys: list[Any] = []  # per slot, its key as the per-record API sees it
         self.dirty = np.zeros(0, bool)
@@ -187,16 +228,60 @@ class SlotCache:
         if not found:
             return
         at = np.asarray(found, np.int64) + before
-        stored = [rows[i] for i in found]
+        stored = [cast(tuple[Any, ...], rows[i]) for i in found]
+        width = len(self.names)
+        if self.ttl is not None and any(len(r) < width for r in stored):
+            # a row stored without a ttl: its key counts as written now (as on the heap)
+            now = self.ttl[1]()
+            stored = [r if len(r) == width else (*r, now) for r in stored]
         for j, name in enumerate(self.names):
             array = self.arrays[name]
-            array[at] = np.array([r[j] for r in stored], dtype=array.dtype)  # type: ignore[index]
+            array[at] = np.array([r[j] for r in stored], dtype=array.dtype)
+
+    def _drop_expired(self, slots: np.ndarray) -> Any:
+        """Write the expired ones of the changed ``slots`` to the store as deletes; return
+        the others."""
+        if self.ttl is None or not len(slots):
+            return slots
+        ttl, now = self.ttl
+        expired = self.arrays[TTL_TIMESTAMP][slots] <= now() - ttl
+        if not expired.any():
+            return slots
+        gone = slots[expired]
+        keys = self.keys
+        self.store.store_rows([keys[s] for s in gone.tolist()], self.index.key_groups[gone],
+                              [()] * len(gone))
+        self.dropped += len(gone)
+        return slots[~expired]
+
+    def sweep(self, rows: int) -> None:
+        """The store's share of the cleanup after a batch of ``rows`` rows (Flink's
+        incremental cleanup, paced as :class:`reactive.state.ttl.IncrementalCleanup`): check
+        ``rows * rate`` stored rows from where the last sweep stopped and delete the
+        expired ones; ``rate`` follows the expired share the recent sweeps found, from
+        :data:`MIN_RATE` (nothing expires: a long-lived key set costs little) to
+        :data:`MAX_RATE` (an ever-growing key space: rows are checked faster than new keys
+        arrive, so the store stays within the live keys plus a pass)."""
+        if self.ttl is None:
+            return
+        self._credit += rows * self._rate
+        budget = int(self._credit)
+        if budget <= 0:
+            return
+        self._credit = min(self._credit - budget, float(self.capacity))
+        ttl, now = self.ttl
+        checked, deleted = self.store.sweep_rows(budget, len(self.names) - 1, now() - ttl)
+        self.swept += deleted
+        if checked:
+            self._found = 0.9 * self._found + 0.1 * deleted / checked
+            self._rate = min(self.MAX_RATE, max(self.MIN_RATE, 2 * self.MAX_RATE * self._found))
 
     def flush(self) -> None:
         """Write every changed slot back to the store (one write) and mark it clean."""
         size = self.index.size
-        slots = np.flatnonzero(self.dirty[:size])
+        slots = self._drop_expired(np.flatnonzero(self.dirty[:size]))
         if not len(slots):
+            self.dirty[:size] = False
             return
         columns = [self.arrays[n][slots].tolist() for n in self.names]
         keys = self.keys
@@ -208,8 +293,9 @@ class SlotCache:
         """Synchronous part of a snapshot: hand the changed slots, copied, to the store
         (O(changed slots) numpy copies) and mark them clean."""
         size = self.index.size
-        slots = np.flatnonzero(self.dirty[:size])
+        slots = self._drop_expired(np.flatnonzero(self.dirty[:size]))
         if not len(slots):
+            self.dirty[:size] = False
             return
         self.store.store_barrier_rows(BarrierRows(
             self.keys, slots, self.index.key_groups[slots],
@@ -225,4 +311,10 @@ class SlotCache:
             rows.append(r)
         arrays = {n: np.array([r[j] for r in rows], dtype=self._initial[n][1])
                   for j, n in enumerate(self.names)}
+        if self.ttl is not None and keys:  # an expired key's value is never returned
+            ttl, now = self.ttl
+            live = arrays[TTL_TIMESTAMP] > now() - ttl
+            if not live.all():
+                keys = [k for k, keep in zip(keys, live.tolist(), strict=True) if keep]
+                arrays = {n: a[live] for n, a in arrays.items()}
         return keys, arrays

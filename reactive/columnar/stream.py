@@ -287,7 +287,9 @@ class KeyedColumnarStream:
                 in tests). A key not written for ``ttl`` seconds of processing time is
                 expired: seen again, it starts from a fresh accumulator; it is left out of
                 snapshots and of the final output. Every row of a record batch is written
-                at the batch's time (the clock is read once per batch). Heap state only.
+                at the batch's time (the clock is read once per batch). On RocksDB each
+                stored row carries its key's last-write time, and expired rows are deleted
+                from the store as batches go by (an incremental sweep).
             aggregates: ``output_column=(input_column, function)``, the function a name or
                 a ``VectorizedAggregateFunction``.
 
@@ -298,8 +300,7 @@ class KeyedColumnarStream:
             ConfigurationError: for an unknown function or column, no aggregate, or a ttl
                 with event time or ``visibility="return_expired_if_not_cleaned_up"`` (an
                 aggregation folds every row into its key's value, so a returned expired
-                value would be counted on). On the RocksDB backend, a ttl fails the job's
-                start with a ``ConfigurationError`` (its slot store keeps no write times).
+                value would be counted on).
         """
         from .aggregate_operator import ColumnarAggregateOperator
         from .aggregates import parse_aggregates

@@ -142,24 +142,6 @@ def test_a_ttl_the_aggregation_cannot_keep_is_refused_when_built(ttl):
         keyed.agg(ttl=ttl, count=("n", "count"))
 
 
-def test_ttl_on_the_rocksdb_slot_store_is_refused_naming_why(tmp_path):
-    pytest.importorskip("rocksdict")
-    from reactive.backends.rocksdb import RocksDBStateBackend
-    from reactive.columnar.aggregate_operator import ColumnarAggregateOperator
-    from reactive.columnar.aggregates import parse_aggregates
-
-    backend = RocksDBStateBackend(tmp_path / "work")
-    schema = pa.schema([("word", pa.string()), ("n", pa.int64())])
-    specs = parse_aggregates(schema, {"count": ("word", "count")})
-    op = ColumnarAggregateOperator("agg", "agg", ["word"], specs, "final", schema,
-                                   StateTtlConfig(TTL))
-    keyed = op.keyed_state_backend(backend).create_keyed_backend(
-        job_name="j", operator_uid="agg", subtask=0, key_group_range=KeyGroupRange(0, 15),
-        max_parallelism=16)
-    with pytest.raises(ConfigurationError, match="RocksDB"):
-        op.setup(0, 1, 16, keyed)
-
-
 async def test_a_reader_of_an_incremental_chain_sees_no_key_expired_at_its_barrier(tmp_path):
     """The older file of a chain still holds keys that expired since: the snapshot's
     key-group reader (state queries, the checkpoint reader) leaves them out."""
