@@ -14,6 +14,14 @@ Exported (``reactive_`` prefix)::
                                              operator is the uid (one series per operator,
                                              also when two share a name), name its name
     operator_records_out_total{operator,name} counter
+    operator_state_entries{operator,name}    gauge, entries in its keyed state now (the
+                                             backends' estimate, no pass over the keys)
+    operator_state_expired_total{operator,name} counter, TTL entries removed (on access,
+                                             in a sweep)
+    operator_checkpoint_state_bytes{operator,name} gauge, its keyed state's files in the
+                                             latest completed checkpoint (shared included)
+    operator_checkpoint_ttl_dropped{operator,name} gauge, expired TTL entries that
+                                             checkpoint left out
     channel_queued_items{channel}            gauge, items queued now (sampled at scrape)
     channel_capacity_items{channel}          gauge
     channel_fill_ratio{channel}              gauge, queued / capacity (1.0: backpressure)
@@ -87,6 +95,7 @@ class _Snapshot:
     status: str
     restarts: int
     operators: dict[str, tuple[str, int, int]]  # uid -> (name, in, out)
+    state: dict[str, dict[str, int]]  # uid -> JobMetrics.operator_state()'s figures
     channels: dict[str, tuple[int, int]]
     max_channel_length: int
     checkpoints: list[_Checkpoint]
@@ -103,6 +112,7 @@ class _Snapshot:
             restarts=m.restarts,
             operators={uid: (names.get(uid, uid), v["records_in"], v["records_out"])
                        for uid, v in m.operators.items()},
+            state=m.operator_state(),
             channels=m.channel_fill(),
             max_channel_length=m.max_channel_length,
             checkpoints=[
@@ -169,6 +179,23 @@ class _JobCollector:
             records_out.add_metric([uid, name], n_out)
         yield records_in
         yield records_out
+
+        families = [
+            (p.GaugeMetricFamily, "reactive_operator_state_entries", "entries",
+             "Entries in an operator's keyed state now (the backends' estimate)."),
+            (p.CounterMetricFamily, "reactive_operator_state_expired", "expired",
+             "Time-to-live entries an operator's state removed, on access or in a sweep."),
+            (p.GaugeMetricFamily, "reactive_operator_checkpoint_state_bytes", "state_bytes",
+             "Bytes of an operator's keyed state in the latest completed checkpoint."),
+            (p.GaugeMetricFamily, "reactive_operator_checkpoint_ttl_dropped", "ttl_dropped",
+             "Expired time-to-live entries the latest completed checkpoint left out."),
+        ]
+        for family, metric, field_, doc in families:
+            f = family(metric, doc, labels=["operator", "name"])
+            for uid, figures in sorted(s.state.items()):
+                name = s.operators[uid][0] if uid in s.operators else uid
+                f.add_metric([uid, name], figures[field_])
+            yield f
 
         queued = p.GaugeMetricFamily("reactive_channel_queued_items",
                                      "Items (batches or events) queued in a channel now.",

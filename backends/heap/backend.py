@@ -312,6 +312,10 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             return iter(())
         return iter([k for d in table.maps[: self._n] for k in d])
 
+    def approximate_entries(self) -> int:
+        # exact: the key groups' dicts know their sizes (O(key groups x states))
+        return sum(len(d) for t in self._tables.values() for d in t.maps[: self._n])
+
     def keys_in_key_group(self, state_name: str, key_group: int) -> list[Any]:
         table = self._tables.get(state_name)
         if table is None or not self._start <= key_group < self._start + self._n:

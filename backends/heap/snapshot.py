@@ -675,13 +675,18 @@ class HeapSnapshot(KeyedStateSnapshot):
                 entries.append([i, offset, length, kind])
             key_groups[str(self.start + idx)] = entries
         if not self.incremental:
-            return heap_v2_handle(mode="full", files=files, shared=[], reused=[],
-                                  key_groups=key_groups, key_encoding=self.key_encoding)
-        mine = None if written is None else written["path"]
-        return heap_v2_handle(
-            mode="incremental", files=files, shared=[dict(r) for r in files],
-            reused=[dict(r) for r in files if r["path"] != mine],
-            key_groups=key_groups, key_encoding=self.key_encoding)
+            handle = heap_v2_handle(mode="full", files=files, shared=[], reused=[],
+                                    key_groups=key_groups, key_encoding=self.key_encoding)
+        else:
+            mine = None if written is None else written["path"]
+            handle = heap_v2_handle(
+                mode="incremental", files=files, shared=[dict(r) for r in files],
+                reused=[dict(r) for r in files if r["path"] != mine],
+                key_groups=key_groups, key_encoding=self.key_encoding)
+        if self.ttl:
+            # the expired TTL entries left out (a metric: CheckpointStats.operators)
+            handle["ttl_dropped"] = self.ttl.dropped
+        return handle
 
     def discard(self) -> None:
         """Release the captures (the checkpoint was aborted); a running :meth:`write`

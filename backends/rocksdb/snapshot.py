@@ -25,7 +25,9 @@ Thesis 4.5.1 (asynchronous snapshot invocation) and 4.5.2 (incremental snapshots
 
 The handle (``format`` ``rocksdb-v1``) records the key-group range, the states with their
 kinds, which states use a custom serializer (``custom_serializers``; the others' values are
-pickles), the key encoding, and ``db_files``: RocksDB file name -> path in checkpoint storage.
+pickles), the key encoding, and ``db_files``: RocksDB file name -> path in checkpoint storage;
+with time-to-live state, ``ttl_dropped``: the entries its local phase wrote as deletes
+because they had expired by the checkpoint's TTL time (:mod:`.ttl`; a metric).
 """
 
 from __future__ import annotations
@@ -242,6 +244,8 @@ class RocksDBSnapshot(KeyedStateSnapshot):
             self._release()
         if self.incremental:
             self._on_uploaded(self.ctx.checkpoint_id, up.sst)
+        ttl = {"ttl_dropped": self.gen.dropped} if any(
+            ft.ttl is not None for ft in self.gen.tables.values()) else {}
         return {
             "backend": BACKEND,
             "format": FORMAT,
@@ -255,6 +259,7 @@ class RocksDBSnapshot(KeyedStateSnapshot):
             "custom_serializers": self.custom,
             "key_encoding": self.key_encoding,
             "db_files": up.db_files,
+            **ttl,
         }
 
     def _release(self) -> None:

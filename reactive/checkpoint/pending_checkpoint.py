@@ -152,9 +152,15 @@ class PendingCheckpoint:
                            f"state of operators {unknown} the job does not have")
         self.waiting_for.discard(task_id)
         self._acknowledged.add(task_id)
+        s = self.stats
         for uid, state in states.items():
             self._states.setdefault(uid, {})[subtask] = state
-        s = self.stats
+            keyed = state.keyed_state
+            if keyed is not None:
+                acc = s.operators.setdefault(uid, {"state_bytes": 0, "ttl_dropped": 0})
+                acc["state_bytes"] += sum(ref.size for ref in keyed.files)
+                dropped = keyed.extra.get("ttl_dropped", 0)
+                acc["ttl_dropped"] += dropped if isinstance(dropped, int) else 0
         s.alignment = max(s.alignment, metrics["alignment"])
         s.sync = max(s.sync, metrics["sync"])
         s.async_ = max(s.async_, metrics["async"])

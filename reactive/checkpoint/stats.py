@@ -28,6 +28,12 @@ class CheckpointStats:
         failure_reason: the reason's name in
             :class:`~reactive.checkpoint.failure_reason.CheckpointFailureReason`.
         tasks: per-task figures ``{task: {"alignment", "sync", "async", "size"}}``.
+        operators: per keyed operator (by uid), summed over its instances:
+            ``{"state_bytes": n, "ttl_dropped": n}``: the bytes of every file its keyed state
+            needs (files shared with earlier checkpoints included: the state's size on
+            disk), and the time-to-live entries the checkpoint left out because they had
+            expired by its TTL time (a list's elements and a map's entries one by one; 0
+            where a backend does not report it).
     """
 
     checkpoint_id: int
@@ -43,6 +49,7 @@ class CheckpointStats:
     failure: str | None = None
     failure_reason: str | None = None
     tasks: dict[str, dict[str, float]] = field(default_factory=dict)
+    operators: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-serializable dict (stored in the metadata)."""

@@ -95,6 +95,43 @@ class JobMetrics:
             out.setdefault(uid, {"keys": 0, "expired": 0})["expired"] += n
         return out
 
+    def operator_state(self) -> dict[str, dict[str, int]]:
+        """The keyed state of each operator, cheap enough to read at every metrics scrape
+        (no pass over the keys, unlike :meth:`keyed_state`).
+
+        Returns:
+            ``{operator uid: {"entries", "expired", "state_bytes", "ttl_dropped"}}``:
+            ``entries``, the entries (a key's value in one state) its instances hold now,
+            as their backends estimate them without a pass (RocksDB: its key estimate plus
+            the cached entries not yet written; 0 where a backend does not know);
+            ``expired``, the entries its TTL states removed on access or in a sweep (as in
+            :meth:`keyed_state`); ``state_bytes``, the bytes of every file its keyed state
+            needs in the latest completed checkpoint (shared files included);
+            ``ttl_dropped``, the TTL entries that checkpoint left out because they had
+            expired by its TTL time.
+        """
+        out: dict[str, dict[str, int]] = {}
+
+        def of(uid: str) -> dict[str, int]:
+            return out.setdefault(uid, {"entries": 0, "expired": 0, "state_bytes": 0,
+                                        "ttl_dropped": 0})
+
+        for task in self._tasks:
+            for op in task.operators:
+                backend = op.keyed_backend
+                if backend is not None:
+                    of(op.uid)["entries"] += backend.approximate_entries() or 0
+        for carried in (self._expired_carried, self._expired_live()):
+            for uid, n in carried.items():
+                of(uid)["expired"] += n
+        done = self.completed_checkpoints
+        if done:
+            for uid, figures in done[-1].operators.items():
+                acc = of(uid)
+                acc["state_bytes"] = figures.get("state_bytes", 0)
+                acc["ttl_dropped"] = figures.get("ttl_dropped", 0)
+        return out
+
     def _live(self) -> dict[str, tuple[int, int]]:
         # by uid: two operators may share a name (two .map() steps), never a uid
         out: dict[str, list[int]] = {}

@@ -168,6 +168,12 @@ class KeyedStateBackend(ABC):
         """
         return None
 
+    def approximate_entries(self) -> int | None:
+        """The entries (a key's value in one state) this instance holds, approximately and
+        without a pass over them: a metric read at every scrape. None (the default): not
+        known cheaply."""
+        return None
+
     @abstractmethod
     def keys(self, state_name: str) -> Iterator[Any]:
         """Iterate over the keys that have a value in ``state_name`` (a stable copy)."""
