@@ -3,6 +3,7 @@ against the same aggregation without one, in one invocation.
 
     python -m bench.w1_columnar_ttl [--records 2000000] [--vocabulary 100000] [--repeats 3]
                                     [--batch-rows 65536] [--interval 1.0]
+                                    [--backend heap|rocksdb]
 
 Rows, interleaved, each repeated ``--repeats`` times (min / median / max of the wall
 time's and of the process's CPU time's rates; ratios against the median of the run without
@@ -10,7 +11,8 @@ ttl): W1 on the columnar API (bench.w1_columnar's string-key
 pipeline, checkpoints every ``--interval`` s) without a ttl; with ``ttl=3600`` (nothing
 expires: the price of stamping and checking); with ``ttl=0.05`` (a key not seen for 0.05 s,
 the cold keys of the Zipf distribution, expires: the reset of expired slots and the
-snapshots' filter do work).
+snapshots' filter do work). ``--backend rocksdb`` runs the three on the RocksDB slot store
+(incremental checkpoints; with a ttl, the sweep of expired rows does work too).
 """
 
 from __future__ import annotations
@@ -29,12 +31,18 @@ from reactive.connectors.collections import DiscardingSink
 
 
 async def pipeline(table: pa.Table, batch_rows: int, interval: float, directory: str,
-                   ttl: float | None) -> tuple[float, float]:
+                   ttl: float | None, backend: str = "heap") -> tuple[float, float]:
     flow = Dataflow("w1-columnar-ttl", max_parallelism=128)
     (flow.from_arrow(table, batch_size=batch_rows).key_by("word")
          .agg(count=("word", "count"), ttl=ttl).uid("count").sink(DiscardingSink()))
     t, c = time.perf_counter(), time.process_time()
-    await flow.run(checkpoints=CheckpointConfig(interval=interval, directory=directory))
+    state_backend = None
+    if backend == "rocksdb":
+        from reactive.backends.rocksdb import RocksDBStateBackend
+
+        state_backend = RocksDBStateBackend(path=f"{directory}/db", incremental=True)
+    await flow.run(checkpoints=CheckpointConfig(interval=interval, directory=directory),
+                   state_backend=state_backend)
     n = table.num_rows
     return n / (time.perf_counter() - t), n / (time.process_time() - c)
 
@@ -46,6 +54,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch-rows", type=int, default=65_536)
     p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--backend", choices=("heap", "rocksdb"), default="heap")
     args = p.parse_args(argv)
     table = pa.table({"word": pa.array(zipf_keys(args.records, args.vocabulary), pa.string())})
     from reactive.runtime.loop import run_coroutine
@@ -58,7 +67,7 @@ def main(argv: list[str] | None = None) -> str:
         for name, ttl in runs_spec:
             with tempfile.TemporaryDirectory() as d:
                 runs[name].append(run_coroutine(
-                    pipeline(table, args.batch_rows, args.interval, d, ttl)))
+                    pipeline(table, args.batch_rows, args.interval, d, ttl, args.backend)))
 
     def row(name: str) -> list[str]:
         out = [name]
@@ -70,7 +79,7 @@ def main(argv: list[str] | None = None) -> str:
                     " / ".join(f"{v / base:.2f}" for v in spread)]
         return out
 
-    print(f"columnar W1 with a ttl: {args.records:,} Zipf(1.1) keys over "
+    print(f"columnar W1 with a ttl ({args.backend}): {args.records:,} Zipf(1.1) keys over "
           f"{args.vocabulary:,} words, parallelism 1, {args.batch_rows:,}-row record "
           f"batches, checkpoints every {args.interval:g} s, {args.repeats} repeats "
           "(min / median / max)")

@@ -273,7 +273,9 @@ class Generation:
                     value = ft.values[key]
                     if ft.ttl is not None and value is not ABSENT:
                         # cleanup in the checkpoint: what expired by its TTL time is not
-                        # written (a delete replaces an older value RocksDB may hold)
+                        # written (a delete replaces an older value RocksDB may hold). A
+                        # value the task took over (``serialized``, its bytes) is written
+                        # as it is: the sweep or an access removes it later
                         kind, t = ft.ttl
                         live = live_value(kind, value, t)
                         if live is not value:
