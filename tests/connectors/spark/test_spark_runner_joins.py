@@ -16,7 +16,7 @@ import pytest
 
 from reactive import CheckpointConfig, Dataflow, SlidingEventTimeWindows, TumblingEventTimeWindows
 from reactive.connectors.files import CommittingFileSink
-from reactive.connectors.spark import SparkRunner, TranslationError
+from reactive.connectors.spark import SparkJobError, SparkRunner, TranslationError
 from reactive.two_input_functions import JoinContext, ProcessJoinFunction
 from tests.connectors.spark.test_spark_runner import committed, run_both
 from tests.support import pickled_by_value
@@ -240,3 +240,25 @@ def test_what_a_spark_join_cannot_do_is_refused_naming_the_operator(
     assert info.value.operator == operator
     assert why in str(info.value)
     assert not list(tmp_path.iterdir())
+
+
+def strict_pair(left: Any, right: Any) -> list[Any]:
+    if (left[2], right[2]) == (40, 1025):
+        raise ValueError("no order 40 with shipment 1025")
+    return pair(left, right)
+
+
+def test_a_failing_join_function_fails_the_job_naming_the_operator_and_the_pair(
+        spark: Any, tmp_path: Path) -> None:
+    flow = Dataflow("failing", parallelism=2)
+    orders, shipments = inputs(flow, None)
+    (orders.key_by(customer).interval_join(shipments.key_by(customer)).between(-1.0, 6.0)
+           .process(strict_pair, name="strict-join")
+           .sink(CommittingFileSink(tmp_path / "out")).uid("out"))
+    # a pair that joins: one customer, the shipment 1.75 s after the order
+    assert ORDERS[40] == ("c0", 30.0, 40) and SHIPMENTS[25] == ("c0", 31.75, 1025)
+    with pytest.raises(SparkJobError) as info:
+        SparkRunner(spark, tmp_path / "chk", max_records_per_batch=100).run(flow)
+    text = str(info.value)
+    assert "operator 'strict-join'" in text and "no order 40 with shipment 1025" in text
+    assert "('c0', 30.0, 40)" in text  # the pair's left record
