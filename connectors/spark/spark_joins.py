@@ -25,9 +25,9 @@ order of the results differs (the sink's rows are compared as a multiset). What 
 and how the translation deals with it:
 
 - Late rows (behind the watermark by more than the bound): embedded, a late row joins
-  nothing (it goes to ``late_data()`` or is counted). Spark judges lateness per micro-batch
-  with the watermark of the batches before it, so a late row may still join partners left
-  in Spark's state. A join with ``late_data()`` is refused (Spark has no late output); so
+  nothing (it goes to ``late_data()`` or is counted). Spark drops late input rows with a
+  watermark of earlier micro-batches (it lags one micro-batch behind the watermark that
+  cleans the state), so a late row may still join partners left in Spark's state. A join with ``late_data()`` is refused (Spark has no late output); so
   that no row within the bound is ever dropped, Spark's watermark delay is the bound
   rounded up to whole milliseconds plus one (Spark drops rows at or behind its watermark,
   embedded only rows strictly behind).

@@ -262,3 +262,24 @@ def test_a_failing_join_function_fails_the_job_naming_the_operator_and_the_pair(
     text = str(info.value)
     assert "operator 'strict-join'" in text and "no order 40 with shipment 1025" in text
     assert "('c0', 30.0, 40)" in text  # the pair's left record
+
+
+def at_the_bound(name: str, out: Path) -> Dataflow:
+    # one record of each input per micro-batch: the rows at 6 s come third, exactly the
+    # bound (4 s) behind the rows at 10 s, so not late embedded (late means strictly behind
+    # the watermark); Spark filters late rows with the watermark of two micro-batches back
+    flow = Dataflow(name)
+    orders = flow.from_collection([("c0", 10.0, 1), ("c0", 10.0, 2), ("c0", 6.0, 3)])
+    shipments = flow.from_collection([("c1", 10.0, 100), ("c1", 10.0, 101), ("c0", 6.0, 102)])
+    (orders.assign_timestamps(event_time, max_out_of_orderness=BOUND).key_by(customer)
+           .interval_join(shipments.assign_timestamps(event_time, max_out_of_orderness=BOUND)
+                          .key_by(customer))
+           .between(-1.0, 1.0).process(pair, name="matched")
+           .sink(CommittingFileSink(out)).uid("out"))
+    return flow
+
+
+async def test_rows_exactly_the_bound_behind_join_as_embedded(
+        spark: Any, tmp_path: Path) -> None:
+    embedded, on_spark = await run_both(at_the_bound, tmp_path, spark, batch=1)
+    assert committed(on_spark) == committed(embedded) == [["c0", 3, 102]]
