@@ -27,10 +27,11 @@ and how the translation deals with it:
 - Late rows (behind the watermark by more than the bound): embedded, a late row joins
   nothing (it goes to ``late_data()`` or is counted). Spark drops late input rows with a
   watermark of earlier micro-batches (it lags one micro-batch behind the watermark that
-  cleans the state), so a late row may still join partners left in Spark's state. A join with ``late_data()`` is refused (Spark has no late output); so
-  that no row within the bound is ever dropped, Spark's watermark delay is the bound
-  rounded up to whole milliseconds plus one (Spark drops rows at or behind its watermark,
-  embedded only rows strictly behind).
+  cleans the state), so a late row may still join partners left in Spark's state. A
+  join with ``late_data()`` is refused (Spark has no late output). So that no row within
+  the bound is ever dropped, Spark's watermark delay is the bound rounded up to whole
+  milliseconds plus one (Spark drops rows at or behind its watermark, embedded only rows
+  strictly behind).
 - Outer joins: the dataflow's joins are inner joins, as Spark's translation is; Spark's
   outer stream-stream joins emit their unmatched rows only as the watermark passes, which
   nothing here uses.
