@@ -73,6 +73,8 @@ def one_query_refusal(plans: list[QueryPlan]) -> str | None:
         return "one sink"
     if len({p.source.uid for p in plans}) > 1:
         return "the sinks read different sources"
+    if any(p.join is not None for p in plans):
+        return "a sink's path has a join (one query reads one source)"
     if any(p.branches for p in plans):
         return "a sink's path has a union (one query reads one source)"
     keyed = [p.keyed.name for p in plans if p.keyed is not None]

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from reactive.graph import LogicalGraph
 
 from .errors import SparkJobError
-from .translation import QueryPlan, translate
+from .translation import JOIN_KINDS, QueryPlan, translate
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -64,7 +64,8 @@ class SparkJob:
             which differ from the session's; the session itself is left as it was.
         shapes: how each query runs, by sink uid: ``"native window aggregation"`` (Spark
             SQL, :mod:`.native_plan`), ``"transformWithState"`` (the keyed operator in
-            Python) or ``"per-record"`` (no keyed operator).
+            Python), ``"stream-stream join"`` (:mod:`.spark_joins`) or ``"per-record"`` (no
+            keyed operator).
     """
 
     queries: dict[str, StreamingQuery]
@@ -292,9 +293,10 @@ class SparkRunner:
             wanted[SHUFFLE_PARTITIONS] = str(chosen)
         if self.state_store == "rocksdb":
             wanted[STATE_STORE_PROVIDER] = ROCKSDB_PROVIDER
-        if any(t.kind == "union" for t in flow.transformations):
-            # a union's query has a watermark per input; only their minimum holds a timer
-            # until every input has passed it (the embedded union's watermark)
+        if any(t.kind in ("union", *JOIN_KINDS) for t in flow.transformations):
+            # a union's or a join's query has a watermark per input; only their minimum
+            # holds a timer (or a join's state) until every input has passed it (the
+            # embedded union's and join's watermark)
             wanted[WATERMARK_POLICY] = "min"
         settings: dict[str, str] = {}
         for key, value in wanted.items():
@@ -373,7 +375,13 @@ class SparkRunner:
         assert plan.sink is not None
         encoder = SinkEncoder(plan.sink)
         # the source's reader runs the steps before the keyed operator (or the sink)
-        if plan.source.kind == "arrow":
+        if plan.join is not None:
+            from .spark_joins import join_frame
+
+            shape = "stream-stream join"
+            out = join_frame(lambda source, then, schema: self._source_frame(
+                QueryPlan(source), then, schema), plan.join, plan.after_key, encoder)
+        elif plan.source.kind == "arrow":
             shape = "columnar (mapInArrow)"
             out = self._columnar_frame(plan, encoder)
         elif plan.keyed is None:

@@ -21,15 +21,21 @@ deterministic source. What a path may hold:
 - one keyed operator after ``key_by``: ``process(KeyedProcessFunction)``, ``reduce`` or an
   event-time or count window, run by ``groupBy(key).transformWithState`` with its state and
   timers in Spark's state store (:mod:`.keyed_processor`);
+- an event-time join (``interval_join``, or ``join(...).window(...)`` with tumbling or
+  sliding windows) of two inputs made of a source and per-record steps each, event time
+  assigned on each, as a Spark stream-stream inner join with a watermark per input
+  (:mod:`.spark_joins`), per-record steps after it; not with ``late_data()`` or a
+  ``ProcessJoinFunction.open`` (no Spark equivalent), nor with another keyed operator
+  before or after it in the query;
 - a committing file sink (Spark's file sink: JSON lines as text, or parquet);
 - a columnar path instead: an Arrow source (``from_arrow``), ``map_batches`` steps (Spark's
   ``mapInArrow``), optionally ``to_records`` and per-record steps, a committing file sink.
 
-Anything else -- an async operator, a loop, a two-input operator (connect, joins, broadcast
-state), a keyed operator before a union, a non-keyed process function with operator state,
-a custom two-phase-commit or callback sink, the Kafka connectors -- is refused by
-:func:`translate` before anything runs, with a :class:`~.errors.TranslationError` naming
-the operator and why.
+Anything else -- an async operator, a loop, a two-input operator other than the above
+(connect, broadcast state), a keyed operator before a union, a non-keyed process function
+with operator state, a custom two-phase-commit or callback sink, the Kafka connectors -- is
+refused by :func:`translate` before anything runs, with a :class:`~.errors.TranslationError`
+naming the operator and why.
 """
 
 from __future__ import annotations
@@ -45,15 +51,17 @@ from reactive.serialization import Serializer
 
 from .errors import TranslationError
 
-__all__ = ["Branch", "KeyedStep", "QueryPlan", "RecordStep", "SinkStep", "SourceStep",
-           "translate"]
+__all__ = ["JOIN_KINDS", "Branch", "JoinStep", "KeyedStep", "QueryPlan", "RecordStep",
+           "SinkStep", "SourceStep", "translate"]
 
 # operators that call one user function per record, by their runtime class
 _PER_RECORD: dict[type, str] = {ops.MapOperator: "map", ops.FilterOperator: "filter",
                                 ops.FlatMapOperator: "flat_map"}
 
-_TWO_INPUT_KINDS = {"co_map", "co_flat_map", "co_process", "broadcast_process", "join",
-                    "interval_join", "window_join"}
+_TWO_INPUT_KINDS = {"co_map", "co_flat_map", "co_process", "broadcast_process", "join"}
+
+#: the event-time joins, translated to Spark stream-stream joins (:mod:`.spark_joins`)
+JOIN_KINDS = ("interval_join", "window_join")
 
 
 @dataclass
@@ -151,6 +159,31 @@ class Branch:
 
 
 @dataclass
+class JoinStep:
+    """An event-time join of two keyed inputs (``interval_join`` or ``window_join``), run
+    as a Spark stream-stream inner join (:mod:`.spark_joins`).
+
+    Attributes:
+        name, uid: the join operator's.
+        kind: ``"interval_join"`` or ``"window_join"``.
+        operator: a fresh runtime operator (``IntervalJoinOperator`` or
+            ``WindowJoinOperator``): its function, bounds or window assigner.
+        inputs: the left and the right input, each a source and its per-record steps
+            (``watermark_delay`` is the bound of its ``assign_timestamps``).
+        key_selectors: record -> key, of the left and the right input.
+        key_serializers: their ``key_by`` serializers (None: the canonical key encoding).
+    """
+
+    name: str
+    uid: str
+    kind: str
+    operator: ops.StreamOperator
+    inputs: tuple[Branch, Branch]
+    key_selectors: tuple[Callable[[Any], Any], Callable[[Any], Any]]
+    key_serializers: tuple[Serializer | None, Serializer | None]
+
+
+@dataclass
 class QueryPlan:
     """One Spark streaming query: a source, per-record steps, at most one keyed step, more
     per-record steps, a sink.
@@ -167,6 +200,8 @@ class QueryPlan:
         branches: the inputs of a union on the path, in the union's input order (empty
             without one); ``source`` is then the first's, and ``before_key`` holds the
             steps after the union.
+        join: the event-time join the path starts with, or None; ``source`` is then its
+            left input's, and ``after_key`` holds the steps after the join.
     """
 
     source: SourceStep
@@ -176,6 +211,7 @@ class QueryPlan:
     sink: SinkStep | None = None
     watermark_delay: float | None = None
     branches: list[Branch] = field(default_factory=list)
+    join: JoinStep | None = None
 
     def inputs(self) -> list[QueryPlan]:
         """The plan as one linear plan per source: each branch's steps followed by the steps
@@ -227,9 +263,13 @@ def _check(t: Transformation) -> None:
             raise _refuse(t, "a union of keyed or broadcast streams is not translated; "
                              "key the stream after the union")
         return
+    if t.kind in JOIN_KINDS:
+        _check_join(t)
+        return
     if t.kind in _TWO_INPUT_KINDS or len(t.inputs) > 1:
-        raise _refuse(t, "operators with two inputs (connect, joins, broadcast state) "
-                         "are not translated; run the program embedded")
+        raise _refuse(t, "operators with two inputs other than union and the event-time "
+                         "joins (connect, broadcast state) are not translated; run the "
+                         "program embedded")
     if t.kind == "map_async" or t.kind.startswith("map_async"):
         raise _refuse(t, "async operators (map_async) keep in-flight calls in the embedded "
                          "runtime's checkpoints, which Spark's micro-batches have no place for; "
@@ -257,10 +297,33 @@ def _check(t: Transformation) -> None:
                      f"({type(op).__name__})")
 
 
+def _check_join(t: Transformation) -> None:
+    """Refuse an event-time join whose semantics a Spark stream-stream join does not have
+    (see :mod:`.spark_joins`)."""
+    from reactive.two_input_functions import ProcessJoinFunction
+
+    if len(t.inputs) != 2 or any(e.partitioning != "hash" for e in t.inputs):
+        raise _refuse(t, "a join of Spark needs two keyed inputs (key_by on each)")
+    op = t.factory()
+    if op.late_output():  # type: ignore[attr-defined]
+        raise _refuse(t, "late_data() is not translated: Spark's stream-stream join has no "
+                         "output for late rows (it drops rows behind its watermark, and "
+                         "joins a late row whose partners are still in its state); drop "
+                         "late_data() and give assign_timestamps a bound the input keeps, "
+                         "or run the program embedded")
+    fn = getattr(op, "fn", None)
+    if isinstance(fn, ProcessJoinFunction) and type(fn).open is not ProcessJoinFunction.open:
+        raise _refuse(t, f"{type(fn).__name__}.open() is not translated: on Spark the join "
+                         "function runs per matched pair after Spark's join, with no runtime "
+                         "context (state, subtask) to open with; set it up in __init__, or "
+                         "join with fn(left, right)")
+
+
 def _path(end: Transformation) -> list[Transformation]:
-    """The transformations from the source, or the last union, to ``end``, in order."""
+    """The transformations from the source, the last union or the last join, to ``end``, in
+    order."""
     path = [end]
-    while path[-1].inputs and path[-1].kind != "union":
+    while path[-1].inputs and path[-1].kind != "union" and path[-1].kind not in JOIN_KINDS:
         path.append(path[-1].inputs[0].upstream)
     return path[::-1]
 
@@ -293,6 +356,9 @@ def _branches(union: Transformation) -> list[Branch]:
                                  "translated (a union's inputs are sources and per-record "
                                  "steps); key the stream after the union")
             steps.append(RecordStep(t.name, t.resolved_uid, kind, op.fn))  # type: ignore[attr-defined]
+        if path[0].kind in JOIN_KINDS:
+            raise _refuse(path[0], f"a join before union {union.name!r} is not translated "
+                                   "(a union's inputs are sources and per-record steps)")
         if path[0].kind == "union":
             for inner in _branches(path[0]):
                 branches.append(Branch(inner.source, [*inner.steps, *steps],
@@ -304,6 +370,8 @@ def _branches(union: Transformation) -> list[Branch]:
 
 def _plan(flow: LogicalGraph, sink: Transformation) -> QueryPlan:
     path = _path(sink)
+    if path[0].kind in JOIN_KINDS:
+        return _join_plan(path, sink)
     if path[0].kind == "union":
         branches = _branches(path[0])
         plan = QueryPlan(branches[0].source, branches=branches)
@@ -344,6 +412,71 @@ def _plan(flow: LogicalGraph, sink: Transformation) -> QueryPlan:
                       "(its bound is the query's watermark delay)")
     plan.sink = _sink_step(sink)
     return plan
+
+
+def _join_plan(path: list[Transformation], sink: Transformation) -> QueryPlan:
+    """The plan of a path starting with an event-time join: its two inputs (a source and
+    per-record steps each, event time assigned on each), per-record steps after it, a sink.
+
+    Raises:
+        TranslationError: naming a keyed operator before or after the join, a union before
+            it, or an input without ``assign_timestamps``.
+    """
+    join = _join_step(path[0])
+    plan = QueryPlan(join.inputs[0].source, join=join)
+    for t in path[1:-1]:
+        if t.kind == "assign_timestamps":
+            assert t.timestamp_fn is not None
+            plan.after_key.append(RecordStep(t.name, t.resolved_uid, "timestamps",
+                                             t.timestamp_fn))
+            continue
+        op = t.factory()
+        kind = _PER_RECORD.get(type(op))
+        if kind is None:
+            raise _refuse(t, f"a keyed operator after join {join.name!r} is not translated "
+                             "(the join is the Spark query's one stateful operator); run the "
+                             "program embedded")
+        plan.after_key.append(RecordStep(t.name, t.resolved_uid, kind, op.fn))  # type: ignore[attr-defined]
+    plan.sink = _sink_step(sink)
+    return plan
+
+
+def _join_step(t: Transformation) -> JoinStep:
+    """The join ``t`` with its inputs as branches (a source and per-record steps each)."""
+    op = t.factory()
+    op.late_output = _Constant(False)  # type: ignore[attr-defined]  # refused if True
+    timestamp_fns = op.timestamp_fns  # type: ignore[attr-defined]
+    inputs: list[Branch] = []
+    for i, (side, edge) in enumerate(zip(("left", "right"), t.inputs, strict=True)):
+        path = _path(edge.upstream)
+        if path[0].kind == "union" or path[0].kind in JOIN_KINDS:
+            raise _refuse(t, f"its {side} input comes from {path[0].kind} {path[0].name!r}: "
+                             "a join's inputs are translated when each is a source and "
+                             "per-record steps")
+        steps: list[RecordStep] = []
+        delay: float | None = None
+        for u in path[1:]:
+            if u.kind == "assign_timestamps":
+                assert u.timestamp_fn is not None
+                steps.append(RecordStep(u.name, u.resolved_uid, "timestamps", u.timestamp_fn))
+                delay = float(u.factory().generator.delay)  # type: ignore[attr-defined]
+                continue
+            kind = _PER_RECORD.get(type(u_op := u.factory()))
+            if kind is None:
+                raise _refuse(u, f"a keyed operator before join {t.name!r} is not translated "
+                                 "(the join is the Spark query's one stateful operator)")
+            steps.append(RecordStep(u.name, u.resolved_uid, kind, u_op.fn))  # type: ignore[attr-defined]
+        timestamps = [s for s in steps if s.kind == "timestamps"]
+        if delay is None or timestamps[-1].fn is not timestamp_fns[i]:
+            raise _refuse(t, f"its {side} input needs assign_timestamps(...) before key_by on "
+                             "Spark (its bound is the watermark delay of that side of "
+                             "Spark's join)")
+        inputs.append(Branch(_source_step(path[0]), steps, delay))
+    left, right = t.inputs
+    assert left.key_selector is not None and right.key_selector is not None
+    return JoinStep(t.name, t.resolved_uid, t.kind, op, (inputs[0], inputs[1]),
+                    (left.key_selector, right.key_selector),
+                    (left.key_serializer, right.key_serializer))
 
 
 def _columnar_plan(plan: QueryPlan, path: list[Transformation],
