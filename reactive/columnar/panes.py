@@ -6,16 +6,16 @@ aggregates' arrays (one dict, so snapshots capture and copy-on-write them togeth
 ``_slot`` (the key's slot in the :class:`~reactive.columnar.key_index.KeyIndex`), ``_start``
 and ``_end`` (the window, seconds). The lookup hashes each pair to 64 bits and finds the
 hash among the panes' hashes; a hash only proposes a pane, confirmed by comparing slot and
-start, so two pairs whose hashes collide never share a pane (the rare colliding pair lives
-in a small dict).
+start, so two pairs whose hashes collide never share a pane (a pair whose hash proposes
+another pair's pane is found by a scan of the pane arrays, then kept in a small dict).
 
-The panes' hashes are kept in two places: a :class:`~reactive.columnar.slot_table.SlotTable`
-and a sorted array of the hashes added since (binary search, ``numpy.searchsorted``). A
-batch's new panes join the sorted array (one merge, O(panes there)); it moves into the
-table only when it outgrows :data:`SORTED_MAX`. A compaction rebuilds the sorted array
-from the kept panes, so a job whose windows are cleaned up between batches (event time
-that moves forward: most panes live for a batch or two) never pays the table's
-insertions, each a few vectorized probing rounds.
+The panes' hashes are kept in three places: a :class:`~reactive.columnar.slot_table.SlotTable`,
+a sorted array (binary search, ``numpy.searchsorted``) and the hashes of the panes added
+since the last lookup, unsorted. A batch's new panes are only appended to the last; the
+next lookup sorts them into the sorted array (one merge), which moves into the table when
+it outgrows :data:`SORTED_MAX`. A compaction starts over from the kept panes, so a job
+whose windows are cleaned up between batches (event time that moves forward: most panes
+live for a batch or two) never sorts or inserts the hashes of the panes it drops.
 
 Panes are never reused in place: :meth:`PaneTable.compact` drops the windows that were
 cleaned up by building new arrays (the ones a snapshot still reads stay intact).
@@ -63,9 +63,11 @@ class PaneTable:
         self.initial = initial
         self.size = 0
         self._table = SlotTable()
-        # hashes not in the table, ascending and distinct, and their panes
+        # hashes not in the table, ascending, and their panes
         self._sorted = np.zeros(0, np.uint64)
         self._sorted_panes = np.zeros(0, np.int64)
+        # hashes in neither, unsorted (the panes added since the last lookup), and panes
+        self._recent: list[tuple[np.ndarray, np.ndarray]] = []
         self._overflow: dict[tuple[int, float], int] = {}
 
     def lookup(self, slots: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -87,21 +89,10 @@ class PaneTable:
             panes[found[~same]] = -2  # another pair's hash
         new = np.flatnonzero(panes == -1)
         if len(new):
-            # a hash twice among the new pairs: the first occurrence gets it, the others
-            # are resolved one by one below
-            distinct, first = np.unique(hashes[new], return_index=True)
-            if len(first) < len(new):
-                later = np.ones(len(new), bool)
-                later[first] = False
-                panes[new[later]] = -2
-            # panes numbered in the pairs' order (a firing lists windows of one end in
-            # pane order); the sorted array takes them in hash order
-            order = np.argsort(first, kind="stable")
-            new = new[first[order]]
+            # two new pairs with one hash get a pane each; a later lookup finds one of them
+            # by the hash and the other by the scan of _slow
             ids = self._append(slots[new], starts[new], ends[new])
-            by_hash = np.empty_like(ids)
-            by_hash[order] = ids
-            self._add_sorted(distinct, by_hash)
+            self._recent.append((hashes[new], ids))
             panes[new] = ids
         for i in np.flatnonzero(panes == -2).tolist():
             panes[i] = self._slow(int(slots[i]), float(starts[i]), float(ends[i]))
@@ -109,7 +100,9 @@ class PaneTable:
 
     def _find(self, hashes: np.ndarray) -> np.ndarray:
         """The pane proposed for each hash (-1: none), from the table and the sorted
-        array (whose hashes the table does not hold)."""
+        array (the recent panes sorted into it first)."""
+        if self._recent:
+            self._sort_recent()
         in_table = bool(self._table.size)
         panes = self._table.lookup(hashes) if in_table else np.full(len(hashes), -1, np.int64)
         known = self._sorted
@@ -121,19 +114,23 @@ class PaneTable:
             panes[missing[hit]] = self._sorted_panes[at[hit]]
         return panes
 
-    def _add_sorted(self, hashes: np.ndarray, panes: np.ndarray) -> None:
-        """Add hashes (ascending, distinct, none known) and their panes to the sorted
-        array; move it into the table once it outgrows :data:`SORTED_MAX`."""
+    def _sort_recent(self) -> None:
+        """Merge the recent panes' hashes into the sorted array; move it into the table
+        once it outgrows :data:`SORTED_MAX`."""
+        recent, self._recent = self._recent, []
+        hashes = np.concatenate([h for h, _ in recent])
+        panes = np.concatenate([p for _, p in recent])
+        # stable: of panes with one hash, the older one is proposed first
+        order = np.argsort(hashes, kind="stable")
+        hashes, panes = hashes[order], panes[order]
         if len(self._sorted):
-            at = np.searchsorted(self._sorted, hashes)
-            self._sorted = np.insert(self._sorted, at, hashes)
-            self._sorted_panes = np.insert(self._sorted_panes, at, panes)
-        else:
-            self._sorted, self._sorted_panes = hashes, panes
-        if len(self._sorted) > SORTED_MAX:
-            self._table.insert(self._sorted, self._sorted_panes)
-            self._sorted = np.zeros(0, np.uint64)
-            self._sorted_panes = np.zeros(0, np.int64)
+            at = np.searchsorted(self._sorted, hashes, side="right")
+            hashes = np.insert(self._sorted, at, hashes)
+            panes = np.insert(self._sorted_panes, at, panes)
+        if len(hashes) > SORTED_MAX:
+            self._table.insert(hashes, panes)
+            hashes, panes = np.zeros(0, np.uint64), np.zeros(0, np.int64)
+        self._sorted, self._sorted_panes = hashes, panes
 
     def _slow(self, slot: int, start: float, end: float) -> int:
         """The pane of a pair whose hash another pair has."""
@@ -186,14 +183,9 @@ class PaneTable:
             self._table.clear()
         self._sorted = np.zeros(0, np.uint64)
         self._sorted_panes = np.zeros(0, np.int64)
-        self._overflow.clear()
-        if not len(kept):
-            return
-        slots, starts = arrays["_slot"][:self.size], arrays["_start"][:self.size]
-        hashes = pair_hashes(slots, starts)
-        distinct, first = np.unique(hashes, return_index=True)
-        if len(first) < self.size:
-            # a hash's first pane holds it; the later ones go to the overflow dict
-            for i in np.setdiff1d(np.arange(self.size), first).tolist():
-                self._overflow[(int(slots[i]), float(starts[i]))] = i
-        self._add_sorted(distinct, first.astype(np.int64, copy=False))
+        self._recent = []
+        self._overflow.clear()  # its pairs are found by the scan again, then kept
+        if len(kept):
+            slots, starts = arrays["_slot"][:self.size], arrays["_start"][:self.size]
+            self._recent.append((pair_hashes(slots, starts),
+                                 np.arange(self.size, dtype=np.int64)))
