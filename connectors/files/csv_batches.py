@@ -6,7 +6,6 @@ dead letters (or fail the job), found as in the per-record mode by bisecting the
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 from reactive.errors import ConfigurationError, ReactiveError
@@ -31,6 +30,7 @@ class ColumnarBlockConverter(BlockConverter):
             newlines_in_values=False, invalid_row_handler=self._skip)
         import pyarrow as pa
 
+        self._pa = pa
         self._pool = pa.system_memory_pool()
 
     def _read(self, data: bytes) -> Any:
@@ -39,8 +39,9 @@ class ColumnarBlockConverter(BlockConverter):
         # the system allocator: pyarrow's default pool (mimalloc) commits fresh pages for
         # each multi-megabyte block of a young process (0.16 vs 0.09 s CPU for the first
         # 8 blocks of 4 MB, measured); the system allocator reuses the freed blocks' memory
+        # a BufferReader hands the parser slices of ``data`` (io.BytesIO: copies of it)
         return self._pacsv.read_csv(
-            io.BytesIO(data), read_options=self._read_options,
+            self._pa.BufferReader(data), read_options=self._read_options,
             parse_options=self._parse_options if quoted else self._unquoted_parse_options,
             convert_options=self._convert_options, memory_pool=self._pool)
 

@@ -162,7 +162,7 @@ def update(spec: Spec, state: dict[str, np.ndarray], batch: Any, grouping: Group
     if row_slots is None and spec.function not in ("first", "last"):
         # final values only: per-group totals in O(rows), no sort
         n[slots] += grouping.counts if valid is None else \
-            grouping.totals(valid.astype(np.int64))
+            np.bincount(grouping.codes[valid], minlength=grouping.num_groups)
         if spec.function in ("sum", "mean"):
             acc[slots] += grouping.totals(values)
         else:

@@ -76,6 +76,12 @@ class Grouping:
         without rows: the dtype's lowest value) of its rows' ``values``, in O(rows) with
         no sort (a sum adds a group's values in row order)."""
         if kind == "sum":
+            if values.dtype == np.float64:
+                # bincount adds each group's weights in row order, as add.at does, in one
+                # pass without ufunc.at's per-element dispatch (about 3x faster)
+                sums: np.ndarray = np.bincount(self.codes, weights=values,
+                                               minlength=self.num_groups)
+                return sums
             out = np.zeros(self.num_groups, values.dtype)
             np.add.at(out, self.codes, values)
             return out

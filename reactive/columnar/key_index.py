@@ -228,10 +228,10 @@ class KeyIndex:
     def _lookup_tuples(self, batch: Any) -> BatchKeys:
         # each column dictionary-encoded, the codes combined into one integer per row,
         # its distinct values found by numpy (a sort), the tuples built per distinct key
-        codes = np.zeros(batch.num_rows, np.int64)
-        uniques = np.zeros(1, np.int64)
+        codes: np.ndarray
+        uniques: np.ndarray
         dictionaries = []
-        for name in self.key_columns:
+        for i, name in enumerate(self.key_columns):
             column = batch.column(name)
             if pa.types.is_dictionary(column.type) and not column.null_count:
                 # its own codes: a value the dictionary holds twice gives two codes of one
@@ -242,10 +242,15 @@ class KeyIndex:
                     column = column.cast(column.type.value_type)
                 encoded = column.dictionary_encode(null_encoding="encode")
                 d, indices = encoded.dictionary, encoded.indices
-            # the distinct tuples so far (dense codes) combined with this column's codes
-            codes, pairs = combine_codes(codes, len(uniques), indices.to_numpy(
-                zero_copy_only=False).astype(np.int64, copy=False), len(d))
-            uniques = uniques[pairs // len(d)] * len(d) + pairs % len(d)
+            column_codes = indices.to_numpy(zero_copy_only=False)
+            if i == 0:
+                # the first column's codes as they are (a value absent from the batch is
+                # dropped when the next column's codes are combined with them)
+                codes, uniques = column_codes, np.arange(len(d), dtype=np.int64)
+            else:
+                # the distinct tuples so far combined with this column's codes: dense
+                codes, pairs = combine_codes(codes, len(uniques), column_codes, len(d))
+                uniques = uniques[pairs // len(d)] * len(d) + pairs % len(d)
             dictionaries.append((d, len(d)))
         positions = []
         rest = uniques

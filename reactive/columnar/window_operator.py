@@ -184,11 +184,15 @@ class ColumnarWindowOperator(StreamOperator):
         rows, starts = assign_periodic(assigner, ts)
         ends = starts + assigner.size
         alive = ends + lateness > wm
-        placed = np.zeros(len(ts), bool)
-        placed[rows[alive]] = True
-        self._late(b, np.flatnonzero(~placed & (ts + lateness < wm)), out)
         if not alive.all():
+            placed = np.zeros(len(ts), bool)
+            placed[rows[alive]] = True
+            self._late(b, np.flatnonzero(~placed & (ts + lateness < wm)), out)
             rows, starts, ends = rows[alive], starts[alive], ends[alive]
+        elif len(rows) < len(ts):  # sliding windows with gaps: a row may have none
+            placed = np.zeros(len(ts), bool)
+            placed[rows] = True
+            self._late(b, np.flatnonzero(~placed & (ts + lateness < wm)), out)
         if not len(rows):
             return
         identity = len(rows) == len(ts)  # one window per row, in row order

@@ -70,12 +70,12 @@ def assign_periodic(assigner: PeriodicWindows, ts: np.ndarray) -> tuple[np.ndarr
         ``(rows, starts)``: ``int64`` row indices and ``float64`` window starts.
     """
     size, slide, offset = assigner.size, assigner.slide, assigner.offset
+    if isinstance(assigner, TumblingEventTimeWindows):
+        return np.arange(len(ts), dtype=np.int64), ts - np.remainder(ts - offset, size)
     last = ts - np.remainder(ts - offset, slide)
-    if isinstance(assigner, TumblingEventTimeWindows) or slide >= size:
+    if slide >= size:
         # one window at most: [last, last + size) holds ts when ts - last < size
         rows = np.arange(len(ts), dtype=np.int64)
-        if isinstance(assigner, TumblingEventTimeWindows):
-            return rows, ts - np.remainder(ts - offset, size)
         keep = last > ts - size
         return rows[keep], last[keep]
     columns, valid = [], []
