@@ -405,7 +405,11 @@ class IncrementalCleanup:
     they checked): ``rate`` keys checked per record, between :data:`MIN_RATE` (nothing
     expired: a long-lived key set costs almost nothing) and :data:`MAX_RATE` (nearly
     everything expired: an ever-growing key space, whose new keys must be checked faster
-    than they arrive for the state to stay flat).
+    than they arrive for the state to stay flat). A step runs once the credit reaches
+    :data:`STEP_KEYS` keys: a step's fixed cost (the backend's current key saved and set
+    back, the rate's update) is then paid once per that many keys, not once per batch (a
+    batch of ~60 records earned four keys at the minimum rate, and the step cost more than
+    checking them).
 
     Args:
         backend: the operator's keyed state backend.
@@ -413,6 +417,7 @@ class IncrementalCleanup:
 
     MIN_RATE = 1 / 16
     MAX_RATE = 4.0
+    STEP_KEYS = 32
 
     def __init__(self, backend: KeyedStateBackend) -> None:
         self.backend = backend
@@ -438,9 +443,10 @@ class IncrementalCleanup:
 
     def advance(self, n: int) -> None:
         """``n`` records (or timers) were processed with the current key set: check the
-        keys they earned (``n * rate``, fractions carried over)."""
+        keys they earned (``n * rate``, fractions carried over), in steps of at least
+        :data:`STEP_KEYS` keys."""
         self._credit += n * self.rate
-        if self._credit >= 1.0:
+        if self._credit >= self.STEP_KEYS:
             self.step()
 
     def _refill(self) -> bool:
