@@ -26,6 +26,7 @@ operator's processing-time clock where it has a timer service, else the system's
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -156,9 +157,21 @@ def backend_descriptor(descriptor: StateDescriptor, config: StateTtlConfig) -> S
 # ---------------------------------------------------------------- the decorators
 class _Ttl:
     """What every TTL decorator shares: the clock, the expiry rules, the count of entries
-    it removed, and the incremental cleanup it is registered with (:class:`IncrementalCleanup`)."""
+    it removed, the incremental cleanup it is registered with (:class:`IncrementalCleanup`),
+    and a lower bound of the expiries it wrote.
 
-    __slots__ = ("_cleanup", "_now", "_refresh", "_return_expired", "_ttl", "expired")
+    Attributes:
+        expired: entries this state removed because they had expired (on access or in a
+            sweep).
+        floor: a lower bound (seconds) of every expiry in the state's table, lowered by
+            each expiry the state writes: ``-inf`` (the default: nothing known, e.g. restored
+            entries) until a backend that knows the table held nothing sets ``+inf``, and
+            again when something else writes the table (a restore). A snapshot whose TTL
+            time is before it need not look for expired entries of the state.
+    """
+
+    __slots__ = ("_cleanup", "_now", "_refresh", "_return_expired", "_ttl", "expired",
+                 "floor")
 
     def __init__(self, config: StateTtlConfig, now: Callable[[], float]) -> None:
         self._ttl = config.ttl
@@ -166,11 +179,19 @@ class _Ttl:
         self._refresh = config.update_type == "on_read_and_write"
         self._return_expired = config.visibility == "return_expired_if_not_cleaned_up"
         self._cleanup: IncrementalCleanup | None = None
-        #: entries this state removed because they had expired (on access or in a sweep)
         self.expired = 0
+        self.floor = -math.inf
 
     def _expires(self) -> float:
-        return self._now() + self._ttl
+        """The expiry of a write now (lowering :attr:`floor`)."""
+        return self._at(self._now())
+
+    def _at(self, now: float) -> float:
+        """The expiry of a write at ``now`` (lowering :attr:`floor`)."""
+        expires = now + self._ttl
+        if expires < self.floor:
+            self.floor = expires
+        return expires
 
     def purge(self, now: float) -> None:
         """Remove the current key's expired entries (a sweep's step; refreshes nothing)."""
@@ -199,7 +220,7 @@ class TtlValueState(_Ttl, ValueState):
             self.expired += 1
             return v if self._return_expired else self._default
         if self._refresh:
-            self._inner.update((v, now + self._ttl))
+            self._inner.update((v, self._at(now)))
         return v
 
     def update(self, value: Any) -> None:
@@ -233,12 +254,14 @@ class TtlListState(_Ttl, ListState):
         live = [p for p in pairs if p[1] > now]
         if len(live) == len(pairs):
             if self._refresh:
-                self._inner.update([(v, now + self._ttl) for v, _ in pairs])
+                expires = self._at(now)
+                self._inner.update([(v, expires) for v, _ in pairs])
             return [v for v, _ in pairs]
         # cleanup on access: the expired elements go now
         self.expired += len(pairs) - len(live)
         if self._refresh:
-            live = [(v, now + self._ttl) for v, _ in live]
+            expires = self._at(now)
+            live = [(v, expires) for v, _ in live]
         if live:
             self._inner.update(live)
         else:
@@ -297,7 +320,7 @@ class TtlMapState(_Ttl, MapState):
             self.expired += 1
             return v if self._return_expired else default
         if self._refresh:
-            self._inner.put(user_key, (v, now + self._ttl))
+            self._inner.put(user_key, (v, self._at(now)))
         return v
 
     def put(self, user_key: Any, value: Any) -> None:
@@ -331,9 +354,10 @@ class TtlMapState(_Ttl, MapState):
             self._inner.remove(uk)
         self.expired += len(expired)
         if self._refresh:
+            expires = self._at(now)
             for uk, v in out:
                 if uk not in expired:
-                    self._inner.put(uk, (v, now + self._ttl))
+                    self._inner.put(uk, (v, expires))
         return iter(out)
 
     def clear(self) -> None:
@@ -369,7 +393,7 @@ class TtlReducingState(_Ttl, ReducingState):
             return v if self._return_expired else None
         if self._refresh:
             self._inner.clear()
-            self._inner.add((v, now + self._ttl))
+            self._inner.add((v, self._at(now)))
         return v
 
     def add(self, value: Any) -> None:
