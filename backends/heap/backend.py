@@ -32,6 +32,7 @@ as ``key_encoding``. A value that cannot be serialized fails the snapshot with
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -64,7 +65,7 @@ from reactive.state.key_group_stream import (
     find_key_group_reader,
     read_key_groups,
 )
-from reactive.state.ttl import backend_descriptor, ttl_state
+from reactive.state.ttl import _Ttl, backend_descriptor, ttl_state
 from reactive.state.ttl_clock import TtlClock
 from reactive.state.ttl_config import StateTtlConfig
 
@@ -143,6 +144,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         # TTL state name -> its clock's time: what a snapshot's synchronous part reads to
         # leave expired entries out (:mod:`.ttl_filter`)
         self._ttl_now: dict[str, tuple[Callable[[], float], float]] = {}
+        # TTL state name -> its state, whose floor (a lower bound of the table's expiries)
+        # spares a snapshot the search for expired entries while its TTL time is before it
+        self._ttl_states: dict[str, _Ttl] = {}
         self.current_key: Any = None
         self._idx = self._n  # the _NoKey sentinel until a key is set
         max_deltas, delta_ratio = limits(incremental, max_deltas, delta_ratio)
@@ -289,6 +293,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                         d[k] = ser.deserialize(v)
             table.serialized = False
         table.descriptor = descriptor
+        tracked = self._ttl_states.get(descriptor.name)
+        if tracked is not None:
+            tracked.floor = -math.inf  # written by another state object: bound unknown
         return create_state(self, table, descriptor)
 
     def get_ttl_state(self, descriptor: StateDescriptor, config: StateTtlConfig,
@@ -299,12 +306,24 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         stored = backend_descriptor(descriptor, config)
         inner = self.get_state(stored)
         self._ttl_now[stored.name] = (clock.now, config.ttl)
+        table = self._tables[stored.name]
+        state: State
         if not isinstance(descriptor, ValueStateDescriptor):
-            return ttl_state(descriptor, config, inner, clock.now)
-        assert isinstance(inner, ValueState)
-        cls = HeapTtlValueStateOnRead if config.update_type == "on_read_and_write" else \
-            HeapTtlValueState
-        return cls(inner, self, self._tables[stored.name], descriptor.default, config, clock)
+            state = ttl_state(descriptor, config, inner, clock.now)
+        else:
+            assert isinstance(inner, ValueState)
+            cls = HeapTtlValueStateOnRead if config.update_type == "on_read_and_write" \
+                else HeapTtlValueState
+            state = cls(inner, self, table, descriptor.default, config, clock)
+        assert isinstance(state, _Ttl)
+        if not any(table.maps[: self._n]):
+            # the table holds nothing: every expiry in it from now on is one the state
+            # writes, which lower its floor (a write in the running batch stores the
+            # batch's expiry, which the clock lowered it to at the freeze)
+            batch = getattr(state, "_batch_expires", None)
+            state.floor = math.inf if batch is None else batch
+        self._ttl_states[stored.name] = state
+        return state
 
     def keys(self, state_name: str) -> Iterator[Any]:
         table = self._tables.get(state_name)
@@ -431,6 +450,9 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                             d = {k: ser.deserialize(v) for k, v in d.items()}
                         else:
                             table.serialized = True
+                    tracked = self._ttl_states.get(name)
+                    if tracked is not None:
+                        tracked.floor = -math.inf  # restored expiries: bound unknown
                     live = table.maps[idx]
                     if live:
                         live.update(d)
@@ -446,7 +468,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
             table = self._tables.get(name)
             if table is not None and table.descriptor is not None and not table.serialized:
                 times[name] = (table.descriptor.kind, now(), ttl)
-        return TtlFilter(times)
+        return TtlFilter(times, {name: state.floor for name, state in self._ttl_states.items()})
 
     def dispose(self) -> None:
         for snap in list(self._watching):
@@ -456,6 +478,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         self._children.clear()
         self._tables.clear()
         self._ttl_now.clear()
+        self._ttl_states.clear()
 
 
 class HeapStateBackend(StateBackend):

@@ -78,20 +78,29 @@ class TtlFilter:
     much as pickling them: a cache miss per entry); else it checks and computes the exact
     minimum. Without a base (the first checkpoint, savepoints) every group is checked.
 
+    A state's *floor* (:attr:`reactive.state.ttl._Ttl.floor`, read in the synchronous
+    part: a lower bound of every expiry in its table, kept in memory by the state's writes)
+    spares every key group the pass while the TTL time is before it, with or without a
+    base (a savepoint, a first checkpoint): a TTL of an hour costs no pass at all in the
+    hour after its oldest entry was written.
+
     Args:
         times: state name -> (kind, TTL time, ttl), both in seconds, of every TTL state,
             read in the snapshot's synchronous part; states not named are written as they
             are.
+        floors: state name -> the state's floor (seconds); a state not named has none.
 
     Attributes:
         dropped: keys or entries left out so far (a list's elements and a map's entries
             one by one; a value state's value as one).
     """
 
-    __slots__ = ("_earliest", "_full", "_prior", "_table", "dropped", "times")
+    __slots__ = ("_earliest", "_floors", "_full", "_prior", "_table", "dropped", "times")
 
-    def __init__(self, times: Mapping[str, tuple[str, float, float]]) -> None:
+    def __init__(self, times: Mapping[str, tuple[str, float, float]],
+                 floors: Mapping[str, float] | None = None) -> None:
         self.times = dict(times)
+        self._floors = dict(floors or {})
         self.dropped = 0
         self._earliest: dict[str, float] = {}  # of the entries written
         self._table: dict[str, float] = {}  # of the table's entries, expired ones included
@@ -150,7 +159,7 @@ class TtlFilter:
         if spec is None or not d:
             return d
         kind, now, _ = spec
-        prior = self._prior.get(name, -math.inf)
+        prior = max(self._prior.get(name, -math.inf), self._floors.get(name, -math.inf))
         if prior > now:  # nothing in the group can have expired: no pass
             self._note(name, prior, prior)
             return d

@@ -66,7 +66,7 @@ class HeapTtlValueState(TtlValueState):
     def update(self, value: Any) -> None:
         expires = self._batch_expires
         if expires is None:
-            expires = self._now() + self._ttl
+            expires = self._expires()
         b = self._b
         self._maps[b._idx][b.current_key] = (value, expires)
 

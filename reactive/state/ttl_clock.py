@@ -37,11 +37,14 @@ class TtlClockSubscriber(Protocol):
         _ttl: the state's time to live (seconds).
         _batch_now: the frozen time, ``+inf`` while the clock is thawed.
         _batch_expires: ``_batch_now + _ttl`` while frozen, None while thawed.
+        floor: a lower bound of the expiries the state wrote, which the clock lowers to
+            ``_batch_expires`` at a freeze (the state's writes in the batch use it).
     """
 
     _ttl: float
     _batch_now: float
     _batch_expires: float | None
+    floor: float
 
 
 class TtlClock:
@@ -79,14 +82,18 @@ class TtlClock:
             state._batch_expires = None
         else:
             state._batch_now = t
-            state._batch_expires = t + state._ttl
+            state._batch_expires = expires = t + state._ttl
+            if expires < state.floor:
+                state.floor = expires
 
     def freeze(self) -> None:
         """Fix the time for the accesses until :meth:`thaw` (the start of a batch)."""
         self.frozen = t = self.read()
         for state in self._subscribers:
             state._batch_now = t
-            state._batch_expires = t + state._ttl
+            state._batch_expires = expires = t + state._ttl
+            if expires < state.floor:
+                state.floor = expires
 
     def thaw(self) -> None:
         """Let accesses read the time source again (the end of a batch)."""

@@ -209,3 +209,79 @@ def test_a_captured_value_is_filtered_through_its_serializer():
     assert ttl.dropped == 2
     # written: the earliest live expiry; the table: the earliest of all, the dropped included
     assert ttl.take_earliest() == ((("v", 15.0), ("l", 15.0)), (("v", 10.0), ("l", 10.0)))
+
+
+async def _savepoint(kb: Any, job: Path, cid: int) -> dict[str, dict[Any, Any]]:
+    """A savepoint of keyed backend ``kb``, read back: ``{state: {key: stored value}}``."""
+    from reactive.state.backend import SnapshotContext
+
+    ctx = SnapshotContext(cid, job, job / f"chk-{cid}", job / "shared", "op", 0,
+                          savepoint=True)
+    handle = await kb.snapshot(ctx).write()
+    with read_key_groups(handle, job) as stream:
+        return merge_key_groups(stream)
+
+
+def _ttl_backend() -> tuple[Any, list[float], Any, Any]:
+    """A heap keyed backend with a TTL value and list state on a manual clock."""
+    from reactive.keygroups import KeyGroupRange
+    from reactive.state.ttl_clock import TtlClock
+    from reactive.state.ttl_config import StateTtlConfig
+
+    now = [0.0]
+    clock = TtlClock(lambda: now[0])
+    kb = HeapStateBackend().create_keyed_backend(
+        job_name="j", operator_uid="op", subtask=0, key_group_range=KeyGroupRange(0, 15),
+        max_parallelism=16)
+    config = StateTtlConfig(TTL)
+    value = kb.get_ttl_state(ValueStateDescriptor("v", ttl=TTL), config, clock)
+    lst = kb.get_ttl_state(ListStateDescriptor("l", ttl=TTL), config, clock)
+    return kb, now, value, lst
+
+
+async def test_a_floor_never_lets_an_expired_entry_into_a_savepoint(tmp_path: Path):
+    """The states' floors (the earliest expiry they wrote) spare a savepoint the search for
+    expired entries only while none can have expired: an entry written by another state
+    object, or restored, makes the floor unknown, and the savepoint still leaves the
+    expired entries out."""
+    from reactive.state.ttl import backend_descriptor
+    from reactive.state.ttl_config import StateTtlConfig
+
+    kb, now, value, lst = _ttl_backend()
+    keys = [f"k{i}" for i in range(40)]
+    now[0] = 20.0
+    for k in keys:
+        kb.set_current_key(k)
+        value.update(k)
+        lst.add(k)
+    assert value.floor == lst.floor == 30.0
+    now[0] = 25.0  # before the floor: nothing to look for, everything written
+    files = await _savepoint(kb, tmp_path / "a", 1)
+    assert files == {"v": {k: (k, 30.0) for k in keys}, "l": {k: [(k, 30.0)] for k in keys}}
+
+    # a pair expired at 12 written past the TTL state (the backend descriptor's state)
+    raw = kb.get_state(backend_descriptor(ValueStateDescriptor("v", ttl=TTL),
+                                          StateTtlConfig(TTL)))
+    kb.set_current_key("old")
+    raw.update(("old", 12.0))
+    kb.set_current_key(keys[0])  # (the barrier's current key is checked on its own)
+    files = await _savepoint(kb, tmp_path / "b", 2)
+    assert files["v"] == {k: (k, 30.0) for k in keys}  # "old" left out
+
+    # restored entries (expiring at 30) into states created before the restore
+    handle = (await _savepoint_handle(kb, tmp_path / "c", 3))
+    kb.dispose()
+    kb2, now2, value2, lst2 = _ttl_backend()
+    assert value2.floor == lst2.floor == float("inf")  # empty tables
+    kb2.restore([handle], tmp_path / "c")
+    now2[0] = 35.0
+    assert await _savepoint(kb2, tmp_path / "d", 4) == {}
+    kb2.dispose()
+
+
+async def _savepoint_handle(kb: Any, job: Path, cid: int) -> dict[str, Any]:
+    from reactive.state.backend import SnapshotContext
+
+    ctx = SnapshotContext(cid, job, job / f"chk-{cid}", job / "shared", "op", 0,
+                          savepoint=True)
+    return await kb.snapshot(ctx).write()  # type: ignore[no-any-return]
