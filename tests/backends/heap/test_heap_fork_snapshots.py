@@ -158,8 +158,10 @@ async def test_a_hung_child_is_killed_when_its_checkpoint_times_out(words, truth
     child_hook.update({1: "hang"})
     sink = ListSink()
     job = await _count_job(words, sink).run(
+        # a loaded machine may time out more forks than the hung one; none of them may fail
+        # the job, whose counts are what is checked
         checkpoints=CheckpointConfig(interval=0.05, timeout=0.5, directory=tmp_path,
-                                     tolerable_failed_checkpoints=5),
+                                     tolerable_failed_checkpoints=1_000),
         state_backend=HeapStateBackend(snapshot="fork"),
         restart=RestartStrategy.none())
     assert job.metrics.restarts == 0
