@@ -1,0 +1,121 @@
+"""The Kafka sink's vectorized encoding of a record batch (``connectors/kafka/batch_encoding.py``):
+the messages it makes are byte for byte those of the per-row path (each row of
+``to_pylist()`` through the sink's key and value serializers), on the Polars path and on the
+orjson path, for every type the CSV source's columnar mode infers; bad rows fail naming the
+row as on the per-row path."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reactive.connectors.kafka import KafkaSink, KafkaSinkError, batch_encoding
+
+pa = pytest.importorskip("pyarrow")
+pacsv = pytest.importorskip("pyarrow.csv")
+
+CSV = b"\n".join([
+    b"word,n,x,ok,at,frac,empty",
+    b"alpha,1,0.5,true,2024-01-02 03:04:05,2024-01-02 03:04:05.25,",
+    b'"b,""q""",-7,1e20,false,1970-01-01 00:00:00,1970-01-01 00:00:00.5,',
+    b",,,,,,",
+    "\u00e9\U0001f600,9223372036854775807,-0.0,true,2262-04-11 23:47:16,"
+    "2000-01-01 00:00:00.000001,".encode(),
+    b'"},{ line\nbreak",0,3.141592653589793,false,2000-02-29 12:00:00,'
+    b"2000-02-29 12:00:00.1,",
+    b""])
+
+
+def csv_batch() -> Any:
+    """A batch as the CSV source's columnar mode reads it (pyarrow.csv's inference)."""
+    table = pacsv.read_csv(io.BytesIO(CSV))
+    return table.combine_chunks().to_batches()[0]
+
+
+def sink(**options: Any) -> KafkaSink:
+    return KafkaSink("unused:9092", "t", semantic="at_least_once", **options)
+
+
+def per_row(s: KafkaSink, batch: Any) -> list[Any]:
+    return [s.serialize(row) for row in batch.to_pylist()]
+
+
+@pytest.fixture(params=["polars", "orjson"])
+def path(request, monkeypatch) -> str:
+    """Each test once on the Polars path (when installed) and once on orjson's."""
+    if request.param == "polars":
+        pytest.importorskip("polars")
+    else:
+        monkeypatch.setattr(batch_encoding, "_polars", lambda: None)
+    return str(request.param)
+
+
+def test_the_csv_sources_types_encode_as_the_per_row_serializer(path):
+    batch = csv_batch()
+    types = {f.name: str(f.type) for f in batch.schema}
+    assert types == {"word": "string", "n": "int64", "x": "double", "ok": "bool",
+                     "at": "timestamp[s]", "frac": "timestamp[ns]", "empty": "null"}
+    # to_pylist() turns a nanosecond timestamp into pandas.Timestamp, which orjson refuses:
+    # both paths fail naming the row
+    for encode in (sink().serialize_batch, lambda b: per_row(sink(), b)):
+        with pytest.raises(KafkaSinkError, match=r"cannot serialize record.*Timestamp"):
+            encode(batch)
+    batch = batch.drop_columns(["frac"])
+    for key in (None, "word"):
+        s = sink(key=key)
+        assert s.vectorized
+        assert s.serialize_batch(batch) == per_row(s, batch)
+    # the path under test is the one taken
+    assert (batch_encoding.json_values_by_polars(batch) is not None) == (path == "polars")
+    micros = pa.record_batch([batch.column("at").cast(pa.timestamp("us"))], ["at"])
+    assert sink().serialize_batch(micros) == per_row(sink(), micros)  # orjson's on both
+    utc = pa.record_batch([batch.column("at").cast(pa.timestamp("s", tz="UTC"))], ["at"])
+    assert sink().serialize_batch(utc) == per_row(sink(), utc)
+
+
+def test_keys_through_each_serializer(path):
+    batch = pa.record_batch({"s": ["a", None, "é"], "i": [1, 2, None], "v": [1.5, 2.5, 3.5]})
+    for column, key_serializer in [("s", "str"), ("s", "bytes"), ("i", "json"),
+                                   ("s", "json"), ("i", lambda k: str(k * 2).encode())]:
+        s = sink(key=column, key_serializer=key_serializer)
+        assert s.serialize_batch(batch) == per_row(s, batch)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.text()),
+                          st.one_of(st.none(), st.integers(-2**63, 2**63 - 1)),
+                          st.one_of(st.none(), st.floats()), st.booleans()),
+                min_size=1, max_size=30))
+def test_any_values_encode_as_the_per_row_serializer(rows):
+    batch = pa.record_batch({"s": pa.array([r[0] for r in rows], pa.string()),
+                             "i": pa.array([r[1] for r in rows], pa.int64()),
+                             "f": pa.array([r[2] for r in rows], pa.float64()),
+                             "b": pa.array([r[3] for r in rows], pa.bool_())})
+    s = sink(key="s")
+    assert s.serialize_batch(batch) == per_row(s, batch)
+
+
+def test_a_bad_row_fails_naming_it_as_the_per_row_path(path):
+    batch = pa.record_batch({"k": [1, 2], "v": ["a", "b"]})
+    with pytest.raises(KafkaSinkError, match=r"cannot serialize record \{'k': 1, 'v': 'a'\}"):
+        sink(key="k").serialize_batch(batch)  # 'str' takes str or bytes
+    with pytest.raises(KafkaSinkError, match="no key column 'word'"):
+        sink(key="word").serialize_batch(batch)
+    big = pa.record_batch({"v": ["x", "y" * 200, "z"]})
+    with pytest.raises(KafkaSinkError, match=r"record \{'v': 'yyy.*more than max_request_size"):
+        sink(max_request_size=100).serialize_batch(big)
+
+
+def test_other_configurations_take_the_per_row_path():
+    batch = pa.record_batch({"k": ["a", "b"], "v": [1, 2]})
+    for s in [sink(value=lambda r: r["v"]), sink(value_serializer="str", value=str),
+              sink(key=lambda r: r["k"]), sink(headers=lambda r: [("h", b"1")])]:
+        assert not s.vectorized
+        assert s.serialize_all([batch]) == per_row(s, batch)
+    mixed = sink(key="k")
+    assert mixed.serialize_all([{"k": "z", "v": 0}, batch]) == [
+        mixed.serialize({"k": "z", "v": 0}), *per_row(mixed, batch)]
