@@ -88,13 +88,19 @@ def test_keys_through_each_serializer(path):
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.one_of(st.none(), st.text()),
                           st.one_of(st.none(), st.integers(-2**63, 2**63 - 1)),
-                          st.one_of(st.none(), st.floats()), st.booleans()),
+                          st.one_of(st.none(), st.floats()), st.booleans(),
+                          # seconds from year 1 to 9999 (Python's datetime range)
+                          st.one_of(st.none(), st.integers(-62135596800, 253402300799))),
                 min_size=1, max_size=30))
 def test_any_values_encode_as_the_per_row_serializer(rows):
     batch = pa.record_batch({"s": pa.array([r[0] for r in rows], pa.string()),
                              "i": pa.array([r[1] for r in rows], pa.int64()),
                              "f": pa.array([r[2] for r in rows], pa.float64()),
-                             "b": pa.array([r[3] for r in rows], pa.bool_())})
+                             "b": pa.array([r[3] for r in rows], pa.bool_()),
+                             "t": pa.array([r[4] for r in rows], pa.timestamp("s")),
+                             "u": pa.array([r[4] for r in rows], pa.timestamp("s", tz="UTC"))})
+    if batch_encoding._polars() is not None:  # the Polars path is the one under test
+        assert batch_encoding.json_values_by_polars(batch) is not None
     s = sink(key="s")
     assert s.serialize_batch(batch) == per_row(s, batch)
 
