@@ -12,6 +12,12 @@ UTC), formatted first by Polars' ``strftime`` as orjson writes a ``datetime`` wi
 microseconds. Any other batch is encoded by orjson in one call over the batch's rows (a JSON
 array whose ``},{`` separators become the message boundaries when there are exactly
 ``rows - 1`` of them), and row by row when a string holds ``},{``.
+
+CSV values (the sink's ``value_serializer="csv"``, record batches only: a CSV line has no
+column names, so its types come from the batch's schema) are ``pyarrow.csv.write_csv``'s
+lines of the batch, split at the line ends; the columnar source reads them back with a
+``value_decoder`` over ``pyarrow.csv.read_csv`` and the same schema (see
+``docs/kafka-sink-batches.md``).
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["encode_json_values", "encode_keys", "is_record_batch", "json_values_by_polars"]
+__all__ = ["encode_csv_values", "encode_json_values", "encode_keys", "is_record_batch",
+           "json_values_by_polars"]
 
 
 def _polars() -> Any:
@@ -103,6 +110,35 @@ def encode_json_values(batch: Any) -> list[bytes]:
     if lines is not None:
         return lines
     return _json_values_by_orjson(batch.to_pylist())
+
+
+def _csv_text(batch: Any) -> bytes:
+    import pyarrow.csv as pacsv
+
+    buffer = io.BytesIO()
+    pacsv.write_csv(batch, buffer, pacsv.WriteOptions(include_header=False))
+    return buffer.getvalue()
+
+
+def encode_csv_values(batch: Any) -> list[bytes]:
+    """Each row of ``batch`` as one CSV line without its line end (``pyarrow.csv.write_csv``,
+    no header; strings quoted, a null empty and unquoted, bools ``true``/``false``,
+    timestamps ``YYYY-MM-DD HH:MM:SS[.fraction]`` in the column's unit): the batch written
+    once and split at its line ends, or row by row when a string holds a line end (a quoted
+    value spans lines then).
+
+    Raises:
+        pyarrow.ArrowInvalid / ArrowNotImplementedError: for a column type CSV cannot hold
+            (lists, structs ...).
+    """
+    if batch.num_rows == 0:
+        return []
+    lines = _csv_text(batch).split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    if len(lines) == batch.num_rows:
+        return lines
+    return [_csv_text(batch.slice(i, 1))[:-1] for i in range(batch.num_rows)]
 
 
 def encode_keys(column: Any, key_serializer: Callable[[Any], bytes],

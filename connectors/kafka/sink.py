@@ -46,7 +46,7 @@ from reactive.errors import ConfigurationError, RecordRejectedError
 from reactive.sinks import SinkWriter
 from reactive.two_phase_commit import TwoPhaseCommitSink, TwoPhaseCommitWriter
 
-from .batch_encoding import encode_json_values, encode_keys, is_record_batch
+from .batch_encoding import encode_csv_values, encode_json_values, encode_keys, is_record_batch
 from .serialization import Serializer, SerializerName, serializer
 
 __all__ = ["KafkaSink", "KafkaSinkError", "KafkaTransaction"]
@@ -97,6 +97,11 @@ def _identity(record: Any) -> Any:
     return record
 
 
+def _csv_refused(record: Any) -> bytes:
+    raise TypeError("value_serializer='csv' writes the rows of record batches (a columnar "
+                    "stream); this record is not in one")
+
+
 def rows_of(batch: list[Any]) -> list[Any]:
     """The records of a channel batch, a columnar stream's record batches expanded to their
     rows (``dict`` s, converted by Arrow in one call per batch)."""
@@ -131,7 +136,10 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         value: record -> value (default: the record).
         headers: record -> ``[(name, bytes), ...]`` (optional).
         key_serializer: ``"str"``, ``"bytes"``, ``"json"`` or a callable, for the key.
-        value_serializer: the same for the value (default ``"json"``, orjson).
+        value_serializer: the same for the value (default ``"json"``, orjson), or
+            ``"csv"`` for the rows of record batches: each row one CSV line of the batch's
+            columns (``pyarrow.csv.write_csv``, no header); a record that is not in a
+            record batch then fails the job naming it.
         marker_topic: the topic of the commit markers (exactly once; default
             ``"<topic>.commits"``). Keep its retention longer than the oldest checkpoint
             you may restore.
@@ -160,7 +168,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
                  value: Callable[[Any], Any] = _identity,
                  headers: Callable[[Any], Headers] | None = None,
                  key_serializer: SerializerName | Serializer = "str",
-                 value_serializer: SerializerName | Serializer = "json",
+                 value_serializer: SerializerName | Literal["csv"] | Serializer = "json",
                  marker_topic: str | None = None,
                  max_request_size: int = 1048576,
                  client_options: Mapping[str, Any] | None = None,
@@ -182,11 +190,17 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         self.value_fn = value
         self.headers_fn = headers
         self.key_serializer = serializer(key_serializer)
-        self.value_serializer = serializer(value_serializer)
+        self.csv = value_serializer == "csv"
+        self.value_serializer = _csv_refused if self.csv else serializer(
+            value_serializer)  # type: ignore[arg-type]  # "csv" is handled above
         self._key_serializer_name = key_serializer if isinstance(key_serializer, str) else None
         # record batches encode vectorized when each row's message is the row as JSON
-        self.vectorized = (value is _identity and value_serializer == "json"
+        self.vectorized = (value is _identity and value_serializer in ("json", "csv")
                            and headers is None and (key is None or isinstance(key, str)))
+        if self.csv and not self.vectorized:
+            raise ConfigurationError(
+                "Kafka sink: value_serializer='csv' writes each row of a record batch as it "
+                "is: leave value and headers unset and give key as a column name (or None)")
         self.marker_topic = marker_topic or f"{topic}.commits"
         self.max_request_size = max_request_size
         self.client_options = dict(client_options or {})
@@ -218,11 +232,13 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
                                  record) from exc
         size = len(value_bytes) + len(key_bytes or b"")
         if size > self.max_request_size:
-            raise KafkaSinkError(
-                f"Kafka sink to {self.topic!r}: record {record!r:.200} is {size} bytes, more "
-                f"than max_request_size ({self.max_request_size}); Kafka would refuse it",
-                record)
+            raise self._too_large(record, size)
         return key_bytes, value_bytes, headers
+
+    def _too_large(self, record: Any, size: int) -> KafkaSinkError:
+        return KafkaSinkError(
+            f"Kafka sink to {self.topic!r}: record {record!r:.200} is {size} bytes, more "
+            f"than max_request_size ({self.max_request_size}); Kafka would refuse it", record)
 
     def serialize_all(self, batch: list[Any]) -> list[Serialized]:
         """The bytes of a channel batch's records, in order: a record batch's rows encoded
@@ -254,7 +270,18 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
             return []
         keys: list[bytes | None]
         try:
-            values = encode_json_values(batch)
+            if self.csv:
+                try:
+                    values = encode_csv_values(batch)
+                except Exception as exc:  # a type CSV cannot hold: no row is to blame
+                    position = (batch.schema.metadata or {}).get(b"reactive.position", b"")
+                    raise KafkaSinkError(
+                        f"Kafka sink to {self.topic!r}: cannot write the record batch "
+                        f"{position.decode()!r} as CSV (columns: "
+                        f"{', '.join(f'{f.name} {f.type}' for f in batch.schema)}): "
+                        f"{type(exc).__name__}: {exc}") from exc
+            else:
+                values = encode_json_values(batch)
             if self.key_column is None:
                 keys = [None] * batch.num_rows
             else:
@@ -274,8 +301,9 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
                                                default=0)
         if longest > self.max_request_size:
             for i, (key, value) in enumerate(zip(keys, values, strict=True)):
-                if len(value) + len(key or b"") > self.max_request_size:
-                    self.serialize(batch.slice(i, 1).to_pylist()[0])  # raises, naming it
+                size = len(value) + len(key or b"")
+                if size > self.max_request_size:
+                    raise self._too_large(batch.slice(i, 1).to_pylist()[0], size)
         return list(zip(keys, values, [None] * len(values), strict=True))
 
     # ------------------------------------------------------------------ producers
