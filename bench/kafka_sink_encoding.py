@@ -14,7 +14,9 @@ message keyed by the ``word`` column, value the row as JSON:
   serializers per row, orjson), forced with ``vectorized = False``;
 - vectorized, orjson: ``connectors/kafka/batch_encoding.py`` with Polars hidden (orjson over
   the batch's rows in one call, split at the separators);
-- vectorized, Polars: the same with Polars' NDJSON writer (when Polars is installed).
+- vectorized, Polars: the same with Polars' NDJSON writer (when Polars is installed);
+- CSV values, vectorized: ``value_serializer="csv"`` (``pyarrow.csv.write_csv`` split by
+  line; other bytes than the JSON rows, so its ratio is to the per-row JSON path).
 
 Each variant's messages must equal the per-row ones (SystemExit otherwise). The job (unless
 ``--no-job``) writes the first ``--job-records`` rows (the mock keeps only a few MB per
@@ -63,8 +65,11 @@ def encoding_rates(table: Any, batch: int, rounds: int) -> dict[str, list[float]
                                              ("vectorized, orjson", True, lambda: None)]
     if with_polars() is not None:
         variants.append(("vectorized, Polars", True, with_polars))
+    csv_sink = KafkaSink("unused:9092", "t", semantic="at_least_once", key="word",
+                         value_serializer="csv")
     expected = None
     rates: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+    rates["CSV values, vectorized"] = []
     try:
         for _ in range(rounds):
             for name, vectorized, polars in variants:
@@ -79,6 +84,11 @@ def encoding_rates(table: Any, batch: int, rounds: int) -> dict[str, list[float]
                     raise SystemExit(f"error: {name} wrote other bytes than per row")
                 rates[name].append(table.num_rows / elapsed)
                 print(f"  encode, {name}: {rates[name][-1]:,.0f} records/s", flush=True)
+            started = time.perf_counter()
+            csv_sink.serialize_all(batches)
+            name = "CSV values, vectorized"
+            rates[name].append(table.num_rows / (time.perf_counter() - started))
+            print(f"  encode, {name}: {rates[name][-1]:,.0f} records/s", flush=True)
     finally:
         batch_encoding._polars = with_polars  # type: ignore[assignment]
     return rates
