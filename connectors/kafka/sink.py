@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from reactive.errors import ConfigurationError, RecordRejectedError
 from reactive.sinks import SinkWriter
 from reactive.two_phase_commit import TwoPhaseCommitSink, TwoPhaseCommitWriter
 
+from .batch_encoding import encode_csv_values, encode_json_values, encode_keys, is_record_batch
 from .serialization import Serializer, SerializerName, serializer
 
 __all__ = ["KafkaSink", "KafkaSinkError", "KafkaTransaction"]
@@ -95,6 +97,11 @@ def _identity(record: Any) -> Any:
     return record
 
 
+def _csv_refused(record: Any) -> bytes:
+    raise TypeError("value_serializer='csv' writes the rows of record batches (a columnar "
+                    "stream); this record is not in one")
+
+
 def rows_of(batch: list[Any]) -> list[Any]:
     """The records of a channel batch, a columnar stream's record batches expanded to their
     rows (``dict`` s, converted by Arrow in one call per batch)."""
@@ -123,19 +130,29 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         transactional_id_prefix: the stable prefix of this sink's transactional ids and
             commit markers (required for exactly once, as in Flink's ``KafkaSink``); unique
             per sink across every job writing to the cluster.
-        key: record -> key (None: no key; records then spread over the partitions). The
-            rows of a columnar stream's record batches are records too, each a ``dict``
-            (column -> value, from one ``RecordBatch.to_pylist()`` per batch).
+        key: record -> key, or the name of a column (``record[key]``; None: no key,
+            records then spread over the partitions). The rows of a columnar stream's
+            record batches are records too, each a ``dict`` (column -> value).
         value: record -> value (default: the record).
         headers: record -> ``[(name, bytes), ...]`` (optional).
         key_serializer: ``"str"``, ``"bytes"``, ``"json"`` or a callable, for the key.
-        value_serializer: the same for the value (default ``"json"``, orjson).
+        value_serializer: the same for the value (default ``"json"``, orjson), or
+            ``"csv"`` for the rows of record batches: each row one CSV line of the batch's
+            columns (``pyarrow.csv.write_csv``, no header); a record that is not in a
+            record batch then fails the job naming it.
         marker_topic: the topic of the commit markers (exactly once; default
             ``"<topic>.commits"``). Keep its retention longer than the oldest checkpoint
             you may restore.
         max_request_size: bytes a record may have at most (Kafka's ``max.request.size``);
             a larger one fails the job naming it, when it is written.
         client_options: more keyword options for ``aiokafka.AIOKafkaProducer``.
+
+    A columnar stream's record batch is written as one message per row. With the default
+    value (the row) and value serializer (``"json"``), no ``headers`` and ``key`` a column
+    name or None, the batch is encoded vectorized (:mod:`.batch_encoding`: a few calls per
+    batch, the same bytes as the per-row path); otherwise each row goes through ``key``,
+    ``value``, ``headers`` and the serializers as a ``dict`` (one ``RecordBatch.to_pylist()``
+    per batch).
         marker_reader_options: keyword options for the consumer that reads the commit
             markers on recovery (default: the connection and security options of
             ``client_options``).
@@ -147,11 +164,11 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
     def __init__(self, bootstrap_servers: str, topic: str, *,
                  semantic: Literal["exactly_once", "at_least_once"] = "exactly_once",
                  transactional_id_prefix: str | None = None,
-                 key: Callable[[Any], Any] | None = None,
+                 key: Callable[[Any], Any] | str | None = None,
                  value: Callable[[Any], Any] = _identity,
                  headers: Callable[[Any], Headers] | None = None,
                  key_serializer: SerializerName | Serializer = "str",
-                 value_serializer: SerializerName | Serializer = "json",
+                 value_serializer: SerializerName | Literal["csv"] | Serializer = "json",
                  marker_topic: str | None = None,
                  max_request_size: int = 1048576,
                  client_options: Mapping[str, Any] | None = None,
@@ -168,11 +185,22 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         self.semantic = semantic
         self.exactly_once = semantic == "exactly_once"
         self.prefix = transactional_id_prefix or ""
-        self.key_fn = key
+        self.key_column = key if isinstance(key, str) else None
+        self.key_fn = operator.itemgetter(key) if isinstance(key, str) else key
         self.value_fn = value
         self.headers_fn = headers
         self.key_serializer = serializer(key_serializer)
-        self.value_serializer = serializer(value_serializer)
+        self.csv = value_serializer == "csv"
+        self.value_serializer = _csv_refused if self.csv else serializer(
+            value_serializer)  # type: ignore[arg-type]  # "csv" is handled above
+        self._key_serializer_name = key_serializer if isinstance(key_serializer, str) else None
+        # record batches encode vectorized when each row's message is the row as JSON
+        self.vectorized = (value is _identity and value_serializer in ("json", "csv")
+                           and headers is None and (key is None or isinstance(key, str)))
+        if self.csv and not self.vectorized:
+            raise ConfigurationError(
+                "Kafka sink: value_serializer='csv' writes each row of a record batch as it "
+                "is: leave value and headers unset and give key as a column name (or None)")
         self.marker_topic = marker_topic or f"{topic}.commits"
         self.max_request_size = max_request_size
         self.client_options = dict(client_options or {})
@@ -204,11 +232,79 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
                                  record) from exc
         size = len(value_bytes) + len(key_bytes or b"")
         if size > self.max_request_size:
-            raise KafkaSinkError(
-                f"Kafka sink to {self.topic!r}: record {record!r:.200} is {size} bytes, more "
-                f"than max_request_size ({self.max_request_size}); Kafka would refuse it",
-                record)
+            raise self._too_large(record, size)
         return key_bytes, value_bytes, headers
+
+    def _too_large(self, record: Any, size: int) -> KafkaSinkError:
+        return KafkaSinkError(
+            f"Kafka sink to {self.topic!r}: record {record!r:.200} is {size} bytes, more "
+            f"than max_request_size ({self.max_request_size}); Kafka would refuse it", record)
+
+    def serialize_all(self, batch: list[Any]) -> list[Serialized]:
+        """The bytes of a channel batch's records, in order: a record batch's rows encoded
+        vectorized when the sink allows it (see the class), else row by row.
+
+        Raises:
+            KafkaSinkError: as :meth:`serialize`, naming the row.
+        """
+        if not self.vectorized or not any(map(is_record_batch, batch)):
+            return list(map(self.serialize, rows_of(batch)))
+        out: list[Serialized] = []
+        for item in batch:
+            if is_record_batch(item):
+                out.extend(self.serialize_batch(item))
+            else:
+                out.append(self.serialize(item))
+        return out
+
+    def serialize_batch(self, batch: Any) -> list[Serialized]:
+        """The messages of a ``pyarrow.RecordBatch``'s rows, encoded vectorized
+        (:mod:`.batch_encoding`): the same bytes as :meth:`serialize` of each row of
+        ``batch.to_pylist()``.
+
+        Raises:
+            KafkaSinkError: when a value does not encode or a message exceeds
+                ``max_request_size`` (naming the row), or the key column is missing.
+        """
+        if batch.num_rows == 0:
+            return []
+        keys: list[bytes | None]
+        try:
+            if self.csv:
+                try:
+                    values = encode_csv_values(batch)
+                except Exception as exc:  # a type CSV cannot hold: no row is to blame
+                    position = (batch.schema.metadata or {}).get(b"reactive.position", b"")
+                    raise KafkaSinkError(
+                        f"Kafka sink to {self.topic!r}: cannot write the record batch "
+                        f"{position.decode()!r} as CSV (columns: "
+                        f"{', '.join(f'{f.name} {f.type}' for f in batch.schema)}): "
+                        f"{type(exc).__name__}: {exc}") from exc
+            else:
+                values = encode_json_values(batch)
+            if self.key_column is None:
+                keys = [None] * batch.num_rows
+            else:
+                index = batch.schema.get_field_index(self.key_column)
+                if index < 0:
+                    raise KafkaSinkError(
+                        f"Kafka sink to {self.topic!r}: the record batch has no key column "
+                        f"{self.key_column!r} (its columns: {batch.schema.names})")
+                keys = encode_keys(batch.column(index), self.key_serializer,
+                                   self._key_serializer_name)
+        except KafkaSinkError:
+            raise
+        except Exception:
+            # the per-row path names the row that does not encode
+            return list(map(self.serialize, batch.to_pylist()))
+        longest = max(map(len, values)) + max((len(k) for k in keys if k is not None),
+                                               default=0)
+        if longest > self.max_request_size:
+            for i, (key, value) in enumerate(zip(keys, values, strict=True)):
+                size = len(value) + len(key or b"")
+                if size > self.max_request_size:
+                    raise self._too_large(batch.slice(i, 1).to_pylist()[0], size)
+        return list(zip(keys, values, [None] * len(values), strict=True))
 
     # ------------------------------------------------------------------ producers
     def _new_producer(self, transactional_id: str | None) -> Any:
@@ -255,7 +351,7 @@ class KafkaSink(TwoPhaseCommitSink[KafkaTransaction]):
         return KafkaTransaction(self.subtask)
 
     def write(self, txn: KafkaTransaction, batch: list[Any]) -> None:
-        txn.records.extend(map(self.serialize, rows_of(batch)))
+        txn.records.extend(self.serialize_all(batch))
 
     def pre_commit(self, txn: KafkaTransaction, checkpoint_id: int) -> None:
         # the records go into the checkpoint with the transaction (the write-ahead log)
@@ -379,8 +475,8 @@ class AtLeastOnceKafkaWriter(SinkWriter):
             self._producer = self.sink._new_producer(None)
             await self._producer.start()
         producer, topic = self._producer, self.sink.topic
-        for record in rows_of(batch):
-            key, value, headers = serialized = self.sink.serialize(record)
+        for serialized in self.sink.serialize_all(batch):
+            key, value, headers = serialized
             future = await producer.send(topic, value, key=key, headers=headers)
             self._in_flight.append((future, serialized))
         if len(self._in_flight) > 50_000:
