@@ -94,6 +94,13 @@ class SlotStore(KeyedStateBackend):
         keep them and write them in the asynchronous part."""
         self.store_rows(*rows.take(len(rows)))
 
+    def may_hold_rows(self) -> bool:
+        """Whether the store may hold rows its caller has not written since the instance
+        started (restored ones). When it cannot, a key absent from a cache that never
+        dropped a row was never stored, and the cache reads no rows. This default answers
+        True (always read)."""
+        return True
+
     @abstractmethod
     def iter_rows(self) -> Iterator[tuple[Any, tuple[Any, ...]]]:
         """Every stored ``(key, row)`` of this instance, by key group."""
@@ -129,6 +136,10 @@ class SlotCache:
         self.arrays: dict[str, np.ndarray] = {}
         self.keys: list[Any] = []  # per slot, its key as the per-record API sees it
         self.dirty = np.zeros(0, bool)
+        #: every key the store holds is cached (None: not known before the first batch, as
+        #: a restore comes after setup): new keys then start from the initial values
+        #: without a read; False once the cache dropped rows or the store was restored
+        self.resident: bool | None = None
         self._reset(1024)
         store.before_snapshot(self._at_barrier)
 
@@ -155,10 +166,13 @@ class SlotCache:
         """Map ``batch``'s keys to cached slots, reading the keys not cached from the store
         (one batched read), and mark the batch's slots changed."""
         index = self.index
+        if self.resident is None:
+            self.resident = not self.store.may_hold_rows()
         if index.size >= self.capacity:
             self.flush()
             index.clear()
             self._reset(len(self.dirty))
+            self.resident = False
         before = index.size
         chunks_before = [len(c) for c in index.key_chunks]
         keys = index.lookup(batch)
@@ -182,6 +196,8 @@ class SlotCache:
         new_keys = new_columns[0] if len(new_columns) == 1 else \
             list(zip(*new_columns, strict=True))
         self.keys.extend(new_keys)
+        if self.resident:
+            return
         rows = self.store.load_rows(new_keys, self.index.key_groups[before:size])
         found = [i for i, r in enumerate(rows) if r is not None]
         if not found:
