@@ -267,16 +267,24 @@ class _BarrierWriter:
             keys = part.keys
             chunk = [keys[s] for s in part.slots[at].tolist()]
             groups = part.key_groups[at]
-            stored = None if self._prefixes is None else \
+            encoded = None if self._prefixes is None else \
                 stored_keys(self._prefixes.take(pa.array(groups)), chunk)
-            if stored is None:
-                stored = [kg[g] + sid + encode(k)
-                          for g, k in zip(groups.tolist(), chunk, strict=True)]
-            values = map(_dumps, zip(*[c[at].tolist() for c in part.columns], strict=True))
             if staged:
                 for k in chunk:
                     staged.pop(k, None)  # RocksDB gets a newer value
-            for k, v in sorted(zip(stored, values, strict=True), key=_first):
+            if encoded is not None:  # sorted by Arrow's kernel
+                by_key = pc.sort_indices(encoded).to_numpy()
+                at = at[by_key]
+                rows = zip(*[c[at].tolist() for c in part.columns], strict=True)
+                pairs: Any = zip(encoded.take(pa.array(by_key)).to_pylist(),
+                                 map(_dumps, rows), strict=True)
+            else:
+                stored = [kg[g] + sid + encode(k)
+                          for g, k in zip(groups.tolist(), chunk, strict=True)]
+                values = map(_dumps, zip(*[c[at].tolist() for c in part.columns],
+                                         strict=True))
+                pairs = sorted(zip(stored, values, strict=True), key=_first)
+            for k, v in pairs:
                 if v is ABSENT:
                     wb.delete(k)
                 else:
@@ -327,7 +335,7 @@ _STR_HEADS = None if _CANONICAL is None else pa.array(_CANONICAL[0], pa.binary()
 _INT_RECORD = np.dtype([("tag", "u1"), ("value", ">i8")])
 
 
-def stored_keys(prefixes: Any, keys: list[Any]) -> list[bytes] | None:
+def stored_keys(prefixes: Any, keys: list[Any]) -> Any:
     """``prefixes[i]`` followed by the canonical encoding of ``keys[i]``
     (:func:`~reactive.key_encoding.encode_key`), built with Arrow and numpy kernels
     instead of a call per key, when every key is a str shorter than 256 UTF-8 bytes or
@@ -338,8 +346,8 @@ def stored_keys(prefixes: Any, keys: list[Any]) -> list[bytes] | None:
         keys: the keys, as the per-record API sees them.
 
     Returns:
-        The stored keys, or None for keys of other types (mixed, None, bool, long, tuples):
-        the caller encodes them one by one.
+        The stored keys (a ``pyarrow`` binary array), or None for keys of other types
+        (mixed, None, bool, long, tuples): the caller encodes them one by one.
     """
     if _CANONICAL is None or not keys:
         return None
@@ -357,16 +365,14 @@ def stored_keys(prefixes: Any, keys: list[Any]) -> list[bytes] | None:
         if int(lengths.max()) >= len(_CANONICAL[0]):
             return None
         heads = cast(Any, _STR_HEADS).take(pa.array(lengths))
-        joined = pc.binary_join_element_wise(prefixes, heads, array.cast(pa.binary()), b"")
-        return cast(list[bytes], joined.to_pylist())
+        return pc.binary_join_element_wise(prefixes, heads, array.cast(pa.binary()), b"")
     if pa.types.is_int64(array.type):
         record = np.empty(len(array), _INT_RECORD)
         record["tag"] = _CANONICAL[1][0]
         record["value"] = array.to_numpy()
         encoded = pa.FixedSizeBinaryArray.from_buffers(
             pa.binary(9), len(array), [None, pa.py_buffer(record.tobytes())])
-        joined = pc.binary_join_element_wise(prefixes, encoded.cast(pa.binary()), b"")
-        return cast(list[bytes], joined.to_pylist())
+        return pc.binary_join_element_wise(prefixes, encoded.cast(pa.binary()), b"")
     return None
 
 
