@@ -42,7 +42,8 @@ from .backend import RocksDBKeyedStateBackend, RocksDBStateBackend
 from .db import BACKEND
 from .generations import ABSENT, MISS, Generation, raw_bytes, step_budget
 
-__all__ = ["COLUMNAR_STATE", "ColumnarRocksDBKeyedStateBackend", "stored_keys"]
+__all__ = ["COLUMNAR_STATE", "ColumnarRocksDBKeyedStateBackend", "pickled_rows",
+           "stored_keys"]
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
@@ -250,6 +251,7 @@ class _BarrierWriter:
         self._part = 0  # the part being written
         self._at = 0  # rows of it written, in key-group order
         self._order: np.ndarray | None = None
+        self._column: Any = None  # the part's key column (concatenated key chunks)
 
     def persist(self, db: Any, encode: Callable[[Any], bytes], budget: float) -> bool:
         now = step_budget()[0]
@@ -261,28 +263,42 @@ class _BarrierWriter:
         while self._part < len(self.parts):
             part = self.parts[self._part]
             if self._order is None:
-                self._order = np.argsort(part.key_groups, kind="stable")
+                # key groups < 2**15: numpy's radix sort
+                self._order = np.argsort(part.key_groups.astype(np.uint16), kind="stable")
             lo, hi = self._at, min(self._at + self.CHUNK, len(part))
             at = self._order[lo:hi]
             keys = part.keys
-            chunk = [keys[s] for s in part.slots[at].tolist()]
             groups = part.key_groups[at]
-            encoded = None if self._prefixes is None else \
-                stored_keys(self._prefixes.take(pa.array(groups)), chunk)
+            chunk: Any = None  # the Python keys, built only where needed
+            encoded = None
+            if self._prefixes is not None:
+                prefixes = self._prefixes.take(pa.array(groups))
+                if part.key_chunks:
+                    if self._column is None:
+                        self._column = pa.concat_arrays(part.key_chunks)
+                    encoded = stored_keys(prefixes, self._column.take(pa.array(part.slots[at])))
+                if encoded is None:
+                    chunk = [keys[s] for s in part.slots[at].tolist()]
+                    encoded = stored_keys(prefixes, chunk)
+            if staged or encoded is None:
+                chunk = chunk or [keys[s] for s in part.slots[at].tolist()]
             if staged:
                 for k in chunk:
                     staged.pop(k, None)  # RocksDB gets a newer value
             if encoded is not None:  # sorted by Arrow's kernel
                 by_key = pc.sort_indices(encoded).to_numpy()
                 at = at[by_key]
-                rows = zip(*[c[at].tolist() for c in part.columns], strict=True)
-                pairs: Any = zip(encoded.take(pa.array(by_key)).to_pylist(),
-                                 map(_dumps, rows), strict=True)
+                values: Any = pickled_rows([c[at] for c in part.columns])
+                if values is None:
+                    values = map(_dumps, zip(*[c[at].tolist() for c in part.columns],
+                                             strict=True))
+                pairs: Any = zip(encoded.take(pa.array(by_key)).to_pylist(), values,
+                                 strict=True)
             else:
                 stored = [kg[g] + sid + encode(k)
                           for g, k in zip(groups.tolist(), chunk, strict=True)]
-                values = map(_dumps, zip(*[c[at].tolist() for c in part.columns],
-                                         strict=True))
+                values = pickled_rows([c[at] for c in part.columns]) or \
+                    map(_dumps, zip(*[c[at].tolist() for c in part.columns], strict=True))
                 pairs = sorted(zip(stored, values, strict=True), key=_first)
             for k, v in pairs:
                 if v is ABSENT:
@@ -293,7 +309,7 @@ class _BarrierWriter:
             self._at = hi
             if hi >= len(part):
                 self._part += 1
-                self._at, self._order = 0, None
+                self._at, self._order, self._column = 0, None, None
             if now() >= deadline:
                 break
         if n:
@@ -335,7 +351,7 @@ _STR_HEADS = None if _CANONICAL is None else pa.array(_CANONICAL[0], pa.binary()
 _INT_RECORD = np.dtype([("tag", "u1"), ("value", ">i8")])
 
 
-def stored_keys(prefixes: Any, keys: list[Any]) -> Any:
+def stored_keys(prefixes: Any, keys: Any) -> Any:
     """``prefixes[i]`` followed by the canonical encoding of ``keys[i]``
     (:func:`~reactive.key_encoding.encode_key`), built with Arrow and numpy kernels
     instead of a call per key, when every key is a str shorter than 256 UTF-8 bytes or
@@ -343,21 +359,27 @@ def stored_keys(prefixes: Any, keys: list[Any]) -> Any:
 
     Args:
         prefixes: a ``pyarrow`` binary array, one prefix per key.
-        keys: the keys, as the per-record API sees them.
+        keys: the keys, as the per-record API sees them (a list), or a ``pyarrow``
+            array of them (a string or integer column; other types are declined).
 
     Returns:
         The stored keys (a ``pyarrow`` binary array), or None for keys of other types
         (mixed, None, bool, long, tuples): the caller encodes them one by one.
     """
-    if _CANONICAL is None or not keys:
+    if _CANONICAL is None or not len(keys):
         return None
-    first = type(keys[0])
-    if first is not str and first is not int:
-        return None
-    try:
-        array = pa.array(keys)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        return None
+    if isinstance(keys, list):
+        first = type(keys[0])
+        if first is not str and first is not int:
+            return None
+        try:
+            array = pa.array(keys)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            return None
+    else:
+        array = keys
+        if pa.types.is_integer(array.type) and array.type != pa.uint64():
+            array = array.cast(pa.int64())
     if array.null_count:
         return None
     if pa.types.is_string(array.type):
@@ -374,6 +396,48 @@ def stored_keys(prefixes: Any, keys: list[Any]) -> Any:
             pa.binary(9), len(array), [None, pa.py_buffer(record.tobytes())])
         return pc.binary_join_element_wise(prefixes, encoded.cast(pa.binary()), b"")
     return None
+
+
+_TUPLE_OF = {1: b"\x85", 2: b"\x86", 3: b"\x87"}  # pickle's TUPLE1, TUPLE2, TUPLE3
+
+
+def pickled_rows(columns: list[np.ndarray]) -> list[bytes] | None:
+    """Per row, the pickle of the tuple of ``columns``' values (``pickle.loads`` gives the
+    row ``pickle.dumps`` would have pickled: Python ints and floats), built as one byte
+    matrix with numpy instead of a ``pickle.dumps`` per row: pickle protocol 2's
+    ``PROTO``, per value ``LONG1`` with 8 bytes (int64) or ``BINFLOAT`` (float64), then
+    ``TUPLE1-3`` (or ``MARK`` ... ``TUPLE``) and ``STOP``.
+
+    Args:
+        columns: equal-length int64 or float64 arrays.
+
+    Returns:
+        The pickles, or None when a column has another dtype (the caller pickles rows).
+    """
+    if not columns or any(c.dtype not in (np.int64, np.float64) for c in columns):
+        return None
+    n, k = len(columns[0]), len(columns)
+    mark = k not in _TUPLE_OF
+    width = 2 + mark + sum(10 if c.dtype == np.int64 else 9 for c in columns) + 2
+    out = np.empty((n, width), np.uint8)
+    out[:, 0], out[:, 1] = 0x80, 2  # PROTO 2
+    at = 2
+    if mark:
+        out[:, at] = ord("(")
+        at += 1
+    for c in columns:
+        if c.dtype == np.int64:
+            out[:, at], out[:, at + 1] = 0x8A, 8  # LONG1, 8 bytes little-endian
+            out[:, at + 2:at + 10] = c.astype("<i8").view(np.uint8).reshape(n, 8)
+            at += 10
+        else:
+            out[:, at] = ord("G")  # BINFLOAT, big-endian
+            out[:, at + 1:at + 9] = c.astype(">f8").view(np.uint8).reshape(n, 8)
+            at += 9
+    out[:, at] = ord("t") if mark else _TUPLE_OF[k][0]
+    out[:, at + 1] = ord(".")
+    raw = out.tobytes()
+    return [raw[i:i + width] for i in range(0, len(raw), width)]
 
 
 def _first(pair: tuple[bytes, Any]) -> bytes:

@@ -41,13 +41,17 @@ class BarrierRows:
         slots: the changed slots (``int64``).
         key_groups: their key groups (``int32``, a copy).
         columns: per state array, its values at ``slots`` (copies, the store's row order).
+        key_chunks: for one key column, the ``pyarrow`` arrays of its values by slot
+            (concatenated: the key of every slot), for a store that encodes keys with
+            Arrow kernels; None otherwise.
     """
 
-    __slots__ = ("columns", "done", "key_groups", "keys", "slots")
+    __slots__ = ("columns", "done", "key_chunks", "key_groups", "keys", "slots")
 
     def __init__(self, keys: list[Any], slots: np.ndarray, key_groups: np.ndarray,
-                 columns: list[np.ndarray]) -> None:
+                 columns: list[np.ndarray], key_chunks: list[Any] | None = None) -> None:
         self.keys = keys
+        self.key_chunks = key_chunks
         self.slots = slots
         self.key_groups = key_groups
         self.columns = columns
@@ -227,9 +231,11 @@ class SlotCache:
         slots = np.flatnonzero(self.dirty[:size])
         if not len(slots):
             return
+        chunks = self.index.key_chunks
         self.store.store_barrier_rows(BarrierRows(
             self.keys, slots, self.index.key_groups[slots],
-            [self.arrays[n][slots] for n in self.names]))
+            [self.arrays[n][slots] for n in self.names],
+            list(chunks[0]) if len(chunks) == 1 else None))
         self.dirty[:size] = False
 
     def all_rows(self) -> tuple[list[Any], dict[str, np.ndarray]]:

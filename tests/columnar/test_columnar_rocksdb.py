@@ -202,10 +202,37 @@ def test_stored_keys_built_by_kernels_equal_the_canonical_encoding(keys):
 
     prefixes = [bytes([i % 7, 3]) for i in range(len(keys))]
     got = stored_keys(pa.array(prefixes, pa.binary()), keys)
+    want = [p + encode_key(k) for p, k in zip(prefixes, keys, strict=True)]
     if got is not None:
-        assert got.to_pylist() == [p + encode_key(k) for p, k in zip(prefixes, keys, strict=True)]
+        assert got.to_pylist() == want
+        # the same keys as the Arrow column a cache's key index holds
+        column = pa.array(keys)
+        for array in (column, column.cast(pa.int32()) if pa.types.is_int64(column.type)
+                      and all(-(1 << 31) <= k < 1 << 31 for k in keys) else column):
+            from_column = stored_keys(pa.array(prefixes, pa.binary()), array)
+            assert from_column is not None and from_column.to_pylist() == want
     if all(type(k) is str and len(k.encode("utf-8", "surrogatepass")) < 256 for k in keys) \
             and all(k.isprintable() for k in keys):
         assert got is not None
     if all(type(k) is int and -(1 << 63) <= k < 1 << 63 for k in keys):
         assert got is not None
+
+
+@given(st.lists(st.tuples(st.integers(-(1 << 63), (1 << 63) - 1),
+                          st.floats(allow_nan=False), st.integers(-(1 << 63), (1 << 63) - 1)),
+                min_size=1, max_size=20),
+       st.sampled_from(["i", "if", "ifi", "iiii", "f"]))
+def test_rows_pickled_by_numpy_load_as_the_rows(rows, kinds):
+    """Barrier rows pickled as one byte matrix load back as ``pickle.dumps`` of each row
+    would: the same Python ints and floats, whatever the number of columns."""
+    import numpy as np
+
+    from reactive.backends.rocksdb.columnar import pickled_rows
+
+    columns = [np.array([r[0 if k == "i" else 1] for r in rows],
+                        np.int64 if k == "i" else np.float64) for k in kinds]
+    want = list(zip(*[c.tolist() for c in columns], strict=True))
+    got = [pickle.loads(b) for b in pickled_rows(columns)]
+    assert got == want
+    assert [tuple(map(type, r)) for r in got] == [tuple(map(type, r)) for r in want]
+    assert pickled_rows([np.array([True])]) is None
