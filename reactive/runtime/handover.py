@@ -118,6 +118,11 @@ class StateHandOver:
             out.append(pickle.loads(blob) if blob is not None else {})
         return out
 
+    def release(self) -> None:
+        """Drop the captures once taken over (the old tables would keep dicts alive that the
+        new instances replace)."""
+        self._instances.clear()
+
 
 def take_over(handover: StateHandOver,
               instances: list[tuple[StreamOperator, KeyedStateBackend | None, int, int,
@@ -147,3 +152,4 @@ def take_over(handover: StateHandOver,
             raise RestoreError(f"operator {op.uid!r}, subtask {subtask}: taking over the "
                                f"state handed over at the rescale failed: "
                                f"{type(exc).__name__}: {exc}") from exc
+    handover.release()

@@ -6,12 +6,20 @@ case restores the checkpoint and says why. Exactly once either way."""
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from reactive import CheckpointConfig, Dataflow, PushSource, TumblingEventTimeWindows
+from reactive import (
+    CheckpointConfig,
+    Dataflow,
+    KeyedProcessFunction,
+    PushSource,
+    TumblingEventTimeWindows,
+    ValueStateDescriptor,
+)
 from reactive.backends.heap import HeapStateBackend
 from reactive.backends.rocksdb import RocksDBStateBackend
 from reactive.connectors.collections import ListSink
@@ -130,3 +138,41 @@ async def test_event_time_timers_move_with_their_key_groups(tmp_path, transfer):
     # windows [20, 30) of every key were open at the barrier (watermark < 25)
     assert len(expected) == 12 * 6
     assert bool(job.metrics.handed_over) == (transfer == "auto")
+
+
+class _Remind(KeyedProcessFunction):
+    """Counts per key and registers a processing-time timer an hour ahead per key (it
+    never fires in the test; it is pending at the rescale's barrier)."""
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+    def process_element(self, word: str, ctx: Any) -> Iterable[Any]:
+        n = self.count.value() + 1
+        self.count.update(n)
+        ctx.timer_service.register_processing_time_timer(
+            ctx.timer_service.current_processing_time() + 3600.0)
+        yield (word, n)
+
+
+async def test_pending_processing_time_timers_make_the_rescale_restore(tmp_path):
+    """A processing-time timer could fire between the barrier and the switch, changing
+    state the barrier's capture shares: the rescale restores its checkpoint instead."""
+    source = PushSource()
+    flow = Dataflow("handover-timers", parallelism=2)
+    (flow.source(source).uid("src").key_by(lambda w: w).process(_Remind()).uid("count")
+     .sink(ListSink()).uid("out"))
+    job = await flow.start(checkpoints=CheckpointConfig(interval=None,
+                                                        directory=str(tmp_path / "chk")),
+                           state_backend=HeapStateBackend())
+    results = job.results("out")
+    await _send_rounds(source, 2)
+    completed = await job.rescale(3)
+    await _send_rounds(source, 2)
+    source.close()
+    assert sorted([r async for r in results]) == _expected(4)
+    await job.wait()
+    assert job.metrics.restored_checkpoints == [completed.checkpoint_id]
+    assert job.metrics.handed_over == []
+    [(_, why)] = job._runner.rescale_transfers
+    assert "operator 'count' has processing-time timers" in why
