@@ -70,7 +70,7 @@ from reactive.state.ttl import backend_descriptor, ttl_state
 from reactive.state.ttl_clock import TtlClock
 from reactive.state.ttl_config import StateTtlConfig
 
-from .changelog import ChangeLog, GroupChain, SnapshotPlan, limits
+from .changelog import ChangeLog, SnapshotPlan, limits
 from .fork_snapshot import ForkedSnapshot, fork_snapshot, fork_supported
 from .format import BACKEND, is_heap_handle, iter_heap_key_groups
 from .snapshot import HeapSnapshot
@@ -101,16 +101,10 @@ class HeapKeyGroups:
     Attributes:
         key_group_range: the key groups of the instance that handed them over.
         tables: its tables by state name (``maps[kg - key_group_range.start]``).
-        log: its changelog: once the barrier's checkpoint completed, its chains are the
-            state, and the instances taking the key groups over start from them.
-        checkpoint_id: the checkpoint whose barrier the hand-over happened at (None: no
-            snapshot closed before it).
     """
 
     key_group_range: KeyGroupRange
     tables: dict[str, Table]
-    log: ChangeLog | None = None
-    checkpoint_id: int | None = None
 
 
 class HeapKeyedStateBackend(KeyedStateBackend):
@@ -443,28 +437,18 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         bytes of a restore no descriptor claimed (those are read from the checkpoint)."""
         if any(t.serialized for t in self._tables.values()):
             return None
-        closed = self._log._closed
-        return HeapKeyGroups(self.key_group_range, dict(self._tables), self._log,
-                             closed[-1].checkpoint_id if closed else None)
+        return HeapKeyGroups(self.key_group_range, dict(self._tables))
 
     def take_over(self, parts: Sequence[KeyGroupsInMemory]) -> None:
         """Adopt the dicts of this instance's key groups from the old instances' tables: a
         key group's dict moves as one object (no copy, no serialization), timers with it
-        (they are tables too).
-
-        When the barrier's checkpoint completed at every old instance with nothing changed
-        since (their changelogs say so), the key groups' chains in it become this
-        instance's base, so the next checkpoint serializes only the keys changed from now
-        on (full checkpoints copy the other key groups' blobs from the barrier checkpoint's
-        files, incremental ones refer to them); else it writes every key group in full, as
-        after a restore.
+        (they are tables too). The next checkpoint writes every key group in full, as after
+        a restore.
 
         Raises:
             RestoreError: a part is not a heap backend's.
         """
         start, end = self._start, self._start + self._n - 1
-        chains: list[GroupChain | None] = [None] * self._n
-        base_ids = set()
         for part in parts:
             if not isinstance(part, HeapKeyGroups):
                 raise RestoreError(
@@ -479,16 +463,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                     mine.descriptor = table.descriptor
                 for kg in range(lo, hi + 1):
                     mine.maps[kg - start] = table.maps[kg - old]
-            log = part.log
-            if log is not None and part.checkpoint_id is not None and \
-                    log.clean_since(part.checkpoint_id) and log.base is not None:
-                base_ids.add(part.checkpoint_id)
-                for kg in range(lo, hi + 1):
-                    chains[kg - start] = log.base[kg - old]
         self._log.reset()
-        complete = [c for c in chains if c is not None]
-        if len(base_ids) == 1 and len(complete) == self._n:
-            self._log.adopt(complete, base_ids.pop())
 
     def _install(self, stream: KeyGroupStream) -> None:
         with stream:

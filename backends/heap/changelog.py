@@ -194,8 +194,6 @@ class ChangeLog:
         self._open = _Interval()
         self._closed: list[_Interval] = []
         self._base: list[GroupChain] | None = None
-        #: the checkpoint whose chains are the base (None: no base)
-        self.base_id: int | None = None
         self._pending: dict[int, list[GroupChain]] = {}
 
     @property
@@ -296,7 +294,6 @@ class ChangeLog:
         if chains is None:
             return False
         self._base = chains
-        self.base_id = checkpoint_id
         for cid in [c for c in self._pending if c < checkpoint_id]:
             del self._pending[cid]
         self._closed = [iv for iv in self._closed if iv.checkpoint_id > checkpoint_id]
@@ -308,24 +305,4 @@ class ChangeLog:
         self._open = _Interval()
         self._closed = []
         self._base = None
-        self.base_id = None
         self._pending.clear()
-
-    def clean_since(self, checkpoint_id: int) -> bool:
-        """Whether the base is checkpoint ``checkpoint_id``'s chains and no key changed
-        since (no snapshot after it, no dirty key): the chains are then the state."""
-        iv = self._open
-        return (self.base_id == checkpoint_id and self._base is not None
-                and not self._closed and not self._pending
-                and not iv.gens and not iv.groups and iv.size == 0)
-
-    def adopt(self, base: list[GroupChain], base_id: int) -> None:
-        """Start from ``base`` (one chain per key-group index of this range), the chains
-        of completed checkpoint ``base_id`` that hold exactly the state (key groups handed
-        over by other instances whose logs were :meth:`clean_since` it): the next snapshot
-        writes only what changes from now on."""
-        if len(base) != self.n:
-            raise ValueError(f"{len(base)} chains for {self.n} key groups")
-        self.reset()
-        self._base = list(base)
-        self.base_id = base_id

@@ -50,8 +50,7 @@ USER_API = {
 }
 
 PLUGIN_API = {
-    "KeyGroupRange", "KeyGroupReader", "KeyGroupState", "KeyGroupStream", "KeyGroupsInMemory",
-    "KeyedStateBackend",
+    "KeyGroupRange", "KeyGroupReader", "KeyGroupState", "KeyGroupStream", "KeyedStateBackend",
     "KeyedStateSnapshot", "ListState", "ListStateDescriptor", "MapState", "MapStateDescriptor",
     "RecordRejectedError", "ReducingState", "ReducingStateDescriptor", "Serializer", "Sink",
     "SinkWriter", "SnapshotContext", "Source", "SourceReader", "State", "StateBackend",

@@ -49,7 +49,15 @@ def _old_instances(p: int) -> tuple[list[HeapKeyedStateBackend], dict[Any, Any]]
 
 
 def _take_over(olds: list[HeapKeyedStateBackend], p: int) -> list[HeapKeyedStateBackend]:
-    return _take_over_parts([b.hand_over() for b in olds], p)
+    parts = [b.hand_over() for b in olds]
+    news = []
+    for i in range(p):
+        b = HeapKeyedStateBackend(key_group_range_for_operator(i, p, MAXP), MAXP)
+        r = b.key_group_range
+        b.take_over([x for x in parts if x is not None and x.key_group_range.start <= r.end
+                     and r.start <= x.key_group_range.end])
+        news.append(b)
+    return news
 
 
 @pytest.mark.parametrize("old_p, new_p", [(2, 3), (3, 1), (1, 4)])
@@ -103,75 +111,3 @@ def test_a_part_of_another_backend_is_refused():
 
 def _key_group(key: Any) -> int:
     return assign_to_key_group(key, MAXP)
-
-
-def _ctx(tmp_path: Path, checkpoint_id: int, subtask: int) -> SnapshotContext:
-    return SnapshotContext(checkpoint_id, tmp_path, tmp_path / f"chk-{checkpoint_id}",
-                           tmp_path / "shared", "op", subtask)
-
-
-@pytest.mark.parametrize("incremental", [False, True])
-async def test_the_checkpoint_after_a_take_over_builds_on_the_barrier_checkpoint(
-        tmp_path: Path, incremental: bool):
-    """Handed over at checkpoint 5's barrier (completed, nothing changed since), the new
-    instances start from its chains: checkpoint 6 serializes only the key changed after
-    the switch, and restoring checkpoint 6 alone gives the whole state."""
-    olds, _ = _old_instances(2)
-    for b in olds:
-        b.incremental = incremental
-    parts, snaps = [], []
-    for i, b in enumerate(olds):
-        snaps.append(b.snapshot(_ctx(tmp_path, 5, i)))
-        parts.append(b.hand_over())  # at the snapshot instant, as the runtime does
-    for snap in snaps:
-        await snap.write()
-    for b in olds:
-        b.notify_checkpoint_complete(5)
-    news = _take_over_parts(parts, 3, incremental)
-    changed = KEYS[7]
-    owner = next(b for b in news if b.key_group_range.start <= _key_group(changed)
-                 <= b.key_group_range.end)
-    owner.get_state(COUNT)
-    owner.set_current_key(changed)
-    owner.get_state(COUNT).update(1000)
-    handles = []
-    for i, b in enumerate(news):
-        b.get_state(COUNT)
-        b.get_state(SEEN)
-        snap = b.snapshot(_ctx(tmp_path, 6, i))
-        # a base: only the changed key's key group may be written in full, none elsewhere
-        assert snap.plan.base is not None
-        assert snap.plan.full is not None and len(snap.plan.full) <= 1
-        handles.append(await snap.write())
-    restored = HeapKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP)
-    restored.restore(handles, tmp_path)
-    count, seen = restored.get_state(COUNT), restored.get_state(SEEN)
-    for n, k in enumerate(KEYS):
-        restored.set_current_key(k)
-        assert count.value() == (1000 if k == changed else n)
-        assert list(seen.get()) == [k, n]
-
-
-async def test_without_a_completed_barrier_checkpoint_the_next_one_is_full(tmp_path: Path):
-    olds, _ = _old_instances(2)
-    parts = []
-    for i, b in enumerate(olds):
-        snap = b.snapshot(_ctx(tmp_path, 5, i))
-        parts.append(b.hand_over())
-        await snap.write()  # written, never completed
-    news = _take_over_parts(parts, 3)
-    for i, b in enumerate(news):
-        assert b.snapshot(_ctx(tmp_path, 6, i)).plan.full is None
-
-
-def _take_over_parts(parts: list[Any], p: int,
-                     incremental: bool = False) -> list[HeapKeyedStateBackend]:
-    news = []
-    for i in range(p):
-        b = HeapKeyedStateBackend(key_group_range_for_operator(i, p, MAXP), MAXP,
-                                  incremental=incremental)
-        r = b.key_group_range
-        b.take_over([x for x in parts if x is not None and x.key_group_range.start <= r.end
-                     and r.start <= x.key_group_range.end])
-        news.append(b)
-    return news
