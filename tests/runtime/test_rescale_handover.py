@@ -17,6 +17,7 @@ from reactive import (
     Dataflow,
     KeyedProcessFunction,
     PushSource,
+    RestartStrategy,
     TumblingEventTimeWindows,
     ValueStateDescriptor,
 )
@@ -25,12 +26,14 @@ from reactive.backends.rocksdb import RocksDBStateBackend
 from reactive.connectors.collections import ListSink
 from tests.connectors.files.test_committing_file_sink import committed_records
 from tests.runtime.test_job_rescale import WORDS, _expected, _flow, _send_rounds
+from tests.support import FailureInjector, failing_count
 from tests.windowing.test_windows import SumAmount
 
 STEPS: list[Any] = [4, {"count": 3}, 1, {"count": 2, "files": 3}]
 
 
-async def _rescale_steps(tmp_path: Path, **rescale: Any) -> tuple[Any, list[int]]:
+async def _rescale_steps(tmp_path: Path, incremental: bool = False,
+                         **rescale: Any) -> tuple[Any, list[int]]:
     """W1 over a push source, rescaled through ``STEPS`` with 3 rounds of words before
     each and after the last; checks that counts and committed output are exact."""
     source = PushSource()
@@ -38,7 +41,7 @@ async def _rescale_steps(tmp_path: Path, **rescale: Any) -> tuple[Any, list[int]
     job = await _flow("handover", source, out).start(
         checkpoints=CheckpointConfig(interval=0.05, directory=str(tmp_path / "chk"),
                                      retained=100),
-        state_backend=HeapStateBackend())
+        state_backend=HeapStateBackend(incremental=incremental))
     results = job.results("out")
     ids = []
     for step in STEPS:
@@ -59,8 +62,9 @@ async def _rescale_steps(tmp_path: Path, **rescale: Any) -> tuple[Any, list[int]
     return job, ids
 
 
-async def test_a_heap_rescale_hands_the_state_over_without_a_restore(tmp_path):
-    job, ids = await _rescale_steps(tmp_path)
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_a_heap_rescale_hands_the_state_over_without_a_restore(tmp_path, incremental):
+    job, ids = await _rescale_steps(tmp_path, incremental)
     # every rescale took the state over in memory: no attempt restored a checkpoint
     assert job.metrics.handed_over == ids
     assert job.metrics.restored_checkpoints == []
@@ -176,3 +180,32 @@ async def test_pending_processing_time_timers_make_the_rescale_restore(tmp_path)
     assert job.metrics.handed_over == []
     [(_, why)] = job._runner.rescale_transfers
     assert "operator 'count' has processing-time timers" in why
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_a_failure_after_handed_over_rescales_restores_exactly(tmp_path, incremental):
+    """A failure after two handed-over rescales and a checkpoint of the new instances
+    restores that checkpoint, exactly once."""
+    injector = FailureInjector([len(WORDS) * 9 + 25])
+    source = PushSource()
+    out = tmp_path / "out"
+    job = await _flow("handover-then-fail", source, out, failing_count(injector)).start(
+        checkpoints=CheckpointConfig(interval=None, directory=str(tmp_path / "chk")),
+        state_backend=HeapStateBackend(incremental=incremental),
+        restart=RestartStrategy.fixed(1, delay=0.0))
+    results = job.results("out")
+    await _send_rounds(source, 4)
+    first = await job.rescale(3)
+    await _send_rounds(source, 3)
+    second = await job.rescale(1)
+    await _send_rounds(source, 1)
+    after = await job.checkpoint()
+    await _send_rounds(source, 3)  # the count fails in the second of these rounds
+    source.close()
+    got = [r async for r in results]
+    await job.wait()
+    assert injector.failures == 1
+    assert job.metrics.handed_over == [first.checkpoint_id, second.checkpoint_id]
+    assert job.metrics.restored_checkpoints == [after.checkpoint_id]
+    assert sorted(got) == _expected(11)
+    assert committed_records(out) == collections.Counter(_expected(11))
