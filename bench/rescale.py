@@ -1,17 +1,21 @@
 """Live rescaling of W1 (``job.rescale``) against stop-with-savepoint + restore.
 
     python -m bench.rescale [--keys 1000000] [--records 8000000] [--backends heap rocksdb]
-                            [--steps 2 4 3 1] [--between 1.0]
+                            [--steps 2 4 3 1] [--between 1.0] [--transfers auto checkpoint]
 
 W1 (``from_collection -> key_by -> KeyedProcessFunction count -> sink``, checkpoints every
 1 s) runs over ``--keys`` distinct words first (so the keyed state holds that many keys),
 then Zipf(1.1) words over the same vocabulary. Once the distinct words are counted, the job
 is rescaled through ``--steps`` (from parallelism 1), ``--between`` seconds apart, while the
 source reads at full speed. The pause of a rescale is the longest gap between two records
-reaching the sink (any instance) from the call to its return plus 0.2 s. The same steps are
+reaching the sink (any instance) that began between the call and its return (however late
+it ended). The same steps are
 then run as Flink does without live rescaling: stop-with-savepoint, and a new run that
 restores the savepoint at the new parallelism (the gap from the last record before the stop
-to the first record of the new run).
+to the first record of the new run). ``--transfers`` runs the live rescale once per state
+transfer (``job.rescale(..., state_transfer=...)``): ``auto`` hands the heap state over in
+memory (RocksDB restores the checkpoint either way), ``checkpoint`` restores the rescale's
+checkpoint.
 
 Both ways must be exact: the sink keeps each word's last count and the number of records;
 every record reaches the sink once (the sources read nothing after the rescale's barrier),
@@ -69,7 +73,9 @@ class Recorder:
         self.records += len(batch)
 
     def longest_gap(self, start: float, end: float) -> float:
-        return max((g for t, g in self.gaps if start <= t <= end), default=0.0)
+        """The longest gap that began in ``[start, end)`` (a pause belongs to the stretch
+        it began in, however late it ends)."""
+        return max((g for t, g in self.gaps if start <= t - g < end), default=0.0)
 
 
 class RecordingSink(Sink[Any]):
@@ -116,30 +122,31 @@ class Step:
 
 
 async def live(words: list[str], keys: int, backend: str, steps: list[int], between: float,
-               work: Path) -> tuple[list[Step], Recorder, float]:
+               work: Path, transfer: str = "auto") -> tuple[list[Step], Recorder, float]:
     recorder = Recorder()
     job = await _flow(words, recorder, 1).start(
         checkpoints=CheckpointConfig(interval=1.0, directory=str(work / "chk"),
                                      history=ALL_CHECKPOINTS),
         state_backend=_backend(backend, work))
     await _counted(job, keys)
-    out, p, quiet = [], 1, 0.0
+    out, p, windows, quiet_windows = [], 1, [], []
     for target in steps:
         t0 = time.perf_counter()
         await asyncio.sleep(between)
-        # the longest gap of a stretch without a rescale (periodic checkpoints included)
-        quiet = max(quiet, recorder.longest_gap(t0, time.perf_counter()))
         t_call, w_call = time.perf_counter(), time.time()
-        completed = await job.rescale(target)
+        # a stretch without a rescale (periodic checkpoints included)
+        quiet_windows.append((t0, t_call))
+        completed = await job.rescale(target, state_transfer=transfer)  # type: ignore[arg-type]
         t_ret = time.perf_counter()
+        windows.append((t_call, t_ret))
         await asyncio.sleep(0.2)
         stats = next(s for s in job.metrics.checkpoints
                      if s.checkpoint_id == completed.checkpoint_id)
         ck = stats.trigger_time - w_call + stats.duration
         phases = job._runner.rescale_phases[-1]
         commit = t_ret - t_call - ck - sum(phases.values())
-        out.append(Step("live", f"{p} -> {target}",
-                        recorder.longest_gap(t_call, t_ret + 0.2), ck, t_ret - t_call - ck,
+        way = job._runner.rescale_transfers[-1][1].split(":")[0]
+        out.append(Step(f"live ({way})", f"{p} -> {target}", 0.0, ck, t_ret - t_call - ck,
                         f"checkpoint: wait {(stats.trigger_time - w_call) * 1e3:.0f}, "
                         f"align {stats.alignment * 1e3:.0f}, sync {stats.sync * 1e3:.0f}, "
                         f"async {stats.async_ * 1e3:.0f} ({stats.size / 1e6:.0f} MB); "
@@ -147,6 +154,10 @@ async def live(words: list[str], keys: int, backend: str, steps: list[int], betw
                         + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in phases.items())))
         p = target
     await job.wait()
+    # after the run: a pause that outlasted the wait above is recorded by now
+    for step, (start, end) in zip(out, windows, strict=True):
+        step.pause = recorder.longest_gap(start, end)
+    quiet = max(recorder.longest_gap(start, end) for start, end in quiet_windows)
     return out, recorder, quiet
 
 
@@ -171,8 +182,9 @@ async def restarted(words: list[str], keys: int, backend: str, steps: list[int],
         await _counted(job, 1)
         t_ret = time.perf_counter()
         await asyncio.sleep(0.2)
+        # the gap began before the stop returned and ended with the new run's first record
         out.append(Step("stop-with-savepoint + restore", f"{p} -> {target}",
-                        recorder.longest_gap(t_call, t_ret + 0.2), t_stopped - t_call,
+                        recorder.longest_gap(t_call, t_stopped), t_stopped - t_call,
                         t_ret - t_stopped))
         p = target
     await job.wait()
@@ -192,18 +204,23 @@ def main() -> None:
     ap.add_argument("--backends", nargs="+", default=["heap", "rocksdb"])
     ap.add_argument("--steps", nargs="+", type=int, default=[2, 4, 3, 1])
     ap.add_argument("--between", type=float, default=1.0)
+    ap.add_argument("--transfers", nargs="+", default=["auto", "checkpoint"],
+                    choices=["auto", "checkpoint"])
     args = ap.parse_args()
     words = [f"w{i}" for i in range(args.keys)]
     words += zipf_keys(args.records - args.keys, args.keys)
     rows = []
     for backend in args.backends:
-        with tempfile.TemporaryDirectory() as tmp:
-            steps, recorder, quiet = asyncio.run(
-                live(words, args.keys, backend, args.steps, args.between, Path(tmp)))
-            _check(words, recorder, "live")
-            for s in steps:
-                print(backend, "live", s.change, f"pause {s.pause * 1e3:.0f} ms;", s.detail,
-                      flush=True)
+        lives = []
+        for transfer in args.transfers:
+            with tempfile.TemporaryDirectory() as tmp:
+                steps, recorder, quiet = asyncio.run(live(
+                    words, args.keys, backend, args.steps, args.between, Path(tmp), transfer))
+                _check(words, recorder, f"live {transfer}")
+                for s in steps:
+                    print(backend, s.way, s.change, f"pause {s.pause * 1e3:.0f} ms;", s.detail,
+                          flush=True)
+            lives.append((transfer, steps, quiet))
         with tempfile.TemporaryDirectory() as tmp:
             restarts, recorder2 = asyncio.run(
                 restarted(words, args.keys, backend, args.steps, args.between, Path(tmp)))
@@ -211,14 +228,15 @@ def main() -> None:
             for s in restarts:
                 print(backend, "stop+restore", s.change, f"pause {s.pause * 1e3:.0f} ms",
                       flush=True)
-        for live_step, restart_step in zip(steps, restarts, strict=True):
-            for s in (live_step, restart_step):
+        for i, restart_step in enumerate(restarts):
+            for s in [steps[i] for _, steps, _ in lives] + [restart_step]:
                 rows.append([backend, s.way, s.change, s.pause * 1e3, s.checkpoint * 1e3,
                              s.switch * 1e3,
                              s.pause / restart_step.pause if restart_step.pause else 0.0,
                              s.detail])
-        rows.append([backend, "live: longest gap between rescales", "-", quiet * 1e3,
-                     "-", "-", "-", "periodic checkpoints included"])
+        for transfer, _, quiet in lives:
+            rows.append([backend, f"live ({transfer}): longest gap between rescales", "-",
+                         quiet * 1e3, "-", "-", "-", "periodic checkpoints included"])
     print(f"{args.keys:,} keys, {args.records:,} records; output exact in every run")
     print_table(["backend", "way", "change", "pause (ms)", "checkpoint / stop (ms)",
                  "switch / restart (ms)", "x stop+restore", "where the time goes (ms)"], rows)

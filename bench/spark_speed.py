@@ -2,8 +2,9 @@
 records/s with Spark's start-up excluded (and reported apart), local[2] against local[1].
 
     python -m bench.spark_speed [--data CSV] [--limit N] [--repeats 3] [--batch N]
-                                [--masters local[2],local[1]] [--read-partitions 1,2]
+                                [--masters local[2],local[1]] [--read-partitions default,1,2]
                                 [--python-plan] [--one-query] [--reader csv|lines]
+                                [--restarts 10]
 
 The input (``--data``, else written once to ``data/flights-3y.csv`` by :func:`three_years`)
 is the 2013 table and copies shifted by one and two years: 1,010,328 flights in event-time
@@ -113,6 +114,7 @@ def spark_child(args: argparse.Namespace) -> None:
     startup = time.perf_counter() - started
     work = Path(args.work)
     runs, equal, shapes = [], True, {}
+    phases: dict[str, dict[str, float]] = {}
 
     def rows(d: Path) -> list[Any]:
         return sorted(tuple(r) for r in ResultLog(spark, d).read()
@@ -128,18 +130,38 @@ def spark_child(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         job = SparkRunner(spark, out / "chk", max_records_per_batch=args.batch,
                           native=not args.python_plan,
-                          read_partitions=int(args.read_partitions),
-                          one_query=args.one_query).run(
+                          read_partitions=(None if args.read_partitions == "default"
+                                           else int(args.read_partitions)),
+                          one_query=args.one_query,
+                          restart_attempts=args.restarts).run(
             flights.build_flow(Path(args.data), out / "out", reader=args.reader))
         runs.append(time.perf_counter() - started)
         shapes = job.shapes
+        if i == 0:
+            phases = _phases(job)
         if i == 0:
             embedded = Path(args.embedded)
             equal = (rows(out / "out") == rows(embedded / "out") and
                      lines(out / "out" / "_dead_letters") ==
                      lines(embedded / "out" / "_dead_letters"))
         shutil.rmtree(out, ignore_errors=True)
-    print(json.dumps({"startup": startup, "runs": runs, "equal": equal, "shapes": shapes}))
+    print(json.dumps({"startup": startup, "runs": runs, "equal": equal, "shapes": shapes,
+                      "phases": phases}))
+
+
+def _phases(job: Any) -> dict[str, dict[str, float]]:
+    """Where each query's time went over its micro-batches, from Spark's progress reports:
+    seconds per phase of ``durationMs`` (``addBatch`` runs the micro-batch's tasks,
+    ``latestOffset`` and ``queryPlanning`` plan it, ``walCommit`` and ``commitOffsets``
+    write the offset and commit logs), summed, and the micro-batches."""
+    out: dict[str, dict[str, float]] = {}
+    for uid, reports in job.progress().items():
+        sums: dict[str, float] = {"micro-batches": float(len(reports))}
+        for p in reports:
+            for phase, millis in json.loads(p.json).get("durationMs", {}).items():
+                sums[phase] = sums.get(phase, 0.0) + millis / 1000
+        out[uid] = sums
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -150,14 +172,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch", type=int, default=200_000, help="records per micro-batch")
     p.add_argument("--masters", default="local[2],local[1]")
-    p.add_argument("--read-partitions", default="1",
-                   help="comma-separated SparkRunner(read_partitions=) values to run")
+    p.add_argument("--read-partitions", default="default",
+                   help="comma-separated SparkRunner(read_partitions=) values to run "
+                        "('default': the runner's, the dataflow's parallelism for the CSV "
+                        "source)")
     p.add_argument("--python-plan", action="store_true",
                    help="Spark runs the window in Python (transformWithState), not natively")
     p.add_argument("--one-query", action="store_true",
                    help="also run both sinks as one Spark query (SparkRunner(one_query=True))")
     p.add_argument("--reader", choices=["csv", "lines"], default="csv",
                    help="how Spark reads the file (examples/flights.py --reader)")
+    p.add_argument("--restarts", type=int, default=10,
+                   help="SparkRunner(restart_attempts=): restarts after a Python worker that "
+                        "did not connect back in time (a loaded machine)")
     p.add_argument("--spark-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--master", default="local[2]", help=argparse.SUPPRESS)
     p.add_argument("--work", default=None, help=argparse.SUPPRESS)
@@ -177,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         with open(data, "rb") as f:
             records = sum(1 for _ in f)
         table: list[list[Any]] = []
+        notes: list[str] = []  # each Spark run's first repeat: where its queries' time went
 
         def row(name: str, seconds: list[float], base: float | None, extra: str = "") -> None:
             med = statistics.median(seconds)
@@ -192,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
                 embedded[reader].append(embedded_run(data, work / f"embedded-{reader}", reader))
         base = statistics.median(embedded["csv"])
         row("embedded, CSV reader (p=2, heap)", embedded["csv"], None)
+        print(" | ".join(map(str, table[-1])), file=sys.stderr, flush=True)
         if "lines" in embedded:
             row("embedded, line reader (p=2, heap)", embedded["lines"], base)
         for master, parts, one in [(m, n, o) for n in args.read_partitions.split(",")
@@ -203,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
                    master, "--data", str(data), "--repeats", str(args.repeats), "--batch",
                    str(args.batch), "--work", str(work), "--embedded",
                    str(work / f"embedded-{args.reader}"), "--read-partitions", parts,
-                   "--reader", args.reader]
+                   "--reader", args.reader, "--restarts", str(args.restarts)]
             if args.python_plan:
                 cmd.append("--python-plan")
             if one:
@@ -227,10 +256,17 @@ def main(argv: list[str] | None = None) -> None:
                 f"start-up {result['startup']:.1f} s; equal: {result['equal']}; "
                 f"{', '.join(sorted(set(result['shapes'].values())))}")
             print(" | ".join(map(str, table[-1])), file=sys.stderr, flush=True)
+            for uid, sums in result.get("phases", {}).items():
+                notes.append(f"{master}, read partitions {parts}, {queries}, query {uid}: "
+                             + ", ".join(f"{k} {v:.1f}" + ("" if k == "micro-batches" else " s")
+                                         for k, v in sorted(sums.items(),
+                                                            key=lambda kv: -kv[1])))
         print(f"flights job, {records - 1:,} flights ({data.name}), {args.repeats} repeats, "
               f"micro-batches of {args.batch:,}; machine shared with other jobs")
         print_table(["run", "seconds min / median / max", "records/s min / median / max",
                      "vs embedded CSV (median)", "notes"], table)
+        for line in notes:
+            print(line)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

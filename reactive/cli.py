@@ -161,6 +161,7 @@ def _run_on_spark(flow: Dataflow, checkpoint_dir: Path, master: str) -> int:
     spark.streams.addListener(printer)
     try:
         job = runner.run(flow)
+        printer.wait_printed(job.queries.values())
     finally:
         spark.streams.removeListener(printer)
     print(f"job {flow.name!r} finished on Spark ({master}):")

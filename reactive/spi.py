@@ -28,7 +28,13 @@ from .serialization import Serializer
 from .sinks import Sink, SinkWriter
 from .sources import Source, SourceReader
 from .state.api import ListState, MapState, ReducingState, State, ValueState
-from .state.backend import KeyedStateBackend, KeyedStateSnapshot, SnapshotContext, StateBackend
+from .state.backend import (
+    KeyedStateBackend,
+    KeyedStateSnapshot,
+    KeyGroupsInMemory,
+    SnapshotContext,
+    StateBackend,
+)
 from .state.descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -50,6 +56,7 @@ __all__ = [
     "KeyGroupReader",
     "KeyGroupState",
     "KeyGroupStream",
+    "KeyGroupsInMemory",
     "KeyedStateBackend",
     "KeyedStateSnapshot",
     "ListState",

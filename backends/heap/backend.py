@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -56,6 +57,7 @@ from reactive.state.api import State, ValueState
 from reactive.state.backend import (
     KeyedStateBackend,
     KeyedStateSnapshot,
+    KeyGroupsInMemory,
     SnapshotContext,
     StateBackend,
 )
@@ -77,7 +79,7 @@ from .state import Table, create_state, descriptor_serializer
 from .ttl_filter import TtlFilter
 from .ttl_state import HeapTtlValueState, HeapTtlValueStateOnRead
 
-__all__ = ["HeapKeyedStateBackend", "HeapStateBackend", "SnapshotStrategy"]
+__all__ = ["HeapKeyGroups", "HeapKeyedStateBackend", "HeapStateBackend", "SnapshotStrategy"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,20 @@ _KEY_CACHE_SIZE = 200_000  # keys whose key group is memoized per memo generatio
 #: otherwise be encoded and hashed again (W1: 375 k of 6 M records); bounded, since state of
 #: many millions of keys would double its memory for it
 _KNOWN_KEYS = 1_000_000
+
+
+@dataclass(frozen=True, eq=False)
+class HeapKeyGroups:
+    """A heap instance's key groups handed over in memory at a rescale
+    (:meth:`HeapKeyedStateBackend.hand_over`).
+
+    Attributes:
+        key_group_range: the key groups of the instance that handed them over.
+        tables: its tables by state name (``maps[kg - key_group_range.start]``).
+    """
+
+    key_group_range: KeyGroupRange
+    tables: dict[str, Table]
 
 
 class HeapKeyedStateBackend(KeyedStateBackend):
@@ -437,6 +453,43 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                     "into the heap backend"
                 )
             self._install(stream)
+
+    def hand_over(self) -> HeapKeyGroups | None:
+        """This instance's tables, to be adopted by reference by the instances after a
+        rescale (:meth:`take_over`); None when a table still holds a custom serializer's
+        bytes of a restore no descriptor claimed (those are read from the checkpoint)."""
+        if any(t.serialized for t in self._tables.values()):
+            return None
+        return HeapKeyGroups(self.key_group_range, dict(self._tables))
+
+    def take_over(self, parts: Sequence[KeyGroupsInMemory]) -> None:
+        """Adopt the dicts of this instance's key groups from the old instances' tables: a
+        key group's dict moves as one object (no copy, no serialization), timers with it
+        (they are tables too). The next checkpoint writes every key group in full, as after
+        a restore.
+
+        Raises:
+            RestoreError: a part is not a heap backend's.
+        """
+        start, end = self._start, self._start + self._n - 1
+        for part in parts:
+            if not isinstance(part, HeapKeyGroups):
+                raise RestoreError(
+                    f"operator {self.operator_uid!r}: the heap backend cannot take over "
+                    f"{type(part).__name__} key groups in memory")
+            lo = max(start, part.key_group_range.start)
+            hi = min(end, part.key_group_range.end)
+            old = part.key_group_range.start
+            for name, table in part.tables.items():
+                mine = self._table(name)
+                if mine.descriptor is None:
+                    mine.descriptor = table.descriptor
+                tracked = self._ttl_states.get(name)
+                if tracked is not None:
+                    tracked.floor = -math.inf  # adopted expiries: bound unknown
+                for kg in range(lo, hi + 1):
+                    mine.maps[kg - start] = table.maps[kg - old]
+        self._log.reset()
 
     def _install(self, stream: KeyGroupStream) -> None:
         with stream:

@@ -61,6 +61,7 @@ __all__ = [
     "IMMUTABLE",
     "MISS",
     "STEP_SECONDS",
+    "FrozenRows",
     "FrozenTable",
     "Generation",
     "GenerationQueue",
@@ -139,6 +140,22 @@ class CacheTable(Protocol):
     cache: dict[Any, Any]
     dirty: dict[Any, bytes]
     staged: dict[Any, bytes]
+
+
+class FrozenRows(Protocol):
+    """Serialized rows of one state that a generation holds beside its frozen tables,
+    written to RocksDB by the rows' own code (a columnar cache's changed slots at the
+    barrier, :mod:`.columnar`)."""
+
+    #: the state's name
+    name: str
+
+    def persist(self, db: Rdict, encode: Callable[[Any], bytes], budget: float) -> bool:
+        """Write more rows to ``db`` for about ``budget`` seconds; return whether all are
+        written."""
+
+    def lookup(self, key: Any) -> Any:
+        """The stored bytes of ``key`` here (``ABSENT``: deleted; ``MISS``: not here)."""
 
 
 class FrozenTable:
@@ -232,10 +249,11 @@ class Generation:
         self.checkpoint_error: BaseException | None = None
         self.job: Future[None] | None = None
         self.dropped = 0
-        #: called before the first entry is written or looked up, once: completes frozen
-        #: entries the synchronous part left to build (a columnar cache's barrier rows)
-        self.complete: Callable[[], None] | None = None
+        #: rows beside the frozen tables that the generation writes after their entries
+        #: (a columnar cache's barrier rows: newer than its table's frozen entries)
+        self.rows: FrozenRows | None = None
         self._entries = self._iter_entries()
+        self._entries_done = False
 
     def _iter_entries(self) -> Iterator[tuple[FrozenTable, Any, bytes]]:
         for ft in self.tables.values():
@@ -253,10 +271,16 @@ class Generation:
         """
         if self.error is not None:
             raise self.error
-        if self.complete is not None:
-            self.complete()
         if self.persisted:
             return True
+        if self._entries_done:
+            assert self.rows is not None
+            try:
+                self.persisted = self.rows.persist(db, encode, budget)
+            except BaseException as exc:
+                self.error = exc
+                raise
+            return self.persisted
         wb = WriteBatch(raw_mode=True)
         n = 0
         now = clock
@@ -293,7 +317,8 @@ class Generation:
                 if not n % every and now() >= deadline:
                     break
             else:
-                self.persisted = True
+                self._entries_done = True
+                self.persisted = self.rows is None
             if n:
                 db.write(wb)
         except BaseException as exc:
@@ -303,8 +328,11 @@ class Generation:
 
     def lookup(self, name: str, key: Any) -> Any:
         """The value of ``key`` in state ``name`` here, promoted (``MISS`` if absent)."""
-        if self.complete is not None:
-            self.complete()
+        rows = self.rows
+        if rows is not None and rows.name == name:
+            value = rows.lookup(key)
+            if value is not MISS:
+                return value
         ft = self.tables.get(name)
         return MISS if ft is None else ft.promote(key)
 

@@ -14,7 +14,10 @@ window firing. Source: Spark's arbitrary stateful processing v2 (SPARK-45939,
 from __future__ import annotations
 
 import copy
+import cProfile
+import os
 import pickle
+import tempfile
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +42,17 @@ from .translation import KeyedStep, QueryPlan, RecordStep, SinkStep
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["KeyedOperatorProcessor", "keyed_from", "watermark_seconds"]
+__all__ = ["PROFILE_ENV", "KeyedOperatorProcessor", "keyed_from", "watermark_seconds"]
+
+PROFILE_ENV = "REACTIVE_SPARK_PROFILE"
+"""An environment variable naming a directory: when set (in the driver's environment, which
+Spark's local-mode Python workers inherit), each keyed processor runs under ``cProfile``
+from ``init`` to ``close`` and writes its statistics there (``keyed-<pid>-*.prof``, one file per
+processor instance, which is one per Spark task)."""
+
+
+def _first(pair: tuple[Any, Any]) -> Any:
+    return pair[0]
 
 
 def watermark_seconds(millis: int) -> float:
@@ -65,6 +78,12 @@ class KeyedOperatorProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Create the operator, its Spark-backed state and timers, and open it (its
         functions' ``open()`` define their state here, where Spark wants it defined)."""
+        directory = os.environ.get(PROFILE_ENV)
+        self._profile: cProfile.Profile | None = None
+        if directory:
+            self._profile_dir = directory
+            self._profile = cProfile.Profile()
+            self._profile.enable()
         step = self.step
         self.encoder = SinkEncoder(self.sink)
         op: StreamOperator = copy.deepcopy(step.operator)
@@ -105,11 +124,13 @@ class KeyedOperatorProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Any, timerValues: TimerValues) -> Any:
         """The key's records of this micro-batch, in source order, through the operator."""
         self._set_watermark(timerValues)
-        # the end-of-input marker comes alone, with a null key and record
-        received = sorted(((r["seq"], r["record"]) for r in rows if r["record"] is not None),
-                          key=lambda p: p[0])
+        # the end-of-input marker comes alone, with a null key and record. Rows are tuples
+        # in the column order of keyed_from's select ("key", "record", "seq"); unpacking
+        # them skips Row's per-field lookup by name (a Python call per field)
+        received = [(seq, data) for _, data, seq in rows if data is not None]
         if not received:
             return iter(())
+        received.sort(key=_first)
         records = [pickle.loads(data) for _, data in received]
         self._begin(key)
         outputs = self.op.process_batch(records)
@@ -144,6 +165,15 @@ class KeyedOperatorProcessor(StatefulProcessor):
         op = getattr(self, "op", None)
         if op is not None and isinstance(op, ProcessOperator):
             op.fn.close()
+        profile = getattr(self, "_profile", None)
+        if profile is not None:
+            profile.disable()
+            os.makedirs(self._profile_dir, exist_ok=True)
+            # one file per processor instance (a worker process runs one per task)
+            path = tempfile.mkstemp(prefix=f"keyed-{os.getpid()}-", suffix=".prof",
+                                    dir=self._profile_dir)
+            os.close(path[0])
+            profile.dump_stats(path[1])
 
 
 def keyed_from(pre: DataFrame, plan: QueryPlan, encoder: Any,

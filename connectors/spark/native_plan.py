@@ -26,7 +26,8 @@ aggregation: records from the year 1653 on are never late against that first wat
 With ``SparkRunner(read_partitions=N)`` a micro-batch is read in N parts, each judged alone
 (as an embedded job whose timestamps are assigned by N parallel instances): a record late
 only against an earlier part's records of its micro-batch is kept. Input whose disorder
-stays within the bound gives the same results either way.
+stays within the bound gives the same results either way. A CSV file source is read in as
+many parts as the dataflow's parallelism unless ``read_partitions`` says otherwise.
 
 What runs natively (:func:`native_window`, else the plan keeps the Python operator in
 ``transformWithState``, with the reason logged): a tumbling event-time window (Spark cannot

@@ -11,7 +11,8 @@ reports them.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .runner import batch_records
@@ -53,16 +54,39 @@ def progress_printer(write: Callable[[str], None] = print) -> Any:
         write: where the lines go (``print`` by default).
 
     Returns:
-        the listener (its class derives from PySpark's, imported only here).
+        the listener (its class derives from PySpark's, imported only here); its
+        ``wait_printed(queries, timeout)`` waits until the last micro-batch of each of the
+        given queries is written (Spark hands progress reports to listeners
+        asynchronously), so that it is removed, or the process exits, with no report
+        still on its way to it.
     """
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
     class _Printer(StreamingQueryListener):
+        def __init__(self) -> None:
+            self.printed: set[tuple[str, int]] = set()  # (query id, micro-batch)
+            self.done = threading.Condition()
+
         def onQueryStarted(self, event: Any) -> None:
             """Nothing to say before the first micro-batch."""
 
         def onQueryProgress(self, event: Any) -> None:
-            write(progress_line(json.loads(event.progress.json)))
+            progress = json.loads(event.progress.json)
+            write(progress_line(progress))
+            with self.done:
+                self.printed.add((str(progress.get("id")), int(progress.get("batchId", -1))))
+                self.done.notify_all()
+
+        def wait_printed(self, queries: Iterable[Any], timeout: float = 10.0) -> bool:
+            """Wait until each query's last progress report is written; False when
+            ``timeout`` seconds passed first."""
+            last = []
+            for q in queries:
+                p = q.lastProgress
+                if p is not None:
+                    last.append((str(p["id"]), int(p["batchId"])))
+            with self.done:
+                return self.done.wait_for(lambda: self.printed.issuperset(last), timeout)
 
         def onQueryIdle(self, event: Any) -> None:
             """An idle query has no micro-batch to report."""

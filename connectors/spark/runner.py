@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,13 +32,14 @@ from typing import TYPE_CHECKING, Any
 from reactive.graph import LogicalGraph
 
 from .errors import SparkJobError
-from .translation import JOIN_KINDS, QueryPlan, translate
+from .translation import JOIN_KINDS, QueryPlan, SourceStep, translate
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-__all__ = ["SparkJob", "SparkRunner", "batch_records", "shuffle_partitions_for"]
+__all__ = ["TRANSIENT_FAILURES", "SparkJob", "SparkRunner", "batch_records", "is_transient",
+           "shuffle_partitions_for"]
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +132,27 @@ class SparkJob:
                 for uid, q in self.queries.items()}
 
 
+#: what Spark says when a Python worker it started did not connect back in time
+TRANSIENT_FAILURES = ("Python worker failed to connect back",
+                      "waiting for the Python worker to connect back")
+
+
+def is_transient(error: BaseException) -> bool:
+    """True when ``error`` (or an error it was raised from) says a Python worker did not
+    connect back to Spark in time: a start-up too slow on a loaded machine, which a
+    restart from the checkpoint gets past (:meth:`SparkRunner.run`)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if any(text in str(seen) for text in TRANSIENT_FAILURES):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def batch_records(progress: dict[str, Any]) -> int:
     """The source records one micro-batch read, from its progress report's offsets (the
     reader hands Spark what its first chain of steps makes, so Spark's ``numInputRows``
@@ -186,7 +209,10 @@ class SparkRunner:
             the per-record functions in (consecutive ranges of the source; 1: one task, in
             source order). More use more cores for parsing; a keyed operator still sees
             each key's records in source order, but late records are judged as embedded
-            only with 1 (see :mod:`.native_plan`).
+            only with 1 (see :mod:`.native_plan`). None (the default): a CSV file source
+            is read in as many tasks as the dataflow's parallelism (its blocks are parsed
+            with pyarrow in every task, so ``local[2]`` reads on both cores), any other
+            source in one.
         one_query: run a dataflow with several sinks as one query (:mod:`.one_query`: the
             source read and the shared steps run once, every sink written from each
             micro-batch) where it has one source and at most one keyed operator; False (the
@@ -194,6 +220,10 @@ class SparkRunner:
             Python work of two, but in one chain of stages (its extra shuffle, per-branch
             tasks and one write job per sink cost seconds per micro-batch), where two
             queries run side by side on two cores: measure both (``bench.spark_speed``).
+        restart_attempts: how many times :meth:`run` restarts the queries from their
+            checkpoints after a Python worker did not connect back to Spark in time.
+        restart_delay: seconds before the first such restart (the n-th waits n times as
+            long).
 
     Sizing: a stateful streaming query runs one task per shuffle partition in every
     micro-batch, and fixes that number in its checkpoint for good. Spark's default of 200
@@ -207,13 +237,14 @@ class SparkRunner:
 
     Raises:
         ValueError: on a non-positive ``max_records_per_batch``, ``shuffle_partitions`` or
-            ``read_partitions``, or an unknown state store.
+            ``read_partitions``, a negative ``restart_attempts``, or an unknown state store.
     """
 
     def __init__(self, spark: SparkSession, checkpoint_location: str | Path,
                  max_records_per_batch: int = 100_000, state_store: str = "rocksdb",
                  shuffle_partitions: int | None = None, native: bool = True,
-                 read_partitions: int = 1, one_query: bool = False) -> None:
+                 read_partitions: int | None = None, one_query: bool = False,
+                 restart_attempts: int = 3, restart_delay: float = 5.0) -> None:
         if max_records_per_batch < 1:
             raise ValueError(f"max_records_per_batch must be >= 1, got {max_records_per_batch}")
         if state_store not in ("rocksdb", "default"):
@@ -227,9 +258,14 @@ class SparkRunner:
         self.shuffle_partitions = shuffle_partitions
         self.native = native
         self.one_query = one_query
-        if read_partitions < 1:
+        if read_partitions is not None and read_partitions < 1:
             raise ValueError(f"read_partitions must be >= 1, got {read_partitions}")
         self.read_partitions = read_partitions
+        if restart_attempts < 0:
+            raise ValueError(f"restart_attempts must be >= 0, got {restart_attempts}")
+        self.restart_attempts = restart_attempts
+        self.restart_delay = max(0.0, restart_delay)
+        self._flow: LogicalGraph | None = None  # the dataflow start() runs
 
     def translate(self, flow: LogicalGraph) -> list[QueryPlan]:
         """The query plans of ``flow`` (see :func:`~.translation.translate`).
@@ -248,6 +284,8 @@ class SparkRunner:
         """
         plans = translate(flow)
         from .stream_source import ReactiveSource
+
+        self._flow = flow
 
         _export_python_path(self.spark)
 
@@ -312,16 +350,58 @@ class SparkRunner:
     def run(self, flow: LogicalGraph) -> SparkJob:
         """``start`` then ``wait``: run ``flow`` to the end of its input.
 
+        A query that fails because a Python worker Spark started did not connect back in
+        time (Spark waits a fixed 10 s for the workers it starts to plan and read a Python
+        data source; a loaded machine can take longer to start an interpreter) is
+        restarted from its checkpoint location, up to ``restart_attempts`` times, the n-th
+        restart ``n * restart_delay`` seconds after the failure (Flink's restart strategies
+        with a growing delay, to let a load spike pass): Spark's offset and commit logs
+        make the restarted queries continue after their last committed micro-batch, so the
+        output stays exactly once. Any other failure ends the run.
+
         Raises:
             TranslationError: as :meth:`start`.
-            SparkJobError: when a query failed.
+            SparkJobError: when a query failed (for a worker that did not connect back:
+                ``restart_attempts + 1`` times in a row).
         """
-        job = self.start(flow)
-        try:
-            job.wait()
-        finally:
-            job.stop()
-        return job
+        attempt = 0
+        while True:
+            job: SparkJob | None = None
+            try:  # a worker planning a source's read may fail the start itself
+                job = self.start(flow)
+                job.wait()
+                return job
+            except Exception as exc:
+                if attempt >= self.restart_attempts or not is_transient(exc):
+                    raise
+                attempt += 1
+                log.warning("restarting the Spark queries of dataflow %r from their "
+                            "checkpoints in %.0f s (restart %d of at most %d): %s", flow.name,
+                            attempt * self.restart_delay, attempt, self.restart_attempts,
+                            _first_line(exc))
+            finally:
+                if job is not None:
+                    job.stop()
+            time.sleep(attempt * self.restart_delay)
+
+    def read_partitions_for(self, flow: LogicalGraph, source: SourceStep) -> int:
+        """The Spark tasks each micro-batch of ``source`` is read in.
+
+        Args:
+            flow: the dataflow.
+            source: one of its translated sources (``QueryPlan.source``).
+
+        Returns:
+            ``read_partitions`` when given, else the dataflow's parallelism for a CSV
+            file source and 1 for the others (see the class docstring).
+        """
+        if self.read_partitions is not None:
+            return self.read_partitions
+        return flow.parallelism if source.kind == "csv" else 1
+
+    def _partitions_of(self, source: SourceStep) -> int:
+        assert self._flow is not None, "start() sets the dataflow"
+        return self.read_partitions_for(self._flow, source)
 
     # ------------------------------------------------------------------ one query
     def _source_frame(self, plan: QueryPlan, then: Any, schema: Any) -> DataFrame:
@@ -331,8 +411,8 @@ class SparkRunner:
 
         return (self.spark.readStream.format(getattr(self, "_source_format", SOURCE_FORMAT))
                 .options(**source_options(plan.source.kind, plan.source.source,
-                                          self.max_records_per_batch, self.read_partitions,
-                                          then, schema))
+                                          self.max_records_per_batch,
+                                          self._partitions_of(plan.source), then, schema))
                 .load())
 
     def _columnar_frame(self, plan: QueryPlan, encoder: Any) -> DataFrame:
@@ -346,7 +426,8 @@ class SparkRunner:
 
         frame = (self.spark.readStream.format(getattr(self, "_source_format", SOURCE_FORMAT))
                  .options(**source_options("arrow", plan.source.source,
-                                           self.max_records_per_batch, self.read_partitions))
+                                           self.max_records_per_batch,
+                                           self._partitions_of(plan.source)))
                  .load())
         columnar = [s for s in plan.before_key if s.kind == "map_batches"]
         for step in columnar:

@@ -16,6 +16,8 @@ from .errors import JavaNotFoundError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from .jvm_output import JvmOutputFilter
+
 __all__ = ["find_java", "local_session"]
 
 _INSTALL_HINT = (
@@ -61,6 +63,7 @@ def local_session(
     driver_memory: str = "2g",
     log_level: str = "ERROR",
     extra_conf: dict[str, str] | None = None,
+    filter_output: bool = True,
 ) -> SparkSession:
     """Return a SparkSession for one machine (or the active one, as ``getOrCreate`` does).
 
@@ -79,6 +82,12 @@ def local_session(
         driver_memory: ``spark.driver.memory`` (only effective when this call starts the JVM).
         log_level: Spark's log level after start-up (``ERROR``, ``WARN``, ``INFO``...).
         extra_conf: more Spark configuration, applied last.
+        filter_output: when this call starts the JVM, read its console output through
+            :class:`~.jvm_output.JvmOutputFilter`: what PySpark's Python workers print about
+            themselves (a ``transformWithState`` query's driver worker prints five lines
+            each time the query starts) and the start-up notes below ``log_level`` go to
+            the ``reactive.connectors.spark.jvm_output`` logger at DEBUG level, not to the
+            console; False leaves the JVM's output as Spark writes it.
 
     Returns:
         the session.
@@ -111,9 +120,28 @@ def local_session(
         "spark.python.authenticate.socketTimeout": "120s",
         **(extra_conf or {}),
     }
+    output = _start_jvm(master, app_name, conf) if filter_output else None
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
+    if output is not None:
+        output.session_started()
     return spark
+
+
+def _start_jvm(master: str, app_name: str, conf: dict[str, str]) -> JvmOutputFilter | None:
+    """Start the JVM and its SparkContext with the JVM's output filtered, unless a JVM is
+    running already (then ``getOrCreate`` uses it and its output stays as it is)."""
+    from pyspark import SparkConf, SparkContext
+
+    # PySpark keeps the JVM it started (or connected to) here, also after a stop
+    if getattr(SparkContext, "_gateway", None) is not None:
+        return None
+    from .jvm_output import launch_filtered_gateway
+
+    spark_conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(conf.items()))
+    gateway, output = launch_filtered_gateway(spark_conf)
+    SparkContext(conf=spark_conf, gateway=gateway)
+    return output

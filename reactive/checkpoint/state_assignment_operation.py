@@ -22,7 +22,7 @@ from .channel_state import InFlightEntry, assign_in_flight, read_channel_states
 from .contract import KeyedStateHandle
 from .metadata import CompletedCheckpoint
 
-__all__ = ["StateAssignmentOperation", "SubtaskRestore"]
+__all__ = ["StateAssignmentOperation", "SubtaskRestore", "redistribute_operator_state"]
 
 
 @dataclass
@@ -119,18 +119,38 @@ class StateAssignmentOperation:
                 if handle is not None and kgr is not None and \
                         kgr.start <= key_group_range.end and key_group_range.start <= kgr.end:
                     out.keyed_handles.append(handle)
-        old = self._old_operator_states(uid)
-        same = len(old) == parallelism
-        names = {name for states in old for name in states}
-        for name in sorted(names):
-            modes = {states[name][0] for states in old if name in states}
-            mode = "union" if "union" in modes else "split"
-            if mode == "union":
-                entries = [e for states in old if name in states for e in states[name][1]]
-            elif same:
-                entries = list(old[subtask].get(name, (mode, []))[1])
-            else:
-                everything = [e for states in old if name in states for e in states[name][1]]
-                entries = everything[subtask::parallelism]
-            out.operator_state[name] = (mode, entries)
+        out.operator_state = redistribute_operator_state(
+            self._old_operator_states(uid), subtask, parallelism)
         return out
+
+
+def redistribute_operator_state(old: list[dict[str, tuple[str, list[Any]]]], subtask: int,
+                                parallelism: int) -> dict[str, tuple[str, list[Any]]]:
+    """The operator state instance ``subtask`` of ``parallelism`` receives from the old
+    instances' states (Carbone 2018 (PhD thesis), section 4.2): a ``union`` list gives every
+    instance all entries; a ``split`` list keeps each instance's entries at the same
+    parallelism, else deals all entries round robin.
+
+    Args:
+        old: ``{name: (mode, entries)}`` of each old instance, by old subtask index.
+        subtask: the new instance's index.
+        parallelism: the new parallelism.
+
+    Returns:
+        ``{name: (mode, entries)}`` for the new instance.
+    """
+    out: dict[str, tuple[str, list[Any]]] = {}
+    same = len(old) == parallelism
+    names = {name for states in old for name in states}
+    for name in sorted(names):
+        modes = {states[name][0] for states in old if name in states}
+        mode = "union" if "union" in modes else "split"
+        if mode == "union":
+            entries = [e for states in old if name in states for e in states[name][1]]
+        elif same:
+            entries = list(old[subtask].get(name, (mode, []))[1])
+        else:
+            everything = [e for states in old if name in states for e in states[name][1]]
+            entries = everything[subtask::parallelism]
+        out[name] = (mode, entries)
+    return out

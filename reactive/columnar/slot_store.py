@@ -42,13 +42,17 @@ class BarrierRows:
         slots: the changed slots (``int64``).
         key_groups: their key groups (``int32``, a copy).
         columns: per state array, its values at ``slots`` (copies, the store's row order).
+        key_chunks: for one key column, the ``pyarrow`` arrays of its values by slot
+            (concatenated: the key of every slot), for a store that encodes keys with
+            Arrow kernels; None otherwise.
     """
 
-    __slots__ = ("columns", "done", "key_groups", "keys", "slots")
+    __slots__ = ("columns", "done", "key_chunks", "key_groups", "keys", "slots")
 
     def __init__(self, keys: list[Any], slots: np.ndarray, key_groups: np.ndarray,
-                 columns: list[np.ndarray]) -> None:
+                 columns: list[np.ndarray], key_chunks: list[Any] | None = None) -> None:
         self.keys = keys
+        self.key_chunks = key_chunks
         self.slots = slots
         self.key_groups = key_groups
         self.columns = columns
@@ -111,6 +115,13 @@ class SlotStore(KeyedStateBackend):
         """
         return 0, 0
 
+    def may_hold_rows(self) -> bool:
+        """Whether the store may hold rows its caller has not written since the instance
+        started (restored ones). When it cannot, a key absent from a cache that never
+        dropped a row was never stored, and the cache reads no rows. This default answers
+        True (always read)."""
+        return True
+
     @abstractmethod
     def iter_rows(self) -> Iterator[tuple[Any, tuple[Any, ...]]]:
         """Every stored ``(key, row)`` of this instance, by key group."""
@@ -170,6 +181,10 @@ class SlotCache:
         self.arrays: dict[str, np.ndarray] = {}
         self.keys: list[Any] = []  # per slot, its key as the per-record API sees it
         self.dirty = np.zeros(0, bool)
+        #: every key the store holds is cached (None: not known before the first batch, as
+        #: a restore comes after setup): new keys then start from the initial values
+        #: without a read; False once the cache dropped rows or the store was restored
+        self.resident: bool | None = None
         self._reset(1024)
         store.before_snapshot(self._at_barrier)
 
@@ -196,10 +211,13 @@ class SlotCache:
         """Map ``batch``'s keys to cached slots, reading the keys not cached from the store
         (one batched read), and mark the batch's slots changed."""
         index = self.index
+        if self.resident is None:
+            self.resident = not self.store.may_hold_rows()
         if index.size >= self.capacity:
             self.flush()
             index.clear()
             self._reset(len(self.dirty))
+            self.resident = False
         before = index.size
         chunks_before = [len(c) for c in index.key_chunks]
         keys = index.lookup(batch)
@@ -223,6 +241,8 @@ class SlotCache:
         new_keys = new_columns[0] if len(new_columns) == 1 else \
             list(zip(*new_columns, strict=True))
         self.keys.extend(new_keys)
+        if self.resident:
+            return
         rows = self.store.load_rows(new_keys, self.index.key_groups[before:size])
         found = [i for i, r in enumerate(rows) if r is not None]
         if not found:
@@ -297,9 +317,11 @@ class SlotCache:
         if not len(slots):
             self.dirty[:size] = False
             return
+        chunks = self.index.key_chunks
         self.store.store_barrier_rows(BarrierRows(
             self.keys, slots, self.index.key_groups[slots],
-            [self.arrays[n][slots] for n in self.names]))
+            [self.arrays[n][slots] for n in self.names],
+            list(chunks[0]) if len(chunks) == 1 else None))
         self.dirty[:size] = False
 
     def all_rows(self) -> tuple[list[Any], dict[str, np.ndarray]]:

@@ -9,8 +9,13 @@ array before its next write to it, copy-on-write per array), the key index's chu
 (append-only, so a prefix is stable) and the mask of slots changed since the previous
 snapshot (swapped for a fresh one). That is O(number of arrays + key chunks), independent of
 the number of keys. The asynchronous part, in a worker thread (pyarrow and numpy release
-the GIL for their bulk work), sorts the slots it writes by key group and writes one record
-batch per key group (key columns, ``_key_group``, the state arrays) into an Arrow IPC file.
+the GIL for their bulk work), writes the slots in slot order as one record batch (key
+columns, ``_key_group``, the state arrays) into an Arrow IPC file: a full snapshot hands
+the frozen arrays to the IPC writer as they are, an incremental one gathers its changed
+slots in ascending order. The grouping by key group (an O(n) sort and gathers in random
+order, Flink's ``KeyGroupPartitioner`` at snapshot time) is left to the restore and the
+readers, which take place far less often than checkpoints. A window operator's panes are
+written one record batch per key group.
 
 - Full snapshots (``arrow-ipc-v1``): one file in the checkpoint's directory; the handle maps
   each key group to its batch.
@@ -30,7 +35,9 @@ A restore at any parallelism reads only the key groups of its range (rescaling: 
 from __future__ import annotations
 
 import io
+import itertools
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -69,6 +76,11 @@ TTL_TIMESTAMP = "_ttl_timestamp"
 """The state array of a slot's last write time (seconds; float64) under a time-to-live:
 written into snapshots beside the values, so a restore keeps each key's expiry."""
 
+_LAYOUT = b"reactive.layout"
+_BY_SLOT = b"slots"
+"""A file's schema metadata ``{_LAYOUT: _BY_SLOT}``: its rows are in slot order, not one
+record batch per key group (readers group them, :func:`_split_by_key_group`)."""
+
 Chain = list[tuple[dict[str, Any], dict[str, int]]]
 """An incremental snapshot's files, oldest first: (file reference, key group -> batch)."""
 
@@ -98,6 +110,10 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
         self.rows: Any = None
         self.ttl: tuple[float, Callable[[], float]] | None = None
         self._frozen: set[str] = set()
+        # arrays no snapshot reads any more, by name: the next copy-on-write copies into
+        # one (no fresh pages to fault in); and the snapshots still to write
+        self._spare: dict[str, np.ndarray] = {}
+        self._writing: weakref.WeakSet[_ColumnarSnapshot] = weakref.WeakSet()
         self.restored: list[tuple[list[Any], Any]] = []
         # slots changed since the last snapshot, and the masks of the snapshots taken
         # since the last completed checkpoint (checkpoint id, mask)
@@ -136,8 +152,26 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
         if self._frozen:
             for name in self._frozen:
                 if name in self.arrays:
-                    self.arrays[name] = self.arrays[name].copy()
+                    old = self.arrays[name]
+                    spare = self._spare.pop(name, None)
+                    if spare is not None and spare.shape == old.shape \
+                            and spare.dtype == old.dtype:
+                        np.copyto(spare, old)
+                        self.arrays[name] = spare
+                    else:
+                        self.arrays[name] = old.copy()
             self._frozen = set()
+
+    def _release(self, snapshot: _ColumnarSnapshot) -> None:
+        """``snapshot`` was written: its arrays that neither the operator nor another
+        snapshot still uses become spares for the next copy-on-write."""
+        self._writing.discard(snapshot)
+        live = {id(a) for a in self.arrays.values()}
+        for other in self._writing:
+            live.update(id(a) for a in other.arrays.values())
+        for name, array in snapshot.arrays.items():
+            if id(array) not in live:
+                self._spare[name] = array
 
     def compacted(self, index: KeyIndex) -> None:
         """The operator rebuilt its key index and arrays with the live slots only (new slot
@@ -189,11 +223,13 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
         rows = self.rows
         # the time at the barrier: a slot expired then is not written (never resurrected)
         expired_before = None if self.ttl is None else self.ttl[1]() - self.ttl[0]
-        return _ColumnarSnapshot(
+        snap = _ColumnarSnapshot(
             self, ctx, index.size if rows is None else rows.size, list(index.key_columns),
             list(self.aggregates), [list(chunks) for chunks in index.key_chunks],
             index.key_groups, dict(self.arrays), incremental, base, masks if base else None,
             windowed=rows is not None, expired_before=expired_before)
+        self._writing.add(snap)
+        return snap
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         chain = self._written.pop(checkpoint_id, None)
@@ -218,6 +254,7 @@ class ColumnarKeyedStateBackend(KeyedStateBackend):
 
     def dispose(self) -> None:
         self.arrays = {}
+        self._spare = {}
         self.index = None
 
 
@@ -243,12 +280,36 @@ def _key_group_batches(handle: dict[str, Any], job_dir: Path,
         path = job_dir / ref["path"]
         try:
             reader = pa.ipc.open_file(pa.memory_map(str(path)))
+            if (reader.schema.metadata or {}).get(_LAYOUT) == _BY_SLOT:
+                for kg, rows in _split_by_key_group(reader, key_group_range):
+                    out.setdefault(kg, []).append(rows)
+                continue
             for kg, i in key_groups.items():
                 if key_group_range is None or int(kg) in key_group_range:
                     out.setdefault(int(kg), []).append(reader.get_batch(int(i)))
         except (OSError, pa.ArrowInvalid) as exc:
             raise RestoreError(f"cannot read columnar snapshot {path}: {exc}") from exc
     return sorted(out.items())
+
+
+def _split_by_key_group(reader: Any, key_group_range: KeyGroupRange | None
+                        ) -> Iterator[tuple[int, Any]]:
+    """The rows of a file in slot order (:data:`_BY_SLOT`), per key group of
+    ``key_group_range`` (None: all), ascending: the grouping the snapshot left out is done
+    here, when a restore or a reader needs it."""
+    for i in range(reader.num_record_batches):
+        batch = reader.get_batch(i)
+        kgs = batch.column(KEY_GROUP_COLUMN).to_numpy()
+        rows = np.arange(len(kgs))
+        if key_group_range is not None:
+            rows = rows[(kgs >= key_group_range.start) & (kgs <= key_group_range.end)]
+        by_group = rows[np.argsort(kgs[rows].astype(np.uint16), kind="stable")]
+        sorted_kgs = kgs[by_group]
+        bounds = [0, *(np.flatnonzero(np.diff(sorted_kgs)) + 1).tolist(), len(by_group)]
+        taken = batch.take(pa.array(by_group))
+        for lo, hi in itertools.pairwise(bounds):
+            if hi > lo:
+                yield int(sorted_kgs[lo]), taken.slice(lo, hi - lo)
 
 
 def iter_columnar_key_groups(handle: dict[str, Any], job_dir: Path, *,
@@ -312,6 +373,26 @@ def iter_columnar_key_groups(handle: dict[str, Any], job_dir: Path, *,
                           key_encoding=handle.get("key_encoding", KEY_ENCODING))
 
 
+def _take_from_chunks(chunks: list[Any], at: np.ndarray) -> Any:
+    """The values at positions ``at`` (any order) of the array the ``chunks`` make,
+    taken from each chunk without concatenating them all (an incremental snapshot's few
+    changed keys out of many)."""
+    if len(chunks) == 1:
+        return chunks[0].take(pa.array(at))
+    starts = np.cumsum([0, *(len(c) for c in chunks)])
+    order = np.argsort(at, kind="stable")
+    ascending = at[order]
+    bounds = np.searchsorted(ascending, starts)
+    parts = [chunks[c].take(pa.array(ascending[bounds[c]:bounds[c + 1]] - starts[c]))
+             for c in range(len(chunks)) if bounds[c + 1] > bounds[c]]
+    if not parts:
+        return pa.array([], chunks[0].type)
+    taken = pa.concat_arrays(parts)
+    back = np.empty_like(order)
+    back[order] = np.arange(len(order))
+    return taken.take(pa.array(back))
+
+
 def _latest_per_key(table: Any, key_columns: list[str]) -> Any:
     """The last row of each key (rows in chain order: a later file's row is newer)."""
     rows = table.append_column(ROW_COLUMN, pa.array(np.arange(table.num_rows)))
@@ -344,7 +425,10 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
         self.expired_before = expired_before
 
     async def write(self) -> dict[str, Any]:
-        handle, chain = await in_thread(self._write)
+        try:
+            handle, chain = await in_thread(self._write)
+        finally:
+            self.backend._release(self)
         if chain is not None:
             self.backend._written[self.ctx.checkpoint_id] = chain
         return handle
@@ -367,6 +451,35 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
             slots = slots[self.arrays[TTL_TIMESTAMP][slots] > self.expired_before]
         return slots
 
+    def _slot_file(self, slots: np.ndarray) -> tuple[Any, dict[str, int]]:
+        """The IPC file of ``slots`` (ascending) in slot order, one record batch, marked
+        :data:`_BY_SLOT`; its index maps every key group present to that batch. Every
+        slot (a full snapshot) is written from the arrays as they are (no gather); a
+        subset is gathered in ascending order."""
+        every = len(slots) == self.size
+        kgs = self.key_groups[:self.size] if every else self.key_groups[slots]
+        columns = []
+        for chunks in self.key_chunks:
+            if not chunks:
+                columns.append(pa.array([], pa.null()))
+            elif every:
+                columns.append(pa.concat_arrays(chunks).slice(0, self.size))
+            else:
+                columns.append(_take_from_chunks(chunks, slots))
+        names = sorted(self.arrays)
+        values = [self.arrays[n][:self.size] if every else self.arrays[n][slots]
+                  for n in names]
+        batch = pa.RecordBatch.from_arrays(
+            [*columns, pa.array(kgs), *(pa.array(v) for v in values)],
+            names=[*self.key_columns, KEY_GROUP_COLUMN, *names])
+        schema = batch.schema.with_metadata({_LAYOUT: _BY_SLOT})
+        sink = io.BytesIO()
+        with pa.ipc.new_file(sink, schema) as writer:
+            writer.write_batch(batch.replace_schema_metadata(schema.metadata))
+        present = np.flatnonzero(np.bincount(kgs, minlength=1))
+        # the sink's own buffer (no copy of a file as large as the state)
+        return sink.getbuffer(), {str(int(kg)): 0 for kg in present}
+
     def _file(self, slots: np.ndarray) -> tuple[bytes, dict[str, int]]:
         """The IPC file of ``slots`` (rows: panes for windows), one record batch per key
         group, and its index."""
@@ -374,10 +487,11 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
         kgs = self.key_groups[key_slots]
         # key groups < 2**15: numpy's radix sort
         by_group = np.argsort(kgs.astype(np.uint16), kind="stable")
-        order = slots[by_group]
+        order = by_group if len(slots) == self.size and not self.windowed \
+            else slots[by_group]  # every slot: slots is arange(size)
         sorted_kgs = kgs[by_group]
-        taken = pa.array(key_slots[by_group])
-        columns = [pa.concat_arrays(c).take(taken) if c else pa.array([], pa.null())
+        taken = key_slots[by_group]
+        columns = [_take_from_chunks(c, taken) if c else pa.array([], pa.null())
                    for c in self.key_chunks]
         names = sorted(n for n in self.arrays if n != "_slot" or not self.windowed)
         table = pa.RecordBatch.from_arrays(
@@ -396,7 +510,12 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
         return sink.getvalue(), index
 
     def _write(self) -> tuple[dict[str, Any], Chain | None]:
-        data, index = self._file(self._slots())
+        slots = self._slots()
+        # panes (windows) are written by key group; a key's slots in slot order (the
+        # grouping by key group costs a sort and gathers in random order per snapshot,
+        # paid instead by a restore or a reader, which happen far less often)
+        data, index = self._file(slots) if self.windowed or not len(slots) \
+            else self._slot_file(slots)
         ctx = self.ctx
         handle: dict[str, Any] = {
             "backend": BACKEND_NAME, "key_encoding": KEY_ENCODING,

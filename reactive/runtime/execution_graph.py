@@ -27,6 +27,7 @@ from ..key_encoding import bind_key_serializer
 from ..keygroups import KeyGroupRange, key_group_range_for_operator
 from ..state.backend import KeyedStateBackend, StateBackend
 from .channel import Channel, InputGate
+from .handover import StateHandOver, take_over
 from .iteration_head import IterationHeadTask, LoopQuiescence
 from .operators import StreamOperator
 from .partitioner import (
@@ -372,6 +373,25 @@ class ExecutionGraph:
             if task.source is None and assignment.has_in_flight(head):
                 task.restored_in_flight = await in_thread(
                     assignment.in_flight_for, head, task.subtask, task.parallelism)
+
+    def take_over(self, handover: StateHandOver) -> None:
+        """Give every operator instance the state the old instances handed over at a
+        rescale's snapshot instant (:mod:`.handover`), in place of :meth:`restore`: keyed
+        state by reference, on the loop's thread, before the tasks run.
+
+        Raises:
+            RestoreError: an instance could not adopt its share (naming it); the keyed
+                backends are released.
+        """
+        try:
+            take_over(handover, [(i.operator, i.keyed_backend, i.subtask, i.parallelism,
+                                  i.key_group_range) for i in self._instances])
+        except BaseException:
+            for instance in self._instances:
+                if instance.keyed_backend is not None:
+                    with contextlib.suppress(Exception):
+                        instance.keyed_backend.dispose()
+            raise
 
 
 def _restore_instance(assignment: StateAssignmentOperation, instance: _InstanceRestore) -> None:

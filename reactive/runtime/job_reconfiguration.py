@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..checkpoint.contract import Reconfiguration
 from ..errors import CheckpointError, ReconfigurationError
+from .handover import StateTransfer
 from .reconfiguration import FunctionUpdate, check_update, function_name
 from .source_lifecycle import read_accepted_input
 from .window_queries import WindowQueryChange, send_change
@@ -175,22 +176,31 @@ class JobReconfiguration:
         recorded, once the attempt started), else the program's."""
         return dict(self._runner.parallelism)
 
-    async def rescale(self, parallelism: int | dict[str, int]) -> CompletedCheckpoint:
+    async def rescale(self, parallelism: int | dict[str, int], *,
+                      state_transfer: StateTransfer = "auto") -> CompletedCheckpoint:
         """Change the parallelism of the running job, without a stop (Carbone 2018 (PhD
         thesis), sections 4.5.5 and 4.2; see ``docs/reconfiguration.md``).
 
         A checkpoint is triggered whose barrier carries the plan; each source stops reading
         right after it injected the barrier, and once the checkpoint completed and every
-        task committed its side effects, the job restores that checkpoint in this process at
-        the new parallelism (keyed state and timers by key groups, operator state round
-        robin, union or broadcast, sources from their positions). Exactly once for state and
-        committed output; this handle, its results iterators and metrics carry on. The
+        task committed its side effects, the job runs on in this process at the new
+        parallelism (keyed state and timers by key groups, operator state round robin,
+        union or broadcast, sources from their positions). On the heap backend the new
+        instances take over the state the old ones handed over in memory at the barrier
+        (key groups by reference: nothing is read from the checkpoint; the rescale's
+        checkpoint id is then in ``metrics.handed_over``); else they restore the checkpoint
+        (in ``metrics.restored_checkpoints``). Exactly once for state and committed output;
+        this handle, its results iterators and metrics carry on. The
         checkpoint's metadata records the change (``reconfigurations`` of kind
         ``"rescale"``, and ``rescaled``: a restart or a ``resume`` restores the rescaled job).
 
         Args:
             parallelism: one parallelism for every operator (an operator that supports less,
                 a non-parallel source say, gets its bound), or ``{uid: parallelism}``.
+            state_transfer: ``"auto"`` hands the state over in memory where every operator
+                instance can (a heap backend, no processing-time timer pending, aligned
+                checkpoints, no iteration), else restores the checkpoint; ``"checkpoint"``
+                always restores the checkpoint.
 
         Returns:
             the completed checkpoint that carried the rescale, once the rescaled job runs.
@@ -211,4 +221,4 @@ class JobReconfiguration:
             coordinator = await self._wait_running()
         except CheckpointError as exc:
             raise ReconfigurationError(f"cannot rescale: {exc}") from exc
-        return await self._runner.rescale(coordinator, parallelism)
+        return await self._runner.rescale(coordinator, parallelism, state_transfer)

@@ -14,6 +14,7 @@ the final checkpoint (Flink's FLIP-147) and lets end-of-input flow through the g
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -47,6 +48,7 @@ from ..errors import (
 from ..state.backend import StateBackend
 from ..two_phase_commit import TwoPhaseCommitSink
 from .execution_graph import ExecutionGraph, parallelism_of
+from .handover import StateHandOver, StateTransfer
 from .metrics import JobMetrics
 from .reconfiguration import FunctionUpdate, OperatorChange, apply_updates
 from .rescale import RescaleSwitch, plan_rescale
@@ -153,8 +155,11 @@ class JobRunner:
         rescale_phases: per completed ``rescale`` of the run, seconds spent in each phase
             of its switch after the commits: ``teardown`` (the old tasks end), ``prepare``
             (checkpoint store, state assignment, the new graph built), ``restore`` (the
-            checkpoint's state read into the new instances), ``start`` (until the new tasks
-            run).
+            checkpoint's state read into the new instances) or ``hand-over`` (the state
+            handed over in memory taken over), ``start`` (until the new tasks run).
+        rescale_transfers: per completed ``rescale`` of the run, its checkpoint id and how
+            the new instances got their state: ``"in memory"`` (handed over at the barrier,
+            :mod:`.handover`) or ``"checkpoint restored: <why>"``.
     """
 
     def __init__(self, flow: LogicalGraph, options: JobOptions,
@@ -186,6 +191,7 @@ class JobRunner:
         self._switch_to: CompletedCheckpoint | None = None
         self._switched: asyncio.Future[None] | None = None
         self.rescale_phases: list[dict[str, float]] = []
+        self.rescale_transfers: list[tuple[int, str]] = []
         self._phases: dict[str, float] | None = None
         self._phase_start = 0.0
         self._tap_sinks = tap_sinks
@@ -317,16 +323,18 @@ class JobRunner:
     async def _run_attempts(self, restore: CompletedCheckpoint | None) -> None:
         attempt = 0
         strategy = self.options.restart
+        handover: StateHandOver | None = None
         while True:
             attempt += 1
             try:
-                await self._run_attempt(restore)
+                await self._run_attempt(restore, handover)
                 self.status = "finished"
                 return
             except asyncio.CancelledError:
                 self.status = "cancelled"
                 raise
             except BaseException as exc:
+                handover = None
                 cause = _root_cause(exc)
                 if isinstance(cause, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
                     raise
@@ -343,9 +351,11 @@ class JobRunner:
                     self.status = "cancelled"
                     raise asyncio.CancelledError from exc
                 if isinstance(cause, RescaleSwitch) and self._switch_to is not None:
-                    # not a failure: the next attempt restores the rescale's checkpoint
-                    # at its parallelism, and no restart is counted
+                    # not a failure: the next attempt takes over the state handed over at
+                    # the rescale's barrier, or restores its checkpoint, at its parallelism,
+                    # and no restart is counted
                     restore, self._switch_to = self._switch_to, None
+                    handover = cause.handover
                     self._phase("teardown")
                     attempt -= 1
                     self._recover_results(restore.checkpoint_id)
@@ -370,13 +380,20 @@ class JobRunner:
                                          resumable=self._resumable()) from restore_exc
                 self._recover_results(restore.checkpoint_id if restore is not None else None)
 
-    async def _run_attempt(self, restore: CompletedCheckpoint | None) -> None:
+    async def _run_attempt(self, restore: CompletedCheckpoint | None,
+                           handover: StateHandOver | None = None) -> None:
+        """Run one attempt from ``restore`` (None: from the start), or, after a rescale,
+        from ``handover``: the state the old instances handed over in memory at the barrier
+        of ``restore``, the rescale's checkpoint (nothing is read from it then)."""
         flow = self.flow
         options = self.options
         config = options.checkpoints
-        self.restored_from = restore
-        if restore is not None:
-            self.metrics.restored_checkpoints.append(restore.checkpoint_id)
+        if handover is None:
+            self.restored_from = restore
+            if restore is not None:
+                self.metrics.restored_checkpoints.append(restore.checkpoint_id)
+        elif restore is not None:
+            self.metrics.handed_over.append(restore.checkpoint_id)
         from ..defaults import default_state_backend, register_builtin_key_group_readers
 
         backend = options.state_backend or default_state_backend()
@@ -387,7 +404,7 @@ class JobRunner:
         overrides = self._overrides(restore)
         self.parallelism = parallelism_of(flow.transformations, flow.parallelism, overrides)
         uids = {t.resolved_uid for t in flow.transformations}
-        if restore is not None:
+        if restore is not None and handover is None:
             assignment = StateAssignmentOperation(restore, flow.max_parallelism, uids,
                                          options.allow_non_restored_state)
         if self.storage is not None:
@@ -413,7 +430,7 @@ class JobRunner:
             coordinator.rescaled = overrides
         try:
             await self._run_tasks(flow, options, config, backend, assignment, coordinator,
-                                  overrides)
+                                  overrides, handover, restore)
         except BaseException as exc:
             if coordinator is not None:
                 coordinator.shutdown(f"job {self.name!r} attempt ended before the checkpoint "
@@ -435,7 +452,8 @@ class JobRunner:
                          config: CheckpointConfig | None, backend: StateBackend,
                          assignment: StateAssignmentOperation | None,
                          coordinator: CheckpointCoordinator | None,
-                         overrides: dict[str, int]) -> None:
+                         overrides: dict[str, int], handover: StateHandOver | None = None,
+                         restore: CompletedCheckpoint | None = None) -> None:
         # by identity: task ids are display names, and two sources may share one
         sources_left: set[int] = set()
         all_sources_done = asyncio.Event()
@@ -472,8 +490,15 @@ class JobRunner:
                 self._phase("prepare")
                 await graph.restore(assignment)
                 self._phase("restore")
+                restore = assignment.checkpoint
+            elif handover is not None:
+                # by reference, on the loop's thread: no file is read
+                self._phase("prepare")
+                graph.take_over(handover)
+                self._phase("hand-over")
+            if restore is not None:
                 # the versions the restored checkpoint ran: before any operator opens
-                restored_id = assignment.checkpoint.checkpoint_id
+                restored_id = restore.checkpoint_id
                 updates = [u for cid, u in self.updates if cid <= restored_id]
                 for task in graph.tasks:
                     apply_updates(task.operators, updates, opened=False)
@@ -504,11 +529,26 @@ class JobRunner:
             self._phases = None
         self.metrics.attach([])
 
+    def _handover_refused(self, state_transfer: StateTransfer) -> str | None:
+        """Why a rescale of this job cannot hand its state over in memory, known before the
+        barrier is sent (None: the barrier's captures decide)."""
+        if state_transfer == "checkpoint":
+            return "state_transfer='checkpoint' asks for a restore"
+        config = self.options.checkpoints
+        if config is not None and config.unaligned:
+            return "unaligned checkpoints keep in-flight records in the checkpoint"
+        loops = [t.name for t in self.flow.transformations if t.loop_head is not None]
+        if loops:
+            return f"iteration {loops[0]!r} keeps its loop's log in the checkpoint"
+        return None
+
     async def rescale(self, coordinator: CheckpointCoordinator,
-                      request: int | dict[str, int]) -> CompletedCheckpoint:
+                      request: int | dict[str, int],
+                      state_transfer: StateTransfer = "auto") -> CompletedCheckpoint:
         """Rescale the running attempt (see ``Job.rescale``): a checkpoint whose barrier
-        carries the plan, its commits, then the next attempt restores it at the new
-        parallelism in this process.
+        carries the plan, its commits, then the next attempt takes over the state the
+        instances handed over at the barrier, or restores the checkpoint, at the new
+        parallelism in this process (:attr:`rescale_transfers` says which).
 
         Raises:
             ReconfigurationError: the request is invalid (nothing was sent), or the
@@ -521,6 +561,12 @@ class JobRunner:
                 return await coordinator.checkpoint()
             except CheckpointError as exc:
                 raise ReconfigurationError(f"rescale of job {self.name!r}: {exc}") from exc
+        if state_transfer not in ("auto", "checkpoint"):
+            raise ReconfigurationError(f"state_transfer must be 'auto' or 'checkpoint', got "
+                                       f"{state_transfer!r}")
+        refused = self._handover_refused(state_transfer)
+        if refused is None:
+            plan = dataclasses.replace(plan, handover=StateHandOver())
         program = parallelism_of(self.flow.transformations, self.flow.parallelism)
         rescaled = {uid: p for uid, p in plan.parallelism.items() if p != program[uid]}
         tasks = self.tasks
@@ -542,14 +588,22 @@ class JobRunner:
                 f"rescale of job {self.name!r} ({what}): the attempt ended right after "
                 f"checkpoint {completed.checkpoint_id} completed; the job restarts from its "
                 "last completed checkpoint, at the parallelism that checkpoint recorded")
+        handover = plan.handover
+        if handover is not None:
+            refused = handover.refusal(sum(len(t.operators) for t in tasks))
+            if refused is not None:
+                handover = None
+        self.rescale_transfers.append(
+            (completed.checkpoint_id, "in memory" if handover is not None
+             else f"checkpoint restored: {refused}"))
         switched = asyncio.get_running_loop().create_future()
         self._switched, self._switch_to = switched, completed
         self._phases, self._phase_start = {}, time.perf_counter()
         self.running.clear()
-        self.fail_attempt(RescaleSwitch(completed.checkpoint_id, plan))
+        self.fail_attempt(RescaleSwitch(completed.checkpoint_id, plan, handover))
         await switched
-        log.info("job %r rescaled at checkpoint %d: %s", self.name, completed.checkpoint_id,
-                 what)
+        log.info("job %r rescaled at checkpoint %d (%s; state %s)", self.name,
+                 completed.checkpoint_id, what, self.rescale_transfers[-1][1])
         return completed
 
     async def _finish(self, all_sources_done: asyncio.Event, sources: list[StreamTask],

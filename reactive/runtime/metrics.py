@@ -25,12 +25,16 @@ class JobMetrics:
         restarts: how many times the job restarted after a failure.
         restored_checkpoints: the checkpoint id each attempt restored (attempts that started
             fresh are not listed).
+        handed_over: the checkpoint id of each rescale whose new instances took over the
+            state the old ones handed over in memory at its barrier (no restore: the id is
+            not in ``restored_checkpoints``).
         max_channel_length: the largest number of items seen queued in any channel.
     """
 
     checkpoints: CheckpointHistory = field(default_factory=CheckpointHistory)
     restarts: int = 0
     restored_checkpoints: list[int] = field(default_factory=list)
+    handed_over: list[int] = field(default_factory=list)
     _carried: dict[str, list[int]] = field(default_factory=dict)  # by operator uid
     _expired_carried: dict[str, int] = field(default_factory=dict)  # by operator uid
     _names: dict[str, str] = field(default_factory=dict)  # operator uid -> name

@@ -31,6 +31,7 @@ from ..checkpoint.contract import Reconfiguration
 from ..errors import IncompatibleUpdateError
 from ..functions import RuntimeContext
 from ..state.descriptors import StateDescriptor
+from .handover import StateHandOver
 from .operators import StreamOperator
 from .operators.base import instance_copy
 from .operators.per_record import FilterOperator, FlatMapOperator, MapOperator, ReduceOperator
@@ -71,11 +72,15 @@ class RescalePlan:
             checkpoint's metadata, one per operator whose parallelism changes.
         quiesced: the suspensions of the source tasks that injected the barrier; resumed
             when the rescale's checkpoint fails.
+        handover: where every instance's state is captured at its snapshot instant for
+            the in-memory hand-over (:mod:`.handover`); None: the new instances restore
+            the checkpoint.
     """
 
     parallelism: Mapping[str, int]
     changed: tuple[Reconfiguration, ...]
     quiesced: list[Suspension] = field(default_factory=list)
+    handover: StateHandOver | None = None
 
     def quiesce(self, mailbox: TaskMailbox) -> None:
         """At a source task's snapshot instant: it reads no more input (it runs its mail)

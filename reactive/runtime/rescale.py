@@ -16,6 +16,12 @@ sources from their positions, pending transactions committed as a restore commit
 (:class:`~reactive.checkpoint.state_assignment_operation.StateAssignmentOperation`). The
 job handle, its results iterators and metrics carry over.
 
+On the heap backend the next attempt reads nothing from the checkpoint: every instance's
+state was captured at the barrier's snapshot instant and the new instances take it over by
+reference (:mod:`.handover`); the checkpoint is restored instead where the hand-over refuses
+(another backend, processing-time timers pending, unaligned checkpoints, an iteration) or
+when ``state_transfer="checkpoint"`` asks for it.
+
 If the checkpoint fails, the quiesced tasks resume and the job runs on at the parallelism
 it had (the last completed checkpoint's configuration).
 """
@@ -28,6 +34,7 @@ from typing import TYPE_CHECKING
 from ..checkpoint.contract import Reconfiguration
 from ..errors import ConfigurationError, ReconfigurationError
 from .execution_graph import validate
+from .handover import StateHandOver
 from .reconfiguration import RescalePlan
 
 if TYPE_CHECKING:
@@ -37,13 +44,17 @@ __all__ = ["RescaleSwitch", "plan_rescale"]
 
 
 class RescaleSwitch(Exception):
-    """Ends the running attempt so that the next one restores ``checkpoint_id`` at the
-    plan's parallelism (never a failure: the runner counts no restart)."""
+    """Ends the running attempt so that the next one runs at the plan's parallelism from
+    ``handover`` (the state handed over in memory at the barrier of ``checkpoint_id``) or,
+    when it is None, from a restore of ``checkpoint_id`` (never a failure: the runner
+    counts no restart)."""
 
-    def __init__(self, checkpoint_id: int, plan: RescalePlan) -> None:
+    def __init__(self, checkpoint_id: int, plan: RescalePlan,
+                 handover: StateHandOver | None = None) -> None:
         super().__init__(f"rescale at checkpoint {checkpoint_id}")
         self.checkpoint_id = checkpoint_id
         self.plan = plan
+        self.handover = handover
 
 
 def plan_rescale(flow: LogicalGraph, current: Mapping[str, int],

@@ -181,6 +181,10 @@ class SubtaskCheckpointCoordinator:
             # records after this barrier meet the new version (Carbone 2018 (PhD thesis),
             # section 4.5.5)
             try:
+                for plan in barrier.updates:
+                    if isinstance(plan, RescalePlan) and plan.handover is not None:
+                        for op, _, _, opstate in captures:
+                            plan.handover.capture(op, opstate)
                 apply_updates(self.operators, barrier.updates)
                 # a rescale: a source reads nothing after its barrier (its mail, the
                 # commits, still runs), so the old graph receives no record after the

@@ -50,11 +50,12 @@ type and is retried by the restart strategy.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from ..errors import RestoreError
 from ..keygroups import KeyGroupRange, assign_to_key_group
 from .api import State
 from .descriptors import StateDescriptor
@@ -63,7 +64,8 @@ if TYPE_CHECKING:
     from .ttl_clock import TtlClock
     from .ttl_config import StateTtlConfig
 
-__all__ = ["KeyedStateBackend", "KeyedStateSnapshot", "SnapshotContext", "StateBackend"]
+__all__ = ["KeyGroupsInMemory", "KeyedStateBackend", "KeyedStateSnapshot", "SnapshotContext",
+           "StateBackend"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,16 @@ class KeyedStateSnapshot(ABC):
 
     def discard(self) -> None:  # noqa: B027 - optional hook
         """Release what the synchronous part captured (the checkpoint was aborted)."""
+
+
+class KeyGroupsInMemory(Protocol):
+    """The key groups one keyed backend instance hands to the instances after a rescale
+    (:meth:`KeyedStateBackend.hand_over`): opaque to the runtime but for their range."""
+
+    @property
+    def key_group_range(self) -> KeyGroupRange:
+        """The key groups held."""
+        ...
 
 
 class KeyedStateBackend(ABC):
@@ -203,6 +215,28 @@ class KeyedStateBackend(ABC):
         Raises:
             RestoreError: when a handle is of another backend's format or unreadable.
         """
+
+    def hand_over(self) -> KeyGroupsInMemory | None:
+        """At a rescale's snapshot instant: this instance's key groups as live in-memory
+        objects that a new instance of the same backend adopts by reference
+        (:meth:`take_over`), or None (the default) when the backend cannot hand them over:
+        the rescale then restores its checkpoint's files instead.
+
+        After a hand-over the instance only ends (:meth:`dispose`): its state objects
+        belong to the instances that take them over.
+        """
+        return None
+
+    def take_over(self, parts: Sequence[KeyGroupsInMemory]) -> None:
+        """Adopt the key groups of this instance's range from ``parts`` (what
+        :meth:`hand_over` of the old instances returned), by reference: no copy, no
+        serialization. Called once, before any other hook but ``set_key_serializer``,
+        on the event loop's thread, in place of :meth:`restore`.
+
+        Raises:
+            RestoreError: a part is not this backend's.
+        """
+        raise RestoreError(f"{type(self).__name__} cannot take over key groups in memory")
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027
         """Checkpoint ``checkpoint_id`` completed (incremental backends track what was kept)."""

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from reactive import CheckpointConfig, CheckpointStorage, Dataflow, RestartStrategy
 from reactive.backends.heap import HeapStateBackend
@@ -28,7 +30,12 @@ def small_cache(monkeypatch):
     monkeypatch.setattr(ColumnarAggregateOperator, "cache_slots", 8)
 
 
-async def test_rocksdb_columnar_exactly_once_through_a_failure_and_a_rescale(tmp_path):
+@pytest.mark.parametrize("cache_slots", [8, 1 << 18])
+async def test_rocksdb_columnar_exactly_once_through_a_failure_and_a_rescale(
+        tmp_path, monkeypatch, cache_slots):
+    # 8 slots: most batches read and write rows in RocksDB; 2**18: every key stays cached
+    # (no row is read until the restore, after which each key's row must be read back)
+    monkeypatch.setattr(ColumnarAggregateOperator, "cache_slots", cache_slots)
     table = words_table(20_000, vocabulary=40)
     out, chk = tmp_path / "out", tmp_path / "chk"
     config = CheckpointConfig(interval=0.01, directory=chk)
@@ -177,3 +184,55 @@ async def test_a_snapshot_holds_the_rows_at_its_barrier_while_the_cache_moves_on
     assert stored(await first.write(), 1) == at_first
     assert stored(await second.write(), 2) == at_second
     kb.dispose()
+
+
+@given(st.one_of(st.lists(st.text(max_size=300), min_size=1, max_size=30),
+                 st.lists(st.integers(min_value=-(1 << 64), max_value=1 << 64), min_size=1,
+                          max_size=30),
+                 st.lists(st.one_of(st.text(max_size=4), st.integers(), st.booleans(),
+                                    st.none(), st.binary(max_size=4)), min_size=1,
+                          max_size=10)))
+def test_stored_keys_built_by_kernels_equal_the_canonical_encoding(keys):
+    """The barrier rows' stored keys, built with Arrow and numpy kernels, are the bytes the
+    per-record API stores (``encode_key``) behind their prefix, or the kernels decline."""
+    import pyarrow as pa
+
+    from reactive.backends.rocksdb.columnar import stored_keys
+    from reactive.key_encoding import encode_key
+
+    prefixes = [bytes([i % 7, 3]) for i in range(len(keys))]
+    got = stored_keys(pa.array(prefixes, pa.binary()), keys)
+    want = [p + encode_key(k) for p, k in zip(prefixes, keys, strict=True)]
+    if got is not None:
+        assert got.to_pylist() == want
+        # the same keys as the Arrow column a cache's key index holds
+        column = pa.array(keys)
+        for array in (column, column.cast(pa.int32()) if pa.types.is_int64(column.type)
+                      and all(-(1 << 31) <= k < 1 << 31 for k in keys) else column):
+            from_column = stored_keys(pa.array(prefixes, pa.binary()), array)
+            assert from_column is not None and from_column.to_pylist() == want
+    if all(type(k) is str and len(k.encode("utf-8", "surrogatepass")) < 256 for k in keys) \
+            and all(k.isprintable() for k in keys):
+        assert got is not None
+    if all(type(k) is int and -(1 << 63) <= k < 1 << 63 for k in keys):
+        assert got is not None
+
+
+@given(st.lists(st.tuples(st.integers(-(1 << 63), (1 << 63) - 1),
+                          st.floats(allow_nan=False), st.integers(-(1 << 63), (1 << 63) - 1)),
+                min_size=1, max_size=20),
+       st.sampled_from(["i", "if", "ifi", "iiii", "f"]))
+def test_rows_pickled_by_numpy_load_as_the_rows(rows, kinds):
+    """Barrier rows pickled as one byte matrix load back as ``pickle.dumps`` of each row
+    would: the same Python ints and floats, whatever the number of columns."""
+    import numpy as np
+
+    from reactive.backends.rocksdb.columnar import pickled_rows
+
+    columns = [np.array([r[0 if k == "i" else 1] for r in rows],
+                        np.int64 if k == "i" else np.float64) for k in kinds]
+    want = list(zip(*[c.tolist() for c in columns], strict=True))
+    got = [pickle.loads(b) for b in pickled_rows(columns)]
+    assert got == want
+    assert [tuple(map(type, r)) for r in got] == [tuple(map(type, r)) for r in want]
+    assert pickled_rows([np.array([True])]) is None

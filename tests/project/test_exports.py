@@ -50,7 +50,8 @@ USER_API = {
 }
 
 PLUGIN_API = {
-    "KeyGroupRange", "KeyGroupReader", "KeyGroupState", "KeyGroupStream", "KeyedStateBackend",
+    "KeyGroupRange", "KeyGroupReader", "KeyGroupState", "KeyGroupStream", "KeyGroupsInMemory",
+    "KeyedStateBackend",
     "KeyedStateSnapshot", "ListState", "ListStateDescriptor", "MapState", "MapStateDescriptor",
     "RecordRejectedError", "ReducingState", "ReducingStateDescriptor", "Serializer", "Sink",
     "SinkWriter", "SnapshotContext", "Source", "SourceReader", "State", "StateBackend",

@@ -107,3 +107,31 @@ def test_csv_files_cut_into_parts_give_every_row_and_dead_letter_once_in_order(
             offset += len(line)
     assert [(x.path, x.offset) if isinstance(x, InvalidRow) else x
             for x in records] == expected
+
+
+def test_a_csv_source_is_read_in_as_many_tasks_as_the_dataflows_parallelism(
+        tmp_path: Path) -> None:
+    from reactive import Dataflow
+    from reactive.connectors.files import CommittingFileSink, CsvFileSource
+    from reactive.connectors.spark import SparkRunner
+    from reactive.connectors.spark.translation import translate
+
+    (tmp_path / "in.csv").write_text("key,value\na,1\n")
+    (tmp_path / "in.txt").write_text("a\n")
+
+    def flow(parallelism: int) -> Dataflow:
+        f = Dataflow("parts", parallelism=parallelism)
+        f.source(CsvFileSource(tmp_path / "in.csv")).sink(CommittingFileSink(tmp_path / "a"))
+        f.read_text_file(tmp_path / "in.txt").sink(CommittingFileSink(tmp_path / "b"))
+        return f
+
+    runner = SparkRunner(None, tmp_path / "chk")  # type: ignore[arg-type]
+    for parallelism in (1, 2, 3):
+        csv, lines = (p.source for p in translate(flow(parallelism)))
+        assert runner.read_partitions_for(flow(parallelism), csv) == parallelism
+        assert runner.read_partitions_for(flow(parallelism), lines) == 1
+    # a number given to the runner holds for every source
+    chosen = SparkRunner(None, tmp_path / "chk", read_partitions=4)  # type: ignore[arg-type]
+    csv, lines = (p.source for p in translate(flow(2)))
+    assert chosen.read_partitions_for(flow(2), csv) == chosen.read_partitions_for(
+        flow(2), lines) == 4

@@ -143,16 +143,21 @@ def _processor(build: Any) -> tuple[KeyedOperatorProcessor, _Handle]:
     return processor, handle
 
 
-def _rows(records: list[Any], first_seq: int = 0) -> list[dict[str, Any]]:
+def _rows(records: list[Any], key: bytes, first_seq: int = 0) -> list[Any]:
+    """The rows Spark's Row-mode worker hands the processor: ``Row``s in the column order
+    of the keyed query's input (``key, record, seq``)."""
     import pickle
 
-    return [{"seq": first_seq + i, "record": pickle.dumps(r)} for i, r in enumerate(records)]
+    from pyspark.sql import Row
+
+    make = Row("key", "record", "seq")
+    return [make(key, pickle.dumps(r), first_seq + i) for i, r in enumerate(records)]
 
 
 def _call(processor: KeyedOperatorProcessor, handle: _Handle, key: Any, records: list[Any],
           watermark_ms: int, first_seq: int = 0) -> list[Any]:
     handle.key = encode_key(key)
-    rows = processor.handleInputRows((handle.key,), iter(_rows(records, first_seq)),
+    rows = processor.handleInputRows((handle.key,), iter(_rows(records, handle.key, first_seq)),
                                      _Watermark(watermark_ms))  # type: ignore[arg-type]
     return [json.loads(r[0]) for r in rows]  # the sink's JSON lines
 
