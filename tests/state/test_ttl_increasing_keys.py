@@ -29,7 +29,6 @@ STEP = 0.01  # seconds of the manual clock per step
 NEW = 2  # keys that start per step
 ACTIVE = 2  # steps a key is written in
 STEPS = 10_000  # 20,000 keys in all
-LIVE = NEW * (ACTIVE + round(TTL / STEP))  # keys written within the ttl: 204
 
 
 def active_keys(step: int, new: int = NEW, active: int = ACTIVE) -> list[str]:
@@ -59,11 +58,20 @@ def rocksdb_entries(db: Any, sid: bytes) -> int:
 
 @pytest.mark.parametrize("backend", ["heap", "rocksdb"])
 @pytest.mark.parametrize("key_groups", [1, 16])
+@pytest.mark.parametrize(("new", "active", "steps"), [(NEW, ACTIVE, STEPS), (20, 1, 1_000)])
 def test_per_record_state_stays_bounded_when_keys_grow_in_name_order(
-        tmp_path: Path, backend: str, key_groups: int):
+        tmp_path: Path, backend: str, key_groups: int, new: int, active: int, steps: int,
+        request: pytest.FixtureRequest):
     """The stored entries (RocksDB: its database, without the cache) stay under four times
     the live keys after the first pass, at one key group per instance (every key in one
-    sorted run) and at 16; the live keys are all there with their counts."""
+    sorted run) and at 16, with few keys a step written twice and with many written once;
+    the live keys are all there with their counts."""
+    if new == 20 and key_groups == 16:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "the cleanup's rate (IncrementalCleanup: a moving average of the expired share "
+            "per step) falls to MIN_RATE (1/16 check per record) while a pass walks a key "
+            "group's run of live keys, below the 1 new key per record here, and the state "
+            "reaches about 4.5x the live keys; with MIN_RATE = 1 it stays at about 1.45x")))
     state_backend = (HeapStateBackend() if backend == "heap" else RocksDBStateBackend(
         path=tmp_path / "db", cache_entries=200, write_batch_entries=100))
     h = OperatorTestHarness.for_keyed_process(Counter(), key_selector=lambda r: r,
@@ -73,22 +81,23 @@ def test_per_record_state_stays_bounded_when_keys_grow_in_name_order(
     keyed: Any = h.keyed_backend
     sid = state_id("count")
     sizes = []
-    for step in range(STEPS):
+    live = new * (active + round(TTL / STEP))
+    for step in range(steps):
         h.set_processing_time(step * STEP)
-        for key in active_keys(step):  # a record at a time (batches of one)
+        for key in active_keys(step, new, active):  # a record at a time (batches of one)
             h.process_element(key)
-        if step % 500 == 499:
+        if step % (steps // 20) == steps // 20 - 1:
             n = (len(list(keyed.keys("count"))) if backend == "heap"
                  else rocksdb_entries(keyed._db, sid))
             sizes.append(n)
-    assert max(sizes[2:]) < 4 * LIVE, sizes
+    assert max(sizes[2:]) < 4 * live, sizes
     fn: Any = h.operator.fn  # type: ignore[attr-defined]
-    assert fn.count.expired > STEPS * NEW - 4 * LIVE
-    h.set_processing_time(STEPS * STEP)
-    keyed.set_current_key(f"s{STEPS - 1:06d}-001")
+    assert fn.count.expired > steps * new - 4 * live
+    h.set_processing_time(steps * STEP)
+    keyed.set_current_key(f"s{steps - 1:06d}-001")
     assert fn.count.value() == 1
-    keyed.set_current_key(f"s{STEPS - 2:06d}-001")
-    assert fn.count.value() == 2
+    keyed.set_current_key(f"s{steps - active:06d}-001")
+    assert fn.count.value() == active
     h.close()
 
 
