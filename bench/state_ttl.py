@@ -72,18 +72,22 @@ async def w1(keys: list[str], ttl: float | None) -> tuple[float, float]:
 class GrowingKeys(Source):
     """An endless key space until ``until`` (perf_counter seconds): the records name 1,000
     live keys, a window that slides by one new key every 3 ms of processing time, so each key
-    is active for about 3 s and then never seen again."""
+    is active for about 3 s and then never seen again. ``padded`` names key ``n`` with a
+    zero-padded number (``key-000000012345``), so each new key sorts after every older one
+    (ids handed out in time order); otherwise as ``key-12345``."""
 
-    def __init__(self, until: float) -> None:
+    def __init__(self, until: float, padded: bool = False) -> None:
         self.until = until
+        self.padded = padded
 
     def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
-        return _GrowingReader(self.until)
+        return _GrowingReader(self.until, self.padded)
 
 
 class _GrowingReader(SourceReader):
-    def __init__(self, until: float) -> None:
+    def __init__(self, until: float, padded: bool) -> None:
         self.until = until
+        self.padded = padded
         self.i = 0
         self.t0 = time.perf_counter()
 
@@ -94,6 +98,8 @@ class _GrowingReader(SourceReader):
         base = int((now - self.t0) / 0.003)
         i = self.i
         self.i += max_records
+        if self.padded:
+            return [f"key-{base + (i + j) % 1000:012d}" for j in range(max_records)]
         return [f"key-{base + (i + j) % 1000}" for j in range(max_records)]
 
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
@@ -103,8 +109,8 @@ class _GrowingReader(SourceReader):
         self.i = int(entries[0]) if entries else 0
 
 
-def growth(backend: str, ttl: float | None, minutes: float, directory: Path
-           ) -> list[tuple[float, int, int, float]]:
+def growth(backend: str, ttl: float | None, minutes: float, directory: Path,
+           padded: bool = False) -> list[tuple[float, int, int, float]]:
     """(seconds, keys in state, last checkpoint bytes, RSS MB) every 10 s."""
     from reactive.runtime.loop import run_coroutine
 
@@ -114,7 +120,7 @@ def growth(backend: str, ttl: float | None, minutes: float, directory: Path
 
     async def go() -> None:
         flow = Dataflow(f"growth-{backend}-{ttl}", parallelism=1)
-        (flow.source(GrowingKeys(until)).uid("keys").key_by(lambda w: w)
+        (flow.source(GrowingKeys(until, padded)).uid("keys").key_by(lambda w: w)
              .process(Count(ttl)).uid("count").sink(DiscardingSink()))
         state_backend: Any = None
         if backend == "rocksdb":
@@ -160,7 +166,7 @@ def _rss_mb() -> float:
     return float("nan")
 
 
-def _growth_in_child(backend: str, ttl: float | None, minutes: float
+def _growth_in_child(backend: str, ttl: float | None, minutes: float, names: str
                      ) -> list[tuple[float, int, int, float]]:
     """:func:`growth` in a fresh process, so its RSS is its own."""
     import json
@@ -169,7 +175,8 @@ def _growth_in_child(backend: str, ttl: float | None, minutes: float
 
     out = subprocess.run(
         [sys.executable, "-m", "bench.state_ttl", "--child", backend,
-         "--child-ttl", str(ttl or 0), "--minutes", str(minutes)],
+         "--child-ttl", str(ttl or 0), "--minutes", str(minutes),
+         "--names", names],
         check=True, capture_output=True, text=True).stdout
     points = json.loads(out.strip().splitlines()[-1])
     for point in points:
@@ -183,6 +190,9 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--backends", default="heap,rocksdb")
+    p.add_argument("--names", choices=("plain", "padded"), default="plain",
+                   help="the growth run's key names: key-12345, or key-000000012345 "
+                        "(zero-padded: each new key sorts after every older one)")
     p.add_argument("--skip-w1", action="store_true")
     p.add_argument("--skip-growth", action="store_true")
     p.add_argument("--png", default=str(RESULTS / "state_ttl.png"))
@@ -193,7 +203,8 @@ def main(argv: list[str] | None = None) -> str:
         import json
 
         with tempfile.TemporaryDirectory() as d:
-            points = growth(args.child, args.child_ttl or None, args.minutes, Path(d))
+            points = growth(args.child, args.child_ttl or None, args.minutes, Path(d),
+                            args.names == "padded")
         print(json.dumps(points))
         return ""
     text = ""
@@ -223,7 +234,7 @@ def main(argv: list[str] | None = None) -> str:
         for backend in args.backends.split(","):
             for ttl in (5.0, None):
                 label = f"{backend}, {'ttl 5 s' if ttl else 'no ttl'}"
-                series[label] = _growth_in_child(backend, ttl, args.minutes)
+                series[label] = _growth_in_child(backend, ttl, args.minutes, args.names)
         rows = []
         for label, points in series.items():
             first, last = points[0], points[-1]

@@ -67,6 +67,9 @@ class ColumnarRocksDBKeyedStateBackend(RocksDBKeyedStateBackend, SlotStore):
         self._encode_key = _memoized(self._encode_key, self.cache_entries)
         # where the next sweep of expired rows starts (None: the range's start)
         self._sweep_cursor: bytes | None = None
+        # the key group the cursor is in, and its last row when the sweep entered it
+        self._sweep_group: bytes | None = None
+        self._sweep_group_end = b""
         self._restored = False
 
     def may_hold_rows(self) -> bool:
@@ -166,7 +169,10 @@ class ColumnarRocksDBKeyedStateBackend(RocksDBKeyedStateBackend, SlotStore):
         """Delete expired rows from RocksDB (Flink's incremental cleanup over the store, as
         :class:`.ttl_sweep.RocksDBTtlSweep` for the per-record states): at most ``budget``
         rows checked from the cursor of the last call (wrapping around the instance's key
-        range), for at most :data:`.generations.STEP_SECONDS`. A row whose key this
+        range; a key group's rows only up to its last row when the sweep entered it, so
+        keys named in increasing order, all inserted past the cursor, are left to the next
+        pass instead of keeping it in the live tail), for at most
+        :data:`.generations.STEP_SECONDS`. A row whose key this
         backend's write-back cache holds is skipped (the cache holds its newest value),
         and nothing is deleted while a frozen generation is pending (it would leak into an
         older checkpoint)."""
@@ -188,10 +194,22 @@ class ColumnarRocksDBKeyedStateBackend(RocksDBKeyedStateBackend, SlotStore):
                 if wrapped:
                     break
                 wrapped = True
+                self._sweep_group = None  # a new pass: each key group's end is read again
                 it.seek(lower)
                 continue
             n += 1
-            if k[KEY_GROUP_BYTES:PREFIX_BYTES] != sid:  # not a row: the next key group's
+            if k[KEY_GROUP_BYTES:PREFIX_BYTES] == sid:
+                group = k[:PREFIX_BYTES]
+                if group != self._sweep_group:
+                    self._sweep_group = group
+                    last = self._db.iter()
+                    last.seek_for_prev(successor(group))
+                    self._sweep_group_end = cast(bytes, last.key())
+                elif k > self._sweep_group_end:  # inserted after the sweep entered it
+                    self._sweep_group = None
+                    it.seek(successor(group))
+                    continue
+            else:  # not a row: the next key group's
                 kg = k[:KEY_GROUP_BYTES]
                 if k[KEY_GROUP_BYTES:PREFIX_BYTES] < sid:
                     it.seek(kg + sid)

@@ -16,8 +16,11 @@ rocksdict offers none, so this backend cleans up in two places instead:
   are read from a cursor over the instance's key range, and the expired ones deleted in one
   ``WriteBatch``. A step checks at most :attr:`.ttl_sweep.RocksDBTtlSweep.STEP_ENTRIES`
   entries and ends after :data:`.generations.STEP_SECONDS` of the loop's time; the cursor
-  wraps around at the end of the range. An endlessly growing key space with TTL then keeps
-  the database, and the SST files of incremental checkpoints, flat.
+  wraps around at the end of the range, and walks each state's run of keys in a key group
+  only up to the run's last key when it entered it (keys named in increasing order, all
+  inserted past the cursor, are left to the next pass instead of being chased). An
+  endlessly growing key space with TTL then keeps the database, and the SST files of
+  incremental checkpoints, flat.
 
 A key cached in the write-back cache is purged through its state instead (the cache holds
 its newest value; the delete reaches RocksDB when the entry is written out). Nothing is

@@ -32,6 +32,14 @@ class RocksDBTtlSweep(IncrementalCleanup):
     key range in steps of at most :attr:`STEP_ENTRIES` entries and
     :data:`.generations.STEP_SECONDS`.
 
+    A pass walks each run of one state's entries in one key group (a *prefix*) only up to
+    the last key the run held when the sweep entered it (the heap's cleanup reads a key
+    group's keys as a stable copy the same way): keys inserted later into a run the sweep is
+    in are left to the next pass. Keys named in increasing order (``user-000123``: ids
+    handed out in time order) are all inserted past the cursor; without that bound a sweep
+    slower than the inserts would walk the newest, live keys for ever and never reach the
+    expired old ones at the start of the range.
+
     Args:
         backend: the instance's RocksDB keyed backend.
         decode_key: returns the backend's current decoder of stored key bytes.
@@ -51,6 +59,9 @@ class RocksDBTtlSweep(IncrementalCleanup):
         super().__init__(backend)
         self._decode_key = decode_key
         self._cursor: bytes | None = None
+        # the prefix the cursor is in, and its last key when the sweep entered it
+        self._prefix: bytes | None = None
+        self._prefix_end = b""
         self.swept = 0
         self.passes = 0
 
@@ -96,12 +107,21 @@ class RocksDBTtlSweep(IncrementalCleanup):
                 if wrapped:
                     break  # the whole range holds less than the budget
                 wrapped = True
+                self._prefix = None  # a new pass: each prefix's end is read again
                 it.seek(lower)
                 continue
             work += 1
             spec = by_sid.get(k[KEY_GROUP_BYTES:PREFIX_BYTES])
             if spec is None:  # another state's entries: skip them at once
                 it.seek(successor(k[:PREFIX_BYTES]))
+                continue
+            prefix = k[:PREFIX_BYTES]
+            if prefix != self._prefix:
+                self._prefix = prefix
+                self._prefix_end = self._last_key(b, prefix)
+            elif k > self._prefix_end:  # inserted after the sweep entered the prefix
+                self._prefix = None
+                it.seek(successor(prefix))
                 continue
             table, state, now = spec
             checked += 1
@@ -137,6 +157,13 @@ class RocksDBTtlSweep(IncrementalCleanup):
         if checked:
             self._found = 0.9 * self._found + 0.1 * min(1.0, found / checked)
             self.rate = min(self.MAX_RATE, max(self.MIN_RATE, 2 * self.MAX_RATE * self._found))
+
+    @staticmethod
+    def _last_key(b: WriteBackCache, prefix: bytes) -> bytes:
+        """The last stored key starting with ``prefix`` (which has one: the cursor's)."""
+        it = b._db.iter()
+        it.seek_for_prev(successor(prefix))
+        return cast(bytes, it.key())
 
     def _purge_cached(self, b: WriteBackCache, cached: list[tuple[_Ttl, Any, float]]) -> int:
         """Purge the cached keys the step met through their states (the cache holds their
