@@ -433,7 +433,12 @@ class IncrementalCleanup:
     :data:`STEP_KEYS` keys: a step's fixed cost (the backend's current key saved and set
     back, the rate's update) is then paid once per that many keys, not once per batch (a
     batch of ~60 records earned four keys at the minimum rate, and the step cost more than
-    checking them).
+    checking them). The moving average falls while a pass walks a run of live keys, so the
+    rate has a second floor that follows the key space's growth: twice the expired keys per
+    record the last whole pass found (in a steady state as many keys expire as arrive, so a
+    pass then checks keys twice as fast as new ones come and the state stays within about
+    twice the live keys; a pass that lags finds the keys that expired meanwhile, which
+    raises the floor).
 
     Args:
         backend: the operator's keyed state backend.
@@ -452,6 +457,9 @@ class IncrementalCleanup:
         self._pending: list[Any] = []
         self._found = 0.0  # moving average of the expired share of the keys checked
         self._credit = 0.0  # keys owed to the sweep (fractions carried between steps)
+        self._floor = self.MIN_RATE  # from the last whole pass's expired keys per record
+        self._pass_records = 0  # records processed since the current pass started
+        self._pass_found = 0  # expired keys the current pass found
 
     def register(self, name: str, state: State) -> None:
         """Sweep ``state`` (stored under ``name``) too.
@@ -470,6 +478,7 @@ class IncrementalCleanup:
         keys they earned (``n * rate``, fractions carried over), in steps of at least
         :data:`STEP_KEYS` keys."""
         self._credit += n * self.rate
+        self._pass_records += n
         if self._credit >= self.STEP_KEYS:
             self.step()
 
@@ -479,6 +488,12 @@ class IncrementalCleanup:
         kgs = self.backend.key_group_range
         for _ in range(len(self._states) * len(kgs) + 1):
             if self._turn < 0 or self._key_group > kgs.end:
+                if self._turn == len(self._states) - 1 and self._pass_records:
+                    # a whole pass over every state ended: its expired keys per record
+                    self._floor = min(self.MAX_RATE,
+                                      2 * self._pass_found / self._pass_records)
+                if self._turn < 0 or self._turn == len(self._states) - 1:
+                    self._pass_records = self._pass_found = 0
                 self._turn = (self._turn + 1) % len(self._states)
                 self._key_group = kgs.start
             name, _ = self._states[self._turn]
@@ -522,9 +537,11 @@ class IncrementalCleanup:
         finally:
             if moved:
                 backend.set_current_key(current)
+        self._pass_found += found
         if checked:
             self._found = 0.9 * self._found + 0.1 * min(1.0, found / checked)
-            self.rate = min(self.MAX_RATE, max(self.MIN_RATE, 2 * self.MAX_RATE * self._found))
+            self.rate = min(self.MAX_RATE, max(self.MIN_RATE, self._floor,
+                                               2 * self.MAX_RATE * self._found))
 
 
 def ttl_state(descriptor: StateDescriptor, config: StateTtlConfig, inner: State,

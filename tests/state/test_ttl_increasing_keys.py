@@ -60,18 +60,11 @@ def rocksdb_entries(db: Any, sid: bytes) -> int:
 @pytest.mark.parametrize("key_groups", [1, 16])
 @pytest.mark.parametrize(("new", "active", "steps"), [(NEW, ACTIVE, STEPS), (20, 1, 1_000)])
 def test_per_record_state_stays_bounded_when_keys_grow_in_name_order(
-        tmp_path: Path, backend: str, key_groups: int, new: int, active: int, steps: int,
-        request: pytest.FixtureRequest):
+        tmp_path: Path, backend: str, key_groups: int, new: int, active: int, steps: int):
     """The stored entries (RocksDB: its database, without the cache) stay under four times
     the live keys after the first pass, at one key group per instance (every key in one
     sorted run) and at 16, with few keys a step written twice and with many written once;
     the live keys are all there with their counts."""
-    if new == 20 and key_groups == 16:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "the cleanup's rate (IncrementalCleanup: a moving average of the expired share "
-            "per step) falls to MIN_RATE (1/16 check per record) while a pass walks a key "
-            "group's run of live keys, below the 1 new key per record here, and the state "
-            "reaches about 4.5x the live keys; with MIN_RATE = 1 it stays at about 1.45x")))
     state_backend = (HeapStateBackend() if backend == "heap" else RocksDBStateBackend(
         path=tmp_path / "db", cache_entries=200, write_batch_entries=100))
     h = OperatorTestHarness.for_keyed_process(Counter(), key_selector=lambda r: r,
