@@ -1,9 +1,15 @@
 """The Spark runner after a crash: the driver's process (Python and its JVM) is SIGKILLed
-mid-way, a second process starts the same dataflow on the same checkpoint location, and the
+mid-way, a second process starts the same dataflows on the same checkpoint locations, and the
 committed output validates exactly once against a batch computation.
 
+One crashed run serves the default run's plan shapes: one driver runs every shape's dataflow
+side by side (each its own input, output and checkpoint location under one directory), is
+killed once every query has committed the same micro-batch, and a second driver resumes them
+all; each shape's output is then validated by a test of its own.
+
 Run as a script, this module is the driver: ``python tests/connectors/spark/test_spark_runner_restart.py
-DATA OUT CHECKPOINTS`` (the kill point comes in ``REACTIVE_TEST_KILL_AFTER_COMMIT``).
+BASE SHAPE [SHAPE ...]`` (each shape's files under ``BASE/SHAPE``, see :func:`shape_paths`; the
+kill point comes in ``REACTIVE_TEST_KILL_AFTER_COMMIT``).
 """
 
 from __future__ import annotations
@@ -13,19 +19,28 @@ import random
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-#: the environment variable naming the commit-log entry after which the driver crashes
+#: the environment variable naming the micro-batch after whose commit (in every query's commit
+#: log) the driver crashes
 KILL_ENV = "REACTIVE_TEST_KILL_AFTER_COMMIT"
 #: the environment variable naming a micro-batch after whose first sink's commit (of two
 #: sinks written by one query) the driver crashes, before the second sink's
 KILL_BETWEEN_ENV = "REACTIVE_TEST_KILL_BETWEEN_SINKS"
 LINES = 3000
 BATCH = 500
+#: the plan shapes one crashed run restarts (see :func:`build`), in the order the driver
+#: starts them: the union's two sources first, while nothing else runs (see :func:`driver`)
+SHAPES = ("union", "python", "native", "two-sinks", "csv")
+#: how long a query that committed the kill batch waits for the others to commit it, seconds
+BARRIER_TIMEOUT = 300.0
 
 
 def write_input(path: Path, seed: int) -> list[tuple[str, float, int]]:
@@ -44,7 +59,9 @@ def write_input(path: Path, seed: int) -> list[tuple[str, float, int]]:
     return rows
 
 
-def build(data: Path, out: Path, shape: str = "python") -> Any:
+def build(data: Path, out: Path, shape: str = "python",
+          kill_entries: tuple[str, Sequence[str]] | None = None,
+          started: Path | None = None) -> Any:
     """The dataflow; ``shape`` ``"native"`` aggregates with built-in aggregations (a native
     Spark SQL plan), ``"python"`` with a user function (``transformWithState``), and
     ``"two-sinks"`` as ``"native"`` with the malformed lines written to a dead-letter sink
@@ -52,7 +69,12 @@ def build(data: Path, out: Path, shape: str = "python") -> Any:
     with the file read by the CSV file source (pyarrow blocks in the Spark tasks, the
     malformed lines its ``InvalidRow`` dead letters); ``"union"`` as ``"python"`` with the
     lines split between two files (:func:`split_input`), each read, parsed and given event
-    time on its own, then unioned (Spark's union of two reads, a watermark per input)."""
+    time on its own, then unioned (Spark's union of two reads, a watermark per input).
+
+    ``kill_entries``: this query's commit-log entry of the kill batch and every query's
+    (of all dataflows the driver runs): the first record parsed once this query's entry
+    exists waits for every entry, then SIGKILLs the driver. ``started``: a file the driver
+    writes once every query's sources are running; no record is parsed before it exists."""
     from reactive import AggregateFunction, Dataflow, TumblingEventTimeWindows
     from reactive.connectors.files import CommittingFileSink
     from reactive.windowing.aggregates import Aggregates, count, sum_of
@@ -70,16 +92,26 @@ def build(data: Path, out: Path, shape: str = "python") -> Any:
         def get_result(self, acc: Any) -> Any:
             return acc
 
-    kill_once = os.environ.get(KILL_ENV)
+    own, every = kill_entries if kill_entries is not None else (None, ())
     driver_group = os.getpgrp()  # read where build() runs: in the driver
 
+    def crash_point() -> None:
+        if started is not None:
+            wait_for([str(started)])
+        if own is None or not os.path.exists(own):
+            return
+        # a later micro-batch of this query is being processed: crash inside it, before its
+        # commit, once every other query committed the kill batch too (a barrier: a query
+        # that got there first waits here, its task holding one of the driver's task slots,
+        # so none runs to the end of its input before the slowest is mid-way).
+        wait_for(every)
+        # This runs in a Python worker, whose daemon has a process group of its own: the
+        # driver's group (Python and the JVM) first, then the workers'
+        os.killpg(driver_group, signal.SIGKILL)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
     def parse(line: str) -> list[Any]:
-        if kill_once is not None and os.path.exists(kill_once):
-            # a later micro-batch is being processed: crash inside it, before its commit.
-            # This runs in a Python worker, whose daemon has a process group of its own:
-            # the driver's group (Python and the JVM) first, then the workers'
-            os.killpg(driver_group, signal.SIGKILL)
-            os.killpg(os.getpgrp(), signal.SIGKILL)
+        crash_point()
         parts = line.split(",")
         if len(parts) == 3:
             return [(parts[0], float(parts[1]), int(parts[2]))]
@@ -88,9 +120,7 @@ def build(data: Path, out: Path, shape: str = "python") -> Any:
     def parse_row(record: Any) -> list[Any]:
         from reactive.connectors.files import InvalidRow
 
-        if kill_once is not None and os.path.exists(kill_once):
-            os.killpg(driver_group, signal.SIGKILL)
-            os.killpg(os.getpgrp(), signal.SIGKILL)
+        crash_point()
         if isinstance(record, InvalidRow):
             return [("malformed", record.raw.decode().rstrip("\r\n"))]
         return [record]
@@ -136,6 +166,20 @@ def build(data: Path, out: Path, shape: str = "python") -> Any:
     return flow
 
 
+def wait_for(paths: Sequence[str]) -> None:
+    """Return once every file of ``paths`` exists.
+
+    Raises:
+        RuntimeError: when some are missing after :data:`BARRIER_TIMEOUT` seconds.
+    """
+    deadline = time.monotonic() + BARRIER_TIMEOUT
+    while not all(os.path.exists(path) for path in paths):
+        if time.monotonic() > deadline:
+            missing = [p for p in paths if not os.path.exists(p)]
+            raise RuntimeError(f"no files {missing} after {BARRIER_TIMEOUT} s")
+        time.sleep(0.05)
+
+
 def split_files(data: Path) -> tuple[Path, Path]:
     """The two files of the ``"union"`` shape, beside ``data``."""
     return data.with_name("input-a.csv"), data.with_name("input-b.csv")
@@ -148,26 +192,74 @@ def split_input(data: Path) -> None:
         path.write_text("".join(lines[i::2]))
 
 
-def driver(data: Path, out: Path, checkpoints: Path, shape: str) -> None:
-    """The driver process: run the dataflow on Spark to the end of its input. With
-    :data:`KILL_ENV` set to a micro-batch's entry in the sink's commit log, the first record
-    parsed once that entry exists SIGKILLs the driver's process group (Python and the JVM),
-    then its Python workers': a crash inside the next micro-batch, at a known point. Spark's
-    progress events are delivered asynchronously, so a kill from its listener came after
-    every batch had committed on a fast run."""
+def shape_paths(base: Path, shape: str) -> tuple[Path, Path, Path]:
+    """A shape's input file, output directory and checkpoint location under ``base``."""
+    return base / shape / "input.csv", base / shape / "out", base / shape / "chk"
+
+
+def commits_of(base: Path, shape: str) -> Path:
+    """Spark's commit log of the query of ``shape`` under ``base``."""
+    return query_location(shape_paths(base, shape)[2], shape) / "commits"
+
+
+def driver(base: Path, shapes: Sequence[str]) -> None:
+    """The driver process: run each shape's dataflow on Spark side by side (one runner
+    each, one session) to the end of its input. With :data:`KILL_ENV` set to a micro-batch
+    id, the first record parsed once every query's commit log has that entry SIGKILLs the
+    driver's process group (Python and the JVM), then its Python workers': a crash inside
+    the next micro-batch, at a known point (a query that gets there first waits for the
+    others inside its next micro-batch, see :func:`build`). Spark's progress events are
+    delivered asynchronously, so a kill from its listener came after every batch had
+    committed on a fast run."""
     from reactive.connectors.spark import SparkRunner, local_session
 
     between = os.environ.get(KILL_BETWEEN_ENV)
     if between is not None:
         kill_between_sinks(int(between))
-    spark = local_session("local[2]", app_name="reactive-restart", shuffle_partitions=2)
-    job = SparkRunner(spark, checkpoints, max_records_per_batch=BATCH,
-                      one_query=shape in ("two-sinks", "csv")).run(build(data, out, shape))
-    wanted = ("transformWithState" if shape in ("python", "union")
-              else "native window aggregation")
-    assert job.shapes["out"] == wanted, job.shapes
-    if shape in ("two-sinks", "csv"):
-        assert job.queries["out"] is job.queries["dead"], "the sinks ran as two queries"
+    kill_after = os.environ.get(KILL_ENV)
+    every = [str(commits_of(base, shape) / kill_after) for shape in shapes] if kill_after else []
+    # two task slots per query: those waiting at the kill barrier hold theirs (a union's
+    # two reads hold two) while the last gets to it
+    started = base / "started"
+    started.unlink(missing_ok=True)
+    spark = local_session(f"local[{2 * len(shapes)}]", app_name="reactive-restart",
+                          shuffle_partitions=2)
+    jobs = {}
+    for shape in shapes:
+        data, out, checkpoints = shape_paths(base, shape)
+        entries = (every[shapes.index(shape)], every) if kill_after else None
+        # a session each (one SparkContext): a query's name (its sink's uid) is unique
+        # among a session's active queries
+        runner = SparkRunner(spark.newSession(), checkpoints, max_records_per_batch=BATCH,
+                             one_query=shape in ("two-sinks", "csv"))
+        # one query's start at a time, while no records are processed (they wait for
+        # `started`): a query starts its sources' Python workers, which Spark gives a fixed
+        # 10 s to connect back; on a busy machine one can miss it, and the query, which has
+        # read nothing, is started again
+        for _ in range(3):
+            jobs[shape] = runner.start(build(data, out, shape, entries, started))
+            if all(sources_started(q) for q in set(jobs[shape].queries.values())):
+                break
+            jobs[shape].stop()
+    started.touch()
+    for job in jobs.values():
+        try:
+            job.wait()
+        finally:
+            job.stop()
+    for shape, job in jobs.items():
+        wanted = ("transformWithState" if shape in ("python", "union")
+                  else "native window aggregation")
+        assert job.shapes["out"] == wanted, job.shapes
+        if shape in ("two-sinks", "csv"):
+            assert job.queries["out"] is job.queries["dead"], "the sinks ran as two queries"
+
+
+def sources_started(query: Any) -> bool:
+    """Wait until ``query`` has initialized its sources; False when it failed doing so."""
+    while query.isActive and query.status["message"].startswith("Initializing"):
+        time.sleep(0.05)
+    return bool(query.isActive) or query.exception() is None
 
 
 def kill_between_sinks(batch_id: int) -> None:
@@ -198,19 +290,17 @@ def query_location(checkpoints: Path, shape: str) -> Path:
     return checkpoints / "restart" / ("dead+out" if shape in ("two-sinks", "csv") else "out")
 
 
-def start_driver(data: Path, out: Path, checkpoints: Path, shape: str,
-                 kill_after: int | None = None, kill_between: int | None = None
-                 ) -> subprocess.Popen[bytes]:
+def start_driver(base: Path, shapes: Sequence[str], kill_after: int | None = None,
+                 kill_between: int | None = None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop(KILL_ENV, None)
     env.pop(KILL_BETWEEN_ENV, None)
     if kill_between is not None:
         env[KILL_BETWEEN_ENV] = str(kill_between)
     if kill_after is not None:
-        env[KILL_ENV] = str(query_location(checkpoints, shape) / "commits" / str(kill_after))
+        env[KILL_ENV] = str(kill_after)
     # a process group of its own: the kill takes the driver's JVM down with it
-    return subprocess.Popen([sys.executable, __file__, str(data), str(out), str(checkpoints),
-                             shape],
+    return subprocess.Popen([sys.executable, __file__, str(base), *shapes],
                             env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -221,32 +311,78 @@ def committed_batches(commits: Path) -> int:
     return sum(1 for p in commits.iterdir() if p.name.isdigit())
 
 
-def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int | None,
-                  shape: str = "python", kill_between: int | None = None) -> None:
-    from reactive.connectors.spark import ResultLog, validate_exactly_once
+def sink_batches(out: Path) -> set[int]:
+    """The micro-batches the file sink writing ``out`` committed (its ``_spark_metadata``
+    log, whose entries are named by batch id)."""
+    log = out / "_spark_metadata"
+    return {int(p.name) for p in log.iterdir() if p.name.isdigit()} if log.exists() else set()
 
-    data, out, chk = tmp_path / "input.csv", tmp_path / "out", tmp_path / "chk"
-    rows = write_input(data, seed)
-    if shape == "union":
-        split_input(data)
-    commits = query_location(chk, shape) / "commits"
-    first = start_driver(data, out, chk, shape, kill_after, kill_between)
+
+@dataclass
+class CrashedRun:
+    """Dataflows run by one driver that was SIGKILLed mid-way, then resumed by a second.
+
+    Attributes:
+        base: the directory of every shape's files (:func:`shape_paths`).
+        rows: each shape's well-formed input records.
+        committed_at_kill: the micro-batches each shape's query had committed at the kill.
+        sinks_at_kill: the micro-batches each shape's results sink and dead-letter sink had
+            committed at the kill.
+    """
+
+    base: Path
+    rows: dict[str, list[tuple[str, float, int]]]
+    committed_at_kill: dict[str, int]
+    sinks_at_kill: dict[str, tuple[set[int], set[int]]]
+
+
+def crash_and_resume(base: Path, shapes: Sequence[str], seed: int, kill_after: int | None,
+                     kill_between: int | None = None) -> CrashedRun:
+    """Write each shape's input, run the shapes in a driver that is killed mid-way (after
+    commit ``kill_after`` of every query, or between the two sinks' writes of micro-batch
+    ``kill_between``), then resume them all in a second driver."""
+    rows = {}
+    for shape in shapes:
+        data = shape_paths(base, shape)[0]
+        data.parent.mkdir(parents=True)
+        rows[shape] = write_input(data, seed)
+        if shape == "union":
+            split_input(data)
+    first = start_driver(base, shapes, kill_after, kill_between)
     code = first.wait(timeout=600)
     assert code == -signal.SIGKILL, f"the driver ended (exit code {code}) instead of being killed"
-    batches_before = committed_batches(commits)
-    assert batches_before < LINES // BATCH, "the kill came after the input was consumed"
-    if kill_between is not None:  # one sink committed the batch Spark had not
-        dead_log = out / "_dead_letters" / "_spark_metadata"
-        assert (dead_log / str(kill_between)).exists()
-        assert not (out / "_spark_metadata" / str(kill_between)).exists()
-        assert batches_before == kill_between
-    second = start_driver(data, out, chk, shape)
+    committed = {shape: committed_batches(commits_of(base, shape)) for shape in shapes}
+    sinks = {}
+    for shape in shapes:
+        out = shape_paths(base, shape)[1]
+        sinks[shape] = (sink_batches(out), sink_batches(out / "_dead_letters"))
+    second = start_driver(base, shapes)
     assert second.wait(timeout=600) == 0
+    return CrashedRun(base, rows, committed, sinks)
+
+
+def check_resumed(run: CrashedRun, spark: Any, shape: str, kill_after: int | None = None,
+                  kill_between: int | None = None) -> None:
+    """Assert that ``shape``'s query was killed mid-way and resumed after its committed
+    micro-batches, and that its committed output is the batch computation's, exactly once
+    (and every malformed line in its dead-letter output once)."""
+    from reactive.connectors.spark import ResultLog, validate_exactly_once
+
+    _, out, _ = shape_paths(run.base, shape)
+    batches_before = run.committed_at_kill[shape]
+    assert batches_before < LINES // BATCH, "the kill came after the input was consumed"
+    if kill_after is not None:  # the kill came inside a later micro-batch than kill_after
+        assert batches_before > kill_after
+    if kill_between is not None:  # one sink committed the batch Spark had not
+        results, dead_letters = run.sinks_at_kill[shape]
+        assert kill_between in dead_letters
+        assert kill_between not in results
+        assert batches_before == kill_between
     # the restarted driver continued after the committed batches, it did not start over
-    assert committed_batches(commits) > batches_before
+    assert committed_batches(commits_of(run.base, shape)) > batches_before
 
     expected: dict[tuple[str, int], list[int]] = {}
-    for key, ts, value in rows:
+    for key, ts, value in run.rows[shape]:
         acc = expected.setdefault((key, int(ts - ts % 60)), [0, 0])
         acc[0] += 1
         acc[1] += value
@@ -261,33 +397,42 @@ def check_restart(tmp_path: Path, spark: Any, seed: int, kill_after: int | None,
         assert sorted(dead) == sorted(f"malformed {i}" for i in range(LINES) if i % 997 == 5)
 
 
-# each case starts two drivers (two JVMs): the default run restarts the transformWithState
-# shape, whose state is the runner's own, the one query writing two sinks, and a union of two
-# sources (both offsets in one offset log); Spark's native window aggregation restarts in
-# -m slow
-@pytest.mark.parametrize("shape", ["python", pytest.param("native", marks=pytest.mark.slow),
-                                   "two-sinks", "csv", "union"])
+@pytest.fixture(scope="module")
+def crashed_run(tmp_path_factory: pytest.TempPathFactory) -> CrashedRun:
+    """Every shape of :data:`SHAPES` run by one driver killed once every query committed
+    micro-batch 1, resumed by a second: two JVMs for the five tests below."""
+    return crash_and_resume(tmp_path_factory.mktemp("restart"), SHAPES, seed=19, kill_after=1)
+
+
+# the transformWithState shape, whose state is the runner's own; Spark's native window
+# aggregation; the one query writing two sinks (the line-file and the CSV source); a union of
+# two sources (both offsets in one offset log): each validated on the shared crashed run
+@pytest.mark.parametrize("shape", SHAPES)
 def test_driver_killed_mid_way_resumes_exactly_once(
-        tmp_path: Path, spark: Any, shape: str) -> None:
-    check_restart(tmp_path, spark, seed=19, kill_after=1, shape=shape)
+        crashed_run: CrashedRun, spark: Any, shape: str) -> None:
+    check_resumed(crashed_run, spark, shape, kill_after=1)
 
 
 def test_driver_killed_between_two_sinks_commits_resumes_exactly_once(
         tmp_path: Path, spark: Any) -> None:
     # the dead-letter sink committed micro-batch 2, the results sink and Spark's commit log
-    # had not: the replayed batch is skipped by the one and written by the other
-    check_restart(tmp_path, spark, seed=23, kill_after=None, shape="two-sinks",
-                  kill_between=2)
+    # had not: the replayed batch is skipped by the one and written by the other. A run of
+    # its own: the kill point is patched into every one-query writer of its driver
+    run = crash_and_resume(tmp_path, ["two-sinks"], seed=23, kill_after=None, kill_between=2)
+    check_resumed(run, spark, "two-sinks", kill_between=2)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", ["python", "native", "two-sinks", "csv"])
 @pytest.mark.parametrize("seed", range(4))
 def test_driver_killed_at_seeded_batches_resumes_exactly_once(
-        tmp_path: Path, spark: Any, seed: int, shape: str) -> None:
-    check_restart(tmp_path, spark, seed=seed,
-                  kill_after=random.Random(seed).randrange(0, LINES // BATCH - 2), shape=shape)
+        tmp_path: Path, spark: Any, seed: int) -> None:
+    # the four shapes of one seed killed together after the seed's batch
+    shapes = ["python", "native", "two-sinks", "csv"]
+    kill_after = random.Random(seed).randrange(0, LINES // BATCH - 2)
+    run = crash_and_resume(tmp_path, shapes, seed=seed, kill_after=kill_after)
+    for shape in shapes:
+        check_resumed(run, spark, shape, kill_after=kill_after)
 
 
 if __name__ == "__main__":
-    driver(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])
+    driver(Path(sys.argv[1]), sys.argv[2:])
