@@ -232,7 +232,10 @@ from reactive.state.backend import SnapshotContext
 out = Path(sys.argv[1])
 
 def blocked(snapshot, write_fd, parent):
-    (out / "child").write_text(str(os.getpid()))
+    # written whole, then renamed: the parent kills itself once the name exists, and the
+    # child dies with it, maybe before a plain write_text had written the pid
+    (out / "child.tmp").write_text(str(os.getpid()))
+    (out / "child.tmp").rename(out / "child")
     r, _w = os.pipe()
     os.read(r, 1)
 
