@@ -20,11 +20,10 @@ from operator import itemgetter
 from typing import Any
 
 from reactive.serialization import Serializer
+from reactive.state.ttl import DROP, live_value
 
 __all__ = ["DROP", "TtlFilter", "live_value"]
 
-#: :func:`live_value`'s answer for a key left with no live entry
-DROP: Any = object()
 _second = itemgetter(1)
 Bounds = tuple[tuple[str, float], ...]  # (state name, seconds) per TTL state
 _min_pair = partial(min, key=_second)  # a list's or map's pair that expires first
@@ -37,29 +36,6 @@ def _expiries(kind: str, values: Iterable[Any]) -> Iterator[float]:
     if kind == "map":
         return map(_second, chain.from_iterable(map(dict.values, values)))
     return map(_second, values)
-
-
-def live_value(kind: str, value: Any, now: float) -> Any:
-    """``value`` (a TTL table's value of ``kind``) without its entries due at ``now``:
-    the value itself when nothing in it expired, a new list or dict when some did, and
-    :data:`DROP` when nothing is left.
-
-    Args:
-        kind: the state's kind (``"value"``, ``"reducing"``, ``"list"``, ``"map"``).
-        value: a ``(value, expires_at)`` pair, a list of them, or a dict of them.
-        now: the snapshot's TTL time (seconds, in the state's clock).
-    """
-    if kind == "list":
-        live = [p for p in value if p[1] > now]
-        if len(live) == len(value):
-            return value
-        return live if live else DROP
-    if kind == "map":
-        entries = {uk: p for uk, p in value.items() if p[1] > now}
-        if len(entries) == len(value):
-            return value
-        return entries if entries else DROP
-    return value if value[1] > now else DROP
 
 
 class TtlFilter:

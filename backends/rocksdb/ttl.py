@@ -35,34 +35,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from reactive.state.ttl import DROP, live_value
+
 __all__ = ["DROP", "barrier_times", "dropped_count", "live_value"]
-
-#: :func:`live_value`'s answer for a key left with no live entry
-DROP: Any = object()
-
-
-def live_value(kind: str, value: Any, now: float) -> Any:
-    """``value`` (a TTL state's stored value of ``kind``) without its entries due at
-    ``now``: the value itself when nothing in it expired, a new list or dict when some did,
-    and :data:`DROP` when nothing is left.
-
-    Args:
-        kind: the state's kind (``"value"``, ``"reducing"``, ``"list"``, ``"map"``).
-        value: a ``(value, expires_at)`` pair, a list of them, or a dict of them.
-        now: the TTL time (seconds, in the state's clock).
-    """
-    if kind == "list":
-        live = [p for p in value if p[1] > now]
-        if len(live) == len(value):
-            return value
-        return live if live else DROP
-    if kind == "map":
-        entries = {uk: p for uk, p in value.items() if p[1] > now}
-        if len(entries) == len(value):
-            return value
-        return entries if entries else DROP
-    return value if value[1] > now else DROP
-
 
 def dropped_count(kind: str, value: Any, live: Any) -> int:
     """The entries ``live`` (:func:`live_value`'s answer) left out of ``value``: a list's

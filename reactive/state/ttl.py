@@ -413,6 +413,33 @@ class TtlReducingState(_Ttl, ReducingState):
             self.expired += 1
 
 
+#: :func:`live_value`'s answer for a key left with no live entry
+DROP: Any = object()
+
+
+def live_value(kind: str, value: Any, now: float) -> Any:
+    """``value`` (a TTL state's stored value of ``kind``) without its entries due at
+    ``now``: the value itself when nothing in it expired, a new list or dict when some did,
+    and :data:`DROP` when nothing is left.
+
+    Args:
+        kind: the state's kind (``"value"``, ``"reducing"``, ``"list"``, ``"map"``).
+        value: a ``(value, expires_at)`` pair, a list of them, or a dict of them.
+        now: the TTL time (seconds, in the state's clock): a snapshot's or a sweep's.
+    """
+    if kind == "list":
+        live = [p for p in value if p[1] > now]
+        if len(live) == len(value):
+            return value
+        return live if live else DROP
+    if kind == "map":
+        entries = {uk: p for uk, p in value.items() if p[1] > now}
+        if len(entries) == len(value):
+            return value
+        return entries if entries else DROP
+    return value if value[1] > now else DROP
+
+
 class IncrementalCleanup:
     """Removes expired entries of keys nobody reads again (Flink's incremental cleanup of
     heap TTL state): after each batch of records (and each timer) the operator processed,
