@@ -15,7 +15,8 @@ parse -> key by (origin, carrier) -> hourly event-time windows (flights, cancell
 max departure delay) -> the exactly-once committing parquet sink, dead letters to JSON
 lines, checkpoints every ``--interval`` seconds on the heap or RocksDB (incremental)
 backend (``--backends heap,rocksdb,rocksdb:/dev/shm``: the last with RocksDB's working
-directories on a tmpfs, as Flink advises local fast storage for them). ``--readers`` names the file readers compared: ``csv`` (the CSV source: pyarrow
+directories on a tmpfs, as Flink advises local fast storage for them). ``--readers`` names
+the file readers compared: ``csv`` (the CSV source: pyarrow
 blocks, ``flights_from_table``), ``lines`` (the line-file source, ``parse_flight`` per
 line) and ``columnar`` (the columnar job, ``build_flow(api="columnar")``: record batches from
 the CSV source through columnar windows; the windows' state is columnar arrays in memory,
