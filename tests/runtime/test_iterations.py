@@ -69,25 +69,30 @@ async def test_components_equal_networkx(parallelism, capacity):
 
 class Countdown(KeyedProcessFunction):
     """``(key, n)``: one step of a countdown per pass through the loop; counts its steps in
-    keyed state. It fails at the given steps (counted over all instances and attempts),
-    each time only once a checkpoint has completed since the previous failure (so every
-    recovery restores a real checkpoint, whatever the machine's speed)."""
+    keyed state. With ``failures_wanted`` > 0 it fails at a step once a checkpoint has
+    completed since the previous failure (the highest completed checkpoint id went up), so
+    every recovery restores a real checkpoint whatever the machine's speed; a test feeds the
+    loop behind ``TestingSource.CHECKPOINT`` markers so that work remains after each such
+    checkpoint, however late it completes."""
 
-    fail_at: list[int] = []
+    failures_wanted = 0
     steps = 0
     failures = 0
     checkpoints: Path | None = None
     completed_at_failure = 0
 
     @classmethod
-    def reset(cls, fail_at: list[int], checkpoints: Path | None) -> None:
-        cls.fail_at, cls.steps, cls.failures = list(fail_at), 0, 0
+    def reset(cls, failures_wanted: int, checkpoints: Path | None) -> None:
+        cls.failures_wanted, cls.steps, cls.failures = failures_wanted, 0, 0
         cls.checkpoints, cls.completed_at_failure = checkpoints, 0
 
     @classmethod
     def _completed(cls) -> int:
+        """The highest completed checkpoint's id (0: none): it only grows, whatever the
+        retention deletes."""
         assert cls.checkpoints is not None
-        return len(list(cls.checkpoints.glob("*/chk-*/_metadata")))
+        return max((int(p.parent.name.removeprefix("chk-"))
+                    for p in cls.checkpoints.glob("*/chk-*/_metadata")), default=0)
 
     def open(self, ctx: Any) -> None:
         self.done = ctx.get_state(ValueStateDescriptor("steps", default=0))
@@ -95,9 +100,8 @@ class Countdown(KeyedProcessFunction):
     def process_element(self, record: tuple[int, int], ctx: Any) -> Any:
         cls = Countdown
         cls.steps += 1
-        if (cls.fail_at and cls.steps >= cls.fail_at[0] and cls.steps % 20 == 0
+        if (cls.failures < cls.failures_wanted and cls.steps % 20 == 0
                 and cls._completed() > cls.completed_at_failure):
-            cls.fail_at.pop(0)
             cls.failures += 1
             cls.completed_at_failure = cls._completed()
             raise RuntimeError(f"injected failure at step {cls.steps}")
@@ -110,9 +114,14 @@ class Countdown(KeyedProcessFunction):
 async def test_a_countdown_loop_is_exact_through_failures_with_checkpoints_every_10_ms(
         tmp_path):
     """Every record passes the loop n + 1 times: a feedback record lost or replayed twice
-    by a recovery would show in the output and in the state."""
-    Countdown.reset([1500, 4000, 7000], tmp_path / "chk")
+    by a recovery would show in the output and in the state. The starts come in three parts,
+    each after a checkpoint completed, so the loop still has work when the failures (one per
+    newly completed checkpoint) are due."""
+    Countdown.reset(2, tmp_path / "chk")
     starts = {k: 30 + k % 40 for k in range(200)}
+    items = list(starts.items())
+    gated = [*items[:100], TestingSource.CHECKPOINT, *items[100:150],
+             TestingSource.CHECKPOINT, *items[150:]]
     flow = Dataflow("countdown", parallelism=2, batch_size=16, channel_capacity=2)
 
     def step(records: Any) -> tuple[Any, Any]:
@@ -120,12 +129,12 @@ async def test_a_countdown_loop_is_exact_through_failures_with_checkpoints_every
         return (stepped.filter(lambda r: r[0] == "again").map(lambda r: (r[1], r[2])),
                 stepped.filter(lambda r: r[0] == "out").map(lambda r: [r[1], r[2]]))
 
-    (flow.source(TestingSource(list(starts.items())), uid="starts")
+    (flow.source(TestingSource(gated), uid="starts")
          .iterate(step, uid="countdown")
          .sink(CommittingFileSink(tmp_path / "out")))
     job = await flow.run(checkpoints=CheckpointConfig(interval=0.01, directory=tmp_path / "chk"),
                          restart=RestartStrategy.fixed(5, 0.0))
-    assert job.metrics.restarts == Countdown.failures >= 2
+    assert job.metrics.restarts == Countdown.failures == 2
     assert len(job.metrics.restored_checkpoints) == Countdown.failures
     assert committed_records(tmp_path / "out") == collections.Counter(
         (k, i) for k, n in starts.items() for i in range(n + 1))
@@ -314,7 +323,7 @@ async def test_stop_with_savepoint_keeps_the_loop_and_resumes_it_at_another_para
         tmp_path):
     """Stop-with-savepoint while countdowns circulate, restore the savepoint at another
     parallelism: the committed output of both runs is every step exactly once."""
-    Countdown.reset([], None)
+    Countdown.reset(0, None)
     starts = {k: 200 + k % 50 for k in range(100)}
     items = list(starts.items())
     # the starts, then an open stream (a live input with nothing new) until the stop
