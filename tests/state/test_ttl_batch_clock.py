@@ -1,4 +1,4 @@
-"""The heap backend's own TTL value state against the TTL decorator, with the clock frozen
+"""The backends' own TTL value states (heap, RocksDB) against the TTL decorator, with the clock frozen
 for batches as the operators freeze it: every read answers what the decorator answers at the
 batch's time, and both leave the same ``(value, expires_at)`` pairs and expired counts, for
 each update type and visibility."""
@@ -6,12 +6,14 @@ each update type and visibility."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from reactive import KeyGroupRange, ValueStateDescriptor
 from reactive.backends.heap import HeapStateBackend
+from reactive.backends.rocksdb import RocksDBStateBackend
 from reactive.state.ttl import StateTtlConfig, backend_descriptor, ttl_state
 from reactive.state.ttl_clock import TtlClock
 
@@ -19,8 +21,9 @@ TTL = 5.0
 KEYS = [f"k{i}" for i in range(6)]
 
 
-def _backend() -> Any:
-    return HeapStateBackend().create_keyed_backend(
+def _backend(kind: str, path: Path) -> Any:
+    backend = HeapStateBackend() if kind == "heap" else RocksDBStateBackend(path=path)
+    return backend.create_keyed_backend(
         job_name="j", operator_uid="op", subtask=0, key_group_range=KeyGroupRange(0, 15),
         max_parallelism=16)
 
@@ -29,17 +32,20 @@ def _backend() -> Any:
                                         "return_expired_if_not_cleaned_up"])
 @pytest.mark.parametrize("update_type", ["on_create_and_write", "on_read_and_write"])
 @pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
 def test_the_native_state_answers_as_the_decorator_in_and_out_of_batches(
-        update_type: str, visibility: str, seed: int) -> None:
+        backend: str, update_type: str, visibility: str, seed: int, tmp_path: Path) -> None:
     rng = random.Random(seed)
     now = [100.0]
     config = StateTtlConfig(TTL, update_type=update_type,  # type: ignore[arg-type]
                             visibility=visibility)  # type: ignore[arg-type]
     descriptor = ValueStateDescriptor("v", default="none", ttl=config)
-    native_kb, reference_kb = _backend(), _backend()
+    native_kb, reference_kb = _backend(backend, tmp_path / "a"), _backend(backend, tmp_path / "b")
     native_clock, reference_clock = TtlClock(lambda: now[0]), TtlClock(lambda: now[0])
     native: Any = native_kb.get_ttl_state(descriptor, config, native_clock)
-    assert native is not None and type(native).__module__.startswith("reactive.backends.heap")
+    assert native is not None and type(native).__name__.endswith(
+        "TtlValueStateOnRead" if update_type == "on_read_and_write" else "TtlValueState")
+    assert type(native).__module__ != "reactive.state.ttl"  # the backend's own
     reference: Any = ttl_state(descriptor, config,
                                reference_kb.get_state(backend_descriptor(descriptor, config)),
                                reference_clock.now)
@@ -75,3 +81,5 @@ def test_the_native_state_answers_as_the_decorator_in_and_out_of_batches(
     assert reads > 200
     assert native.expired == reference.expired
     assert native.expired > 0
+    native_kb.dispose()
+    reference_kb.dispose()
