@@ -1,13 +1,14 @@
 """State time-to-live: what it costs on W1, and whether it keeps an ever-growing key space flat.
 
-    python -m bench.state_ttl [--w1-records 2000000] [--repeats 3]
+    python -m bench.state_ttl [--w1-records 2000000] [--repeats 3] [--w1-backend heap]
                               [--minutes 10] [--backends heap,rocksdb] [--skip-w1]
                               [--skip-growth] [--png bench/results/state_ttl.png]
 
 1. **W1 with and without TTL** (interleaved, ``--repeats`` times, min / median / max): the
-   keyed running count of Zipf(1.1) keys over 100,000 words, heap backend, checkpoints every
-   second; the TTL run gives the count state ``ttl=3600`` (nothing expires: the figure is
-   the cost of the decorator, the stored expiry and the incremental cleanup's passes).
+   keyed running count of Zipf(1.1) keys over 100,000 words, on ``--w1-backend`` (heap, or
+   incremental RocksDB), checkpoints every second; the TTL run gives the count state
+   ``ttl=3600`` (nothing expires: the figure is the cost of the decorator, the stored
+   expiry and the incremental cleanup's passes).
 2. **An ever-growing key space**, each key active for a few seconds (a record of a new key
    every ~0.1 ms, each key seen again for about 3 s of processing time, then never), with
    ``ttl=5`` and without, on each backend, checkpoints every second, for ``--minutes``
@@ -57,14 +58,22 @@ class Count(KeyedProcessFunction):
     instances: list[Count] = []
 
 
-async def w1(keys: list[str], ttl: float | None) -> tuple[float, float]:
-    """(records per second of wall time, records per second of the process's CPU time)."""
+async def w1(keys: list[str], ttl: float | None, backend: str = "heap"
+             ) -> tuple[float, float]:
+    """(records per second of wall time, records per second of the process's CPU time) on
+    ``backend`` (``"heap"`` or ``"rocksdb"``, incremental checkpoints)."""
     flow = Dataflow("w1-ttl", parallelism=1)
     (flow.from_collection(keys).key_by(lambda w: w).process(Count(ttl)).uid("count")
          .sink(DiscardingSink()))
     with tempfile.TemporaryDirectory() as d:
+        state_backend: Any = None
+        if backend == "rocksdb":
+            from reactive.backends.rocksdb import RocksDBStateBackend
+
+            state_backend = RocksDBStateBackend(path=Path(d) / "db", incremental=True)
         t0, c0 = time.perf_counter(), time.process_time()
-        await flow.run(checkpoints=CheckpointConfig(interval=1.0, directory=d))
+        await flow.run(checkpoints=CheckpointConfig(interval=1.0, directory=Path(d) / "chk"),
+                       state_backend=state_backend)
         return (len(keys) / (time.perf_counter() - t0),
                 len(keys) / (time.process_time() - c0))
 
@@ -188,6 +197,7 @@ def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--w1-records", type=int, default=2_000_000)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--w1-backend", choices=("heap", "rocksdb"), default="heap")
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--backends", default="heap,rocksdb")
     p.add_argument("--names", choices=("plain", "padded"), default="plain",
@@ -217,7 +227,7 @@ def main(argv: list[str] | None = None) -> str:
         for _ in range(args.repeats):
             for name, ttl in (("no ttl", None), ("ttl", 3600.0)):
                 gc.collect()
-                wall, on_cpu = run_coroutine(w1(keys, ttl))
+                wall, on_cpu = run_coroutine(w1(keys, ttl, args.w1_backend))
                 rates[name].append(wall)
                 cpu[name].append(on_cpu)
         rows = []
@@ -227,7 +237,7 @@ def main(argv: list[str] | None = None) -> str:
                       *(f"{v:,.0f}" for v in (min(r), statistics.median(r), max(r))),
                       f"{statistics.median(r) / base:.2f}"] for name, r in figures.items()]
         text += print_table(
-            ["W1 (heap, checkpoints every 1 s)", "min records/s", "median", "max",
+            [f"W1 ({args.w1_backend}, checkpoints every 1 s)", "min records/s", "median", "max",
              "vs no ttl"], rows) + "\n"
     if not args.skip_growth:
         series: dict[str, list[tuple[float, int, int, float]]] = {}

@@ -58,6 +58,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from functools import partial
+from itertools import chain as concat
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
@@ -140,6 +141,10 @@ def _all_immutable(values: Collection[Any]) -> bool:
         return True
     if not _SCALAR_OR_TUPLE.issuperset(types):
         return False
+    if len(types) == 1:
+        # tuples only (a TTL table's pairs): their items' types in one C-level pass, not a
+        # Python-level check per tuple (a pass per checkpoint over the whole table)
+        return _IMMUTABLE.issuperset(map(type, concat.from_iterable(values)))
     scalars = _IMMUTABLE.issuperset
     return all(scalars(map(type, v)) for v in values if type(v) is tuple)
 

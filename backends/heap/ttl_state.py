@@ -12,6 +12,7 @@ with or without it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from reactive.state.api import ValueState
@@ -42,26 +43,29 @@ class HeapTtlValueState(TtlValueState):
         clock: the time the TTL is measured in.
     """
 
-    __slots__ = ("_b", "_batch_expires", "_batch_now", "_maps")
+    __slots__ = ("_absent", "_b", "_batch_expires", "_batch_now", "_maps")
 
     def __init__(self, inner: ValueState, backend: KeyScope, table: Table, default: Any,
                  config: StateTtlConfig, clock: TtlClock) -> None:
         super().__init__(inner, default, config, clock.now)
         self._b = backend
         self._maps = table.maps
-        self._batch_now = float("inf")
+        # what a read of an absent key unpacks: the default, never due (so a read inside a
+        # batch returns it without a second test; outside one, +inf > +inf is false and the
+        # decorator's path answers the default too)
+        self._absent = (default, math.inf)
+        self._batch_now = math.inf
         self._batch_expires: float | None = None
         clock.subscribe(self)
 
     def value(self) -> Any:
         b = self._b
-        pair = self._maps[b._idx].get(b.current_key)
-        if pair is None:
-            return self._default
-        if pair[1] > self._batch_now:
-            return pair[0]
-        # due, or outside a batch: decide with the clock read now
-        return super().value()
+        v, expires = self._maps[b._idx].get(b.current_key, self._absent)
+        if expires > self._batch_now:
+            return v
+        # due, or outside a batch: decide with the clock read now (the decorator's path,
+        # called through the class: no ``super()`` cell on the fast path)
+        return TtlValueState.value(self)
 
     def update(self, value: Any) -> None:
         expires = self._batch_expires
@@ -81,9 +85,19 @@ class HeapTtlValueState(TtlValueState):
 
 class HeapTtlValueStateOnRead(HeapTtlValueState):
     """:class:`HeapTtlValueState` with ``update_type="on_read_and_write"``: a read restarts
-    the value's time to live, so every read takes the decorator's path (which writes the
-    refreshed expiry back)."""
+    the value's time to live. A live value read inside a batch is written back with the
+    batch's expiry here (what the decorator's path writes, without reading the clock);
+    the rest takes the decorator's path."""
 
     __slots__ = ()
 
-    value = TtlValueState.value
+    def value(self) -> Any:
+        b = self._b
+        d = self._maps[b._idx]
+        key = b.current_key
+        pair = d.get(key)
+        if pair is not None and pair[1] > self._batch_now:
+            v = pair[0]
+            d[key] = (v, self._batch_expires)  # not None: the clock is frozen
+            return v
+        return TtlValueState.value(self)

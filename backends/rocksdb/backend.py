@@ -24,14 +24,14 @@ from reactive.errors import ConfigurationError, StateAccessError, UnsupportedKey
 from reactive.key_encoding import decode_key, encode_key, key_encoding_name
 from reactive.keygroups import KeyGroupAssigner, KeyGroupRange
 from reactive.serialization import Serializer
-from reactive.state.api import State
+from reactive.state.api import State, ValueState
 from reactive.state.backend import (
     KeyedStateBackend,
     KeyedStateSnapshot,
     SnapshotContext,
     StateBackend,
 )
-from reactive.state.descriptors import StateDescriptor
+from reactive.state.descriptors import StateDescriptor, ValueStateDescriptor
 from reactive.state.ttl import IncrementalCleanup, backend_descriptor, ttl_state
 from reactive.state.ttl_clock import TtlClock
 from reactive.state.ttl_config import StateTtlConfig
@@ -42,6 +42,7 @@ from .keys import MAX_KEY_GROUPS, key_group_prefix
 from .restore import RocksDBRestoreOperation
 from .snapshot import RocksDBSnapshot
 from .state import WriteBackCache, create_state
+from .ttl_state import RocksDBTtlValueState, RocksDBTtlValueStateOnRead
 from .ttl_sweep import RocksDBTtlSweep
 
 __all__ = ["RocksDBKeyedStateBackend", "RocksDBStateBackend"]
@@ -171,12 +172,19 @@ class RocksDBKeyedStateBackend(WriteBackCache, KeyedStateBackend):
 
     def get_ttl_state(self, descriptor: StateDescriptor, config: StateTtlConfig,
                       clock: TtlClock) -> State | None:
-        # the runtime's decorators over this backend's state; the clock is kept so that a
-        # checkpoint's local phase leaves out what expired by its TTL time (:mod:`.ttl`)
+        # a value state reads the write-back cache directly (.ttl_state); the other kinds
+        # get the runtime's decorators over this backend's state. The clock is kept so that
+        # a checkpoint's local phase leaves out what expired by its TTL time (:mod:`.ttl`)
         stored = backend_descriptor(descriptor, config)
         inner = self.get_state(stored)
         self._ttl_times[stored.name] = (stored.kind, clock.now)
-        return ttl_state(descriptor, config, inner, clock.now)
+        if not isinstance(descriptor, ValueStateDescriptor):
+            return ttl_state(descriptor, config, inner, clock.now)
+        assert isinstance(inner, ValueState)
+        cls = RocksDBTtlValueStateOnRead if config.update_type == "on_read_and_write" \
+            else RocksDBTtlValueState
+        return cls(inner, self, self._table(stored.name, stored.kind), descriptor.default,
+                   config, clock)
 
     def ttl_cleanup(self) -> IncrementalCleanup:
         """The sweep of the stored TTL entries (:class:`.ttl_sweep.RocksDBTtlSweep`): reads

@@ -432,8 +432,7 @@ def test_the_native_value_state_and_the_decorator_store_the_same(tmp_path: Path,
     native = kb.get_ttl_state(descriptor, config, clock)
     decorator = ttl_state(descriptor, config, kb.get_state(backend_descriptor(descriptor, config)),
                           clock.now)
-    if native is None:  # RocksDB has no fast path: the decorator is its only writer
-        native = decorator
+    assert native is not None and native is not decorator
     kb.set_current_key("a")
     native.update("x")
     kb.set_current_key("b")
