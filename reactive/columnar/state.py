@@ -80,6 +80,10 @@ _BY_SLOT = b"slots"
 """A file's schema metadata ``{_LAYOUT: _BY_SLOT}``: its rows are in slot order, not one
 record batch per key group (readers group them, :func:`_split_by_key_group`)."""
 
+_IPC_SLACK = 1 << 16
+"""Bytes an IPC file may take beyond its record batch and twice its schema (its magic
+numbers and footer: 634 bytes for a file of one batch here)."""
+
 Chain = list[tuple[dict[str, Any], dict[str, int]]]
 """An incremental snapshot's files, oldest first: (file reference, key group -> batch)."""
 
@@ -461,7 +465,7 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
         that batch. Every slot (a full snapshot) is written from the arrays as they are
         (no gather); a subset is gathered in ascending order.
 
-        The file is built in an Arrow buffer (``pyarrow.BufferOutputStream``): Arrow's
+        The file is built in an Arrow buffer (``pyarrow.FixedSizeBufferWriter``): Arrow's
         writer fills it without the GIL, where a Python file object (``io.BytesIO``) would
         take the GIL to copy each of the batch's buffers (hundreds of MB for a full
         snapshot of millions of keys), stalling the pipeline's event loop meanwhile; the key
@@ -485,12 +489,16 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
             [*columns, key_groups, *(pa.array(v) for v in values)],
             names=[*self.key_columns, KEY_GROUP_COLUMN, *names])
         schema = batch.schema.with_metadata({_LAYOUT: _BY_SLOT})
-        sink = pa.BufferOutputStream()
+        batch = batch.replace_schema_metadata(schema.metadata)
+        # one buffer of the file's size (a growing one would be copied as it doubles);
+        # the file's own bytes are returned (no copy of a file as large as the state)
+        buffer = pa.allocate_buffer(pa.ipc.get_record_batch_size(batch)
+                                    + 2 * schema.serialize().size + _IPC_SLACK)
+        sink = pa.FixedSizeBufferWriter(buffer)
         with pa.ipc.new_file(sink, schema) as writer:
-            writer.write_batch(batch.replace_schema_metadata(schema.metadata))
+            writer.write_batch(batch)
         present = np.sort(pc.unique(key_groups).to_numpy())
-        # the sink's own buffer (no copy of a file as large as the state)
-        return sink.getvalue(), {str(int(kg)): 0 for kg in present}
+        return buffer.slice(0, sink.tell()), {str(int(kg)): 0 for kg in present}
 
     def _file(self, slots: np.ndarray) -> tuple[Any, dict[str, int]]:
         """The IPC file of ``slots`` (rows: panes for windows), one record batch per key
