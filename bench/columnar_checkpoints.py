@@ -9,10 +9,11 @@ about that share of the state changes); ``from_arrow -> key_by("k") -> agg(count
 discarding sink``, parallelism 1, 65,536-row batches. Rows: without checkpoints, with full
 checkpoints and with incremental ones every ``--interval`` s (``HeapStateBackend(
 incremental=...)``: the columnar state follows the job backend's flag), each repeated and
-interleaved (min / median / max of records/s; ratios of medians to the run without
-checkpoints). Then, for the last repeat of each checkpointed row, the median synchronous
-part, asynchronous part and bytes per checkpoint, excluding the first (which holds the
-inserts).
+interleaved (min / median / max of records/s; ratios of each repeat to the median of
+the run without checkpoints; process CPU seconds, every thread's, against that run: on a
+shared machine the CPU a checkpoint adds reads more steadily than its rate). Then, for the
+last repeat of each checkpointed row, the median synchronous part, asynchronous part and
+bytes per checkpoint, excluding the first (which holds the inserts).
 """
 
 from __future__ import annotations
@@ -42,15 +43,17 @@ def workload(keys: int, updates: int, changed: float, seed: int = 1) -> pa.Table
 
 
 async def run(table: pa.Table, interval: float | None, incremental: bool, directory: str
-              ) -> tuple[float, Any]:
+              ) -> tuple[float, Any, float]:
+    """One run: (records/s, the job, the process's CPU seconds, every thread's)."""
     flow = Dataflow("columnar-checkpoints")
     (flow.from_arrow(table, batch_size=65_536).key_by("k")
          .agg(count=("v", "count"), total=("v", "sum")).uid("agg").sink(DiscardingSink()))
     config = CheckpointConfig(interval=interval, directory=directory) if interval else None
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     job = await flow.run(checkpoints=config,
                          state_backend=HeapStateBackend(incremental=incremental))
-    return table.num_rows / (time.perf_counter() - t), job
+    return (table.num_rows / (time.perf_counter() - t), job,
+            time.process_time() - cpu)
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -68,19 +71,28 @@ def main(argv: list[str] | None = None) -> str:
              (f"full checkpoints every {args.interval:g} s", args.interval, False),
              (f"incremental checkpoints every {args.interval:g} s", args.interval, True)]
     rates: dict[str, list[float]] = {s[0]: [] for s in specs}
+    cpus: dict[str, list[float]] = {s[0]: [] for s in specs}
     jobs: dict[str, Any] = {}
     for _ in range(args.repeats):
         for name, interval, incremental in specs:
             with tempfile.TemporaryDirectory() as d:
-                rate, jobs[name] = run_coroutine(run(table, interval, incremental, d))
+                rate, jobs[name], cpu = run_coroutine(run(table, interval, incremental, d))
             rates[name].append(rate)
+            cpus[name].append(cpu)
     base = statistics.median(rates[specs[0][0]])
+    base_cpu = statistics.median(cpus[specs[0][0]])
     print(f"Columnar checkpoints: {args.keys:,} keys inserted, then {args.updates:,} updates "
           f"of {args.changed:.0%} of them, {args.repeats} repeats (min / median / max)")
+    def spread(values: list[float], scale: float) -> str:
+        v = sorted(x / scale for x in values)
+        return " / ".join(f"{x:.2f}" for x in (v[0], statistics.median(v), v[-1]))
+
     table_text = print_table(
-        ["run", "records/s", "vs no checkpoints"],
+        ["run", "records/s", "vs no checkpoints (min / median / max)",
+         "process CPU s (median)", "CPU vs no checkpoints"],
         [[n, " / ".join(f"{v / 1e6:.2f} M" for v in (min(r), statistics.median(r), max(r))),
-          statistics.median(r) / base] for n, r in rates.items()])
+          spread(r, base), f"{statistics.median(cpus[n]):.1f}",
+          f"{statistics.median(cpus[n]) / base_cpu:.2f}"] for n, r in rates.items()])
     rows = []
     for name, _, _ in specs[1:]:
         done = jobs[name].metrics.completed_checkpoints[1:] or \

@@ -14,6 +14,9 @@ dictionary-encoded keys, with
   slots (every key of the vocabulary fits: rows go to RocksDB at each checkpoint);
 - ``RocksDBStateBackend`` with a cache of ``--vocabulary / 8`` slots (most batches read
   and write rows in RocksDB).
+
+Beside the rates, each run's process CPU time (every thread's; median), and the heap
+row's over it: on a shared machine the CPU a backend adds reads more steadily than its rate.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ DEFAULT_CACHE = ColumnarAggregateOperator.cache_slots
 
 
 async def pipeline(table: pa.Table, batch_rows: int, interval: float, directory: str,
-                   backend: str, cache_slots: int) -> tuple[float, Any]:
+                   backend: str, cache_slots: int) -> tuple[float, Any, float]:
+    """One run: (records/s, the job, the process's CPU seconds, every thread's)."""
     flow = Dataflow("w1-columnar-rocksdb", max_parallelism=128)
     (flow.from_arrow(table, batch_size=batch_rows).key_by("word")
          .agg(count=("word", "count")).uid("count").sink(DiscardingSink()))
@@ -46,11 +50,12 @@ async def pipeline(table: pa.Table, batch_rows: int, interval: float, directory:
         RocksDBStateBackend(f"{directory}/work", incremental=True)
     ColumnarAggregateOperator.cache_slots = cache_slots
     try:
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         job = await flow.run(checkpoints=CheckpointConfig(interval=interval,
                                                           directory=f"{directory}/chk"),
                              state_backend=state)
-        return table.num_rows / (time.perf_counter() - t), job
+        return (table.num_rows / (time.perf_counter() - t), job,
+                time.process_time() - cpu)
     finally:
         ColumnarAggregateOperator.cache_slots = DEFAULT_CACHE
 
@@ -78,13 +83,15 @@ def main(argv: list[str] | None = None) -> str:
                  (f"{kind} keys, RocksDB incremental, {small:,}-slot cache", heap, table,
                   "rocksdb", small)]
     runs: dict[str, list[float]] = {s[0]: [] for s in spec}
+    cpus: dict[str, list[float]] = {s[0]: [] for s in spec}
     jobs: dict[str, Any] = {}
     for _ in range(args.repeats):
         for name, _, table, backend, cache in spec:
             with tempfile.TemporaryDirectory() as d:
-                rate, jobs[name] = run_coroutine(pipeline(table, args.batch_rows,
-                                                          args.interval, d, backend, cache))
+                rate, jobs[name], cpu = run_coroutine(pipeline(
+                    table, args.batch_rows, args.interval, d, backend, cache))
             runs[name].append(rate)
+            cpus[name].append(cpu)
     med = {n: statistics.median(r) for n, r in runs.items()}
 
     def spread(n: str) -> str:
@@ -104,9 +111,14 @@ def main(argv: list[str] | None = None) -> str:
           f"{args.vocabulary:,} words, parallelism 1, {args.batch_rows:,}-row record "
           f"batches, checkpoints every {args.interval:g} s, {args.repeats} repeats "
           "(min / median / max)")
+    def cpu(n: str, base: str) -> str:
+        c = statistics.median(cpus[n])
+        return f"{c * 1e3:,.0f} ms ({statistics.median(cpus[base]) / c:.2f})"
+
     table_text = print_table(
-        ["run", "records/s", "vs heap (min / median / max)", "max sync part ms (last)"],
-        [[n, spread(n), ratios(n, base), sync_ms(n)] for n, base, *_ in spec])
+        ["run", "records/s", "vs heap (min / median / max)", "max sync part ms (last)",
+         "process CPU (median; heap's / this)"],
+        [[n, spread(n), ratios(n, base), sync_ms(n), cpu(n, base)] for n, base, *_ in spec])
     print(f"\npeak RSS {peak_rss_mb():,.0f} MiB")
     return table_text
 

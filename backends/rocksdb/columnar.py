@@ -13,7 +13,8 @@ At a barrier the operator's cache hands over its changed slots as copied arrays
 (:class:`~reactive.columnar.slot_store.BarrierRows`): the synchronous part only attaches
 them to the generation it freezes (:class:`_BarrierWriter`), and its local phase writes
 them straight into RocksDB after the generation's frozen entries, in steps of
-:data:`.generations.STEP_SECONDS` on the loop, by key group and sorted by stored key. A
+:data:`.generations.STEP_SECONDS` on the loop, by key group and sorted by stored key (the
+keys encoded and sorted in a worker thread, with kernels that release the GIL). A
 lookup of a key while the generation is pending finds its barrier row there, so reads
 always see exactly the state at the barrier. A cache that holds every key the instance
 has seen since it started without a restore reads nothing from RocksDB
@@ -24,7 +25,9 @@ initial values.
 from __future__ import annotations
 
 import pickle
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,7 +43,7 @@ from reactive.state.backend import KeyedStateSnapshot, SnapshotContext
 
 from .backend import RocksDBKeyedStateBackend, RocksDBStateBackend
 from .db import BACKEND
-from .generations import ABSENT, MISS, Generation, raw_bytes, step_budget
+from .generations import ABSENT, MISS, Generation, raw_bytes, run_in_worker, step_budget
 from .keys import KEY_GROUP_BYTES, PREFIX_BYTES, key_group_bounds
 from .ttl_sweep import successor
 
@@ -302,10 +305,16 @@ class _BarrierWriter:
     """The barrier rows of a generation (:class:`~.generations.FrozenRows`), written
     straight from their arrays into RocksDB in steps, each row pickled once.
 
-    Rows are written by key group, and each step's rows sorted by their stored key: the
+    Rows are written by key group, and in stored-key order within a run of rows: the
     memtable's skip list then inserts neighbours, about ten times cheaper per entry than
-    keys in hash order (measured with rocksdict on 82,000 rows). A lookup (a key read while
-    the generation is pending) indexes the rows by key on first use.
+    keys in hash order (measured with rocksdict on 82,000 rows). A part whose keys this
+    store encodes with Arrow kernels (canonical encoding, one key column) is *planned* in
+    a worker thread, :data:`PIECE` rows at a time (:func:`_plan`: stored keys built with
+    ``pyarrow.compute`` and sorted with numpy, both releasing the GIL), the next piece
+    while the loop writes the current one; the loop's steps then only slice the sorted
+    keys, pickle the rows (:func:`pickled_rows`) and put them. Other parts are encoded and
+    sorted :data:`CHUNK` rows at a time on the loop. A lookup (a key read while the
+    generation is pending) indexes the rows by key on first use.
 
     Args:
         name: the rows' state name.
@@ -318,6 +327,8 @@ class _BarrierWriter:
 
     #: rows pickled and put between two looks at the clock
     CHUNK = 1024
+    #: rows a worker thread plans at a time
+    PIECE = 32768
 
     def __init__(self, name: str, sid: bytes, rows: list[BarrierRows], kg: list[bytes],
                  staged: dict[Any, bytes], canonical: bool = True) -> None:
@@ -331,9 +342,24 @@ class _BarrierWriter:
         self.staged = staged
         self._index: dict[Any, tuple[int, int]] | None = None
         self._part = 0  # the part being written
-        self._at = 0  # rows of it written, in key-group order
-        self._order: np.ndarray | None = None
+        self._at = 0  # rows of it written, in the order of _order
+        self._order: np.ndarray | None = None  # the part's rows by key group
         self._column: Any = None  # the part's key column (concatenated key chunks)
+        self._planned = False  # the part is written by planned pieces
+        # the piece being written (from row _piece_lo of _order): its rows in stored-key
+        # order and their stored keys; and the worker planning the next piece
+        self._piece: np.ndarray | None = None
+        self._sorted: Any = None
+        self._piece_lo = 0
+        self._planning: Future[Any] | None = None
+
+    def waiting(self) -> Future[Any] | None:
+        """The worker's plan of the piece the next step writes, while it runs (None: the
+        next step writes rows)."""
+        if self._piece is None and self._planning is not None and \
+                not self._planning.done():
+            return self._planning
+        return None
 
     def persist(self, db: Any, encode: Callable[[Any], bytes], budget: float) -> bool:
         now = step_budget()[0]
@@ -341,55 +367,40 @@ class _BarrierWriter:
         deadline = now() + budget / 2
         wb = WriteBatch(raw_mode=True)
         n = 0
-        kg, sid, staged = self.kg, self.sid, self.staged
         while self._part < len(self.parts):
             part = self.parts[self._part]
             if self._order is None:
                 # key groups < 2**15: numpy's radix sort
                 self._order = np.argsort(part.key_groups.astype(np.uint16), kind="stable")
-            lo, hi = self._at, min(self._at + self.CHUNK, len(part))
-            at = self._order[lo:hi]
-            keys = part.keys
-            groups = part.key_groups[at]
-            chunk: Any = None  # the Python keys, built only where needed
-            encoded = None
-            if self._prefixes is not None:
-                prefixes = self._prefixes.take(pa.array(groups))
-                if part.key_chunks:
-                    if self._column is None:
-                        self._column = pa.concat_arrays(part.key_chunks)
-                    encoded = stored_keys(prefixes, self._column.take(pa.array(part.slots[at])))
-                if encoded is None:
-                    chunk = [keys[s] for s in part.slots[at].tolist()]
-                    encoded = stored_keys(prefixes, chunk)
-            if staged or encoded is None:
-                chunk = chunk or [keys[s] for s in part.slots[at].tolist()]
-            if staged:
-                for k in chunk:
-                    staged.pop(k, None)  # RocksDB gets a newer value
-            if encoded is not None:  # sorted by Arrow's kernel
-                by_key = pc.sort_indices(encoded).to_numpy()
-                at = at[by_key]
-                values: Any = pickled_rows([c[at] for c in part.columns])
-                if values is None:
-                    values = map(_dumps, zip(*[c[at].tolist() for c in part.columns],
-                                             strict=True))
-                pairs: Any = zip(encoded.take(pa.array(by_key)).to_pylist(), values,
-                                 strict=True)
-            else:
-                stored = [kg[g] + sid + encode(k)
-                          for g, k in zip(groups.tolist(), chunk, strict=True)]
-                values = pickled_rows([c[at] for c in part.columns]) or \
-                    map(_dumps, zip(*[c[at].tolist() for c in part.columns], strict=True))
-                pairs = sorted(zip(stored, values, strict=True), key=_first)
-            for k, v in pairs:
-                if v is ABSENT:
-                    wb.delete(k)
+                self._planned = self._prefixes is not None and bool(part.key_chunks)
+            if self._planned and self._piece is None:
+                if self._planning is None:
+                    self._planning = self._plan(part, self._at)
+                if not self._planning.done() and budget != float("inf"):
+                    break  # the caller awaits waiting(); drain() blocks below
+                plan = self._planning.result()  # waits without the GIL if drained
+                self._planning = None
+                if plan is None:  # stored_keys declined the keys
+                    self._planned = False
                 else:
-                    wb.put(k, v)
+                    self._piece, self._sorted = plan
+                    self._piece_lo = self._at
+                    end = self._at + len(self._piece)
+                    if end < len(part):
+                        self._planning = self._plan(part, end)  # while this one is written
+            if self._piece is not None:
+                lo = self._at - self._piece_lo
+                hi = min(lo + self.CHUNK, len(self._piece))
+                self._write_planned(wb, part, self._piece[lo:hi],
+                                    self._sorted.slice(lo, hi - lo))
+                if hi >= len(self._piece):
+                    self._piece = self._sorted = None
+            else:
+                lo, hi = self._at, min(self._at + self.CHUNK, len(part))
+                self._write_chunk(wb, part, lo, hi, encode)
             n += hi - lo
-            self._at = hi
-            if hi >= len(part):
+            self._at += hi - lo
+            if self._at >= len(part):
                 self._part += 1
                 self._at, self._order, self._column = 0, None, None
             if now() >= deadline:
@@ -397,6 +408,84 @@ class _BarrierWriter:
         if n:
             db.write(wb)
         return self._part >= len(self.parts)
+
+    def _key_column(self, part: BarrierRows) -> Any:
+        """The part's key of every slot (one Arrow array)."""
+        if self._column is None:
+            assert part.key_chunks
+            self._column = pa.concat_arrays(part.key_chunks) if len(part.key_chunks) > 1 \
+                else part.key_chunks[0]
+        return self._column
+
+    def _plan(self, part: BarrierRows, lo: int) -> Future[Any]:
+        """Plan the piece of ``part`` from row ``lo`` of its key-group order in a worker."""
+        assert self._order is not None and self._prefixes is not None
+        at = self._order[lo:lo + self.PIECE]
+        return run_in_worker(_plan, self._prefixes.take(pa.array(part.key_groups[at])),
+                             self._key_column(part).take(pa.array(part.slots[at])), at)
+
+    def _write_planned(self, wb: Any, part: BarrierRows, at: np.ndarray, keys: Any) -> None:
+        """Put the rows ``at`` of ``part`` under their stored ``keys`` (an Arrow array)."""
+        if self.staged:
+            known = part.keys
+            for s in part.slots[at].tolist():
+                self.staged.pop(known[s], None)  # RocksDB gets a newer value
+        stored = keys.to_pylist()
+        values: Any = pickled_rows([c[at] for c in part.columns])
+        if values is not None:  # no deletes among them: put them without a Python loop
+            deque(map(wb.put, stored, values), maxlen=0)
+            return
+        values = map(_dumps, zip(*[c[at].tolist() for c in part.columns], strict=True))
+        for k, v in zip(stored, values, strict=True):
+            if v is ABSENT:
+                wb.delete(k)
+            else:
+                wb.put(k, v)
+
+    def _write_chunk(self, wb: Any, part: BarrierRows, lo: int, hi: int,
+                     encode: Callable[[Any], bytes]) -> None:
+        """Put the rows ``lo:hi`` of ``part`` in key-group order, encoded and sorted here."""
+        assert self._order is not None
+        kg, sid, staged = self.kg, self.sid, self.staged
+        at = self._order[lo:hi]
+        keys = part.keys
+        groups = part.key_groups[at]
+        chunk: Any = None  # the Python keys, built only where needed
+        encoded = None
+        if self._prefixes is not None:
+            prefixes = self._prefixes.take(pa.array(groups))
+            if part.key_chunks:
+                if self._column is None:
+                    self._column = pa.concat_arrays(part.key_chunks)
+                encoded = stored_keys(prefixes, self._column.take(pa.array(part.slots[at])))
+            if encoded is None:
+                chunk = [keys[s] for s in part.slots[at].tolist()]
+                encoded = stored_keys(prefixes, chunk)
+        if staged or encoded is None:
+            chunk = chunk or [keys[s] for s in part.slots[at].tolist()]
+        if staged:
+            for k in chunk:
+                staged.pop(k, None)  # RocksDB gets a newer value
+        if encoded is not None:  # sorted by Arrow's kernel
+            by_key = pc.sort_indices(encoded).to_numpy()
+            at = at[by_key]
+            values: Any = pickled_rows([c[at] for c in part.columns])
+            if values is None:
+                values = map(_dumps, zip(*[c[at].tolist() for c in part.columns],
+                                         strict=True))
+            pairs: Any = zip(encoded.take(pa.array(by_key)).to_pylist(), values,
+                             strict=True)
+        else:
+            stored = [kg[g] + sid + encode(k)
+                      for g, k in zip(groups.tolist(), chunk, strict=True)]
+            values = pickled_rows([c[at] for c in part.columns]) or \
+                map(_dumps, zip(*[c[at].tolist() for c in part.columns], strict=True))
+            pairs = sorted(zip(stored, values, strict=True), key=_first)
+        for k, v in pairs:
+            if v is ABSENT:
+                wb.delete(k)
+            else:
+                wb.put(k, v)
 
     def lookup(self, key: Any) -> Any:
         if self._index is None:
@@ -409,6 +498,49 @@ class _BarrierWriter:
             return MISS
         part = self.parts[hit[0]]
         return _dumps(tuple(c[hit[1]].item() for c in part.columns))
+
+
+def _plan(prefixes: Any, keys: Any, at: np.ndarray) -> tuple[np.ndarray, Any] | None:
+    """Blocking (worker thread; Arrow's and numpy's kernels release the GIL): the rows
+    ``at`` (positions in their part) in stored-key order, and their stored keys in that
+    order (:func:`stored_keys` of ``prefixes`` and ``keys``, Arrow arrays in the order of
+    ``at``); None when :func:`stored_keys` declines the keys."""
+    encoded = stored_keys(prefixes, keys)
+    if encoded is None:
+        return None
+    by_key = _key_order(encoded)
+    return at[by_key], encoded.take(pa.array(by_key))
+
+
+# the bytes of a stored key that _key_order compares: its key group, and the canonical
+# key's first six bytes after its type tag (the state id and the tag are the same for
+# every row of a part)
+_LEADING = [*range(KEY_GROUP_BYTES), *range(PREFIX_BYTES + 1, PREFIX_BYTES + 7)]
+
+
+def _key_order(encoded: Any) -> np.ndarray:
+    """The order of ``encoded`` (stored keys of one part: a ``pyarrow`` binary array),
+    sorted by their :data:`_LEADING` bytes packed into one integer (a numpy sort, several
+    times faster than ``pyarrow.compute.sort_indices`` on the bytes); keys equal there
+    stay together in any order, which costs the memtable little. When they are more than
+    an eighth of the keys (long common prefixes, small integers), the keys are sorted
+    whole."""
+    n = len(encoded)
+    buffers = encoded.buffers()
+    offsets = np.frombuffer(buffers[1], np.int32, n + 1, encoded.offset * 4)
+    data = np.frombuffer(buffers[2], np.uint8)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    packed = np.zeros(n, np.uint64)
+    last = len(data) - 1
+    for k, j in enumerate(_LEADING):
+        byte = data[np.minimum(starts + j, last)].astype(np.uint64)
+        byte[lengths <= j] = 0
+        packed |= byte << np.uint64(8 * (7 - k))
+    order = np.argsort(packed, kind="stable")
+    ordered = packed[order]
+    if 8 * np.count_nonzero(ordered[1:] == ordered[:-1]) > n:
+        return cast(np.ndarray, pc.sort_indices(encoded).to_numpy())
+    return order
 
 
 def _canonical_parts() -> tuple[list[bytes], bytes] | None:
@@ -518,8 +650,9 @@ def pickled_rows(columns: list[np.ndarray]) -> list[bytes] | None:
             at += 9
     out[:, at] = ord("t") if mark else _TUPLE_OF[k][0]
     out[:, at + 1] = ord(".")
-    raw = out.tobytes()
-    return [raw[i:i + width] for i in range(0, len(raw), width)]
+    # a pickle ends with STOP ("."), never with NUL, which numpy's bytes strip
+    rows: list[bytes] = out.view(f"S{width}").ravel().tolist()
+    return rows
 
 
 def _first(pair: tuple[bytes, Any]) -> bytes:

@@ -157,6 +157,11 @@ class FrozenRows(Protocol):
     def lookup(self, key: Any) -> Any:
         """The stored bytes of ``key`` here (``ABSENT``: deleted; ``MISS``: not here)."""
 
+    def waiting(self) -> Future[Any] | None:
+        """Work in a worker thread the next :meth:`persist` step needs done first (the
+        local phase awaits it instead of polling), or None. :meth:`persist` with an
+        infinite budget waits for it itself."""
+
 
 class FrozenTable:
     """One state's write-back cache generation as of a barrier (read-only after freezing).
@@ -326,6 +331,11 @@ class Generation:
             raise
         return self.persisted
 
+    def waiting(self) -> Future[Any] | None:
+        """The worker-thread work of its rows the next :meth:`persist` step waits for
+        (:meth:`FrozenRows.waiting`), or None."""
+        return self.rows.waiting() if self.rows is not None and self._entries_done else None
+
     def lookup(self, name: str, key: Any) -> Any:
         """The value of ``key`` in state ``name`` here, promoted (``MISS`` if absent)."""
         rows = self.rows
@@ -397,7 +407,13 @@ class GenerationQueue:
     async def _complete(self, g: Generation) -> None:
         """Local phase of ``g``: chunks of writes on the event loop, then the thread job."""
         while not g.retired and not g.persist(self._db(), self._encode(), STEP_SECONDS):
-            await asyncio.sleep(0)  # the task runs between two steps
+            work = g.waiting()
+            if work is not None:
+                # asyncio.wait: neither raises the work's error (the next step does) nor
+                # cancels it
+                await asyncio.wait({asyncio.wrap_future(work)})
+            else:
+                await asyncio.sleep(0)  # the task runs between two steps
         if g.retired:  # the task drained it meanwhile
             return
         if g.local is not None and g.job is None:

@@ -34,7 +34,6 @@ A restore at any parallelism reads only the key groups of its range (rescaling: 
 
 from __future__ import annotations
 
-import io
 import itertools
 import uuid
 import weakref
@@ -60,7 +59,7 @@ from ..state.key_group_stream import (
 )
 from .aggregates import AggregateSpec, Spec, results
 from .key_index import KeyIndex
-from .schema import pa
+from .schema import pa, pc
 
 __all__ = ["BACKEND_NAME", "MAX_CHAIN", "ColumnarKeyedStateBackend", "ColumnarStateBackend",
            "iter_columnar_key_groups"]
@@ -80,6 +79,10 @@ _LAYOUT = b"reactive.layout"
 _BY_SLOT = b"slots"
 """A file's schema metadata ``{_LAYOUT: _BY_SLOT}``: its rows are in slot order, not one
 record batch per key group (readers group them, :func:`_split_by_key_group`)."""
+
+_IPC_SLACK = 1 << 16
+"""Bytes an IPC file may take beyond its record batch and twice its schema (its magic
+numbers and footer: 634 bytes for a file of one batch here)."""
 
 Chain = list[tuple[dict[str, Any], dict[str, int]]]
 """An incremental snapshot's files, oldest first: (file reference, key group -> batch)."""
@@ -433,11 +436,16 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
             self.backend._written[self.ctx.checkpoint_id] = chain
         return handle
 
-    def _slots(self) -> np.ndarray:
+    def _slots(self) -> np.ndarray | None:
+        """The slots (or windows' panes) to write, ascending; None: every slot (a full
+        snapshot without a ttl, written without building an index of millions of slots
+        while holding the GIL)."""
         size = self.size
         if self.windowed:
             return np.flatnonzero(self.arrays["_slot"][:size] >= 0)
         if self.masks is None:
+            if self.expired_before is None and size:
+                return None
             slots = np.arange(size)
         else:
             changed = np.zeros(size, bool)
@@ -451,12 +459,18 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
             slots = slots[self.arrays[TTL_TIMESTAMP][slots] > self.expired_before]
         return slots
 
-    def _slot_file(self, slots: np.ndarray) -> tuple[Any, dict[str, int]]:
-        """The IPC file of ``slots`` (ascending) in slot order, one record batch, marked
-        :data:`_BY_SLOT`; its index maps every key group present to that batch. Every
-        slot (a full snapshot) is written from the arrays as they are (no gather); a
-        subset is gathered in ascending order."""
-        every = len(slots) == self.size
+    def _slot_file(self, slots: np.ndarray | None) -> tuple[Any, dict[str, int]]:
+        """The IPC file of ``slots`` (ascending; None: every slot) in slot order, one
+        record batch, marked :data:`_BY_SLOT`; its index maps every key group present to
+        that batch. Every slot (a full snapshot) is written from the arrays as they are
+        (no gather); a subset is gathered in ascending order.
+
+        The file is built in an Arrow buffer (``pyarrow.FixedSizeBufferWriter``): Arrow's
+        writer fills it without the GIL, where a Python file object (``io.BytesIO``) would
+        take the GIL to copy each of the batch's buffers (hundreds of MB for a full
+        snapshot of millions of keys), stalling the pipeline's event loop meanwhile; the key
+        groups present are found by Arrow's hash kernel for the same reason."""
+        every = slots is None or len(slots) == self.size
         kgs = self.key_groups[:self.size] if every else self.key_groups[slots]
         columns = []
         for chunks in self.key_chunks:
@@ -465,22 +479,28 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
             elif every:
                 columns.append(pa.concat_arrays(chunks).slice(0, self.size))
             else:
+                assert slots is not None
                 columns.append(_take_from_chunks(chunks, slots))
         names = sorted(self.arrays)
         values = [self.arrays[n][:self.size] if every else self.arrays[n][slots]
                   for n in names]
+        key_groups = pa.array(kgs)
         batch = pa.RecordBatch.from_arrays(
-            [*columns, pa.array(kgs), *(pa.array(v) for v in values)],
+            [*columns, key_groups, *(pa.array(v) for v in values)],
             names=[*self.key_columns, KEY_GROUP_COLUMN, *names])
         schema = batch.schema.with_metadata({_LAYOUT: _BY_SLOT})
-        sink = io.BytesIO()
+        batch = batch.replace_schema_metadata(schema.metadata)
+        # one buffer of the file's size (a growing one would be copied as it doubles);
+        # the file's own bytes are returned (no copy of a file as large as the state)
+        buffer = pa.allocate_buffer(pa.ipc.get_record_batch_size(batch)
+                                    + 2 * schema.serialize().size + _IPC_SLACK)
+        sink = pa.FixedSizeBufferWriter(buffer)
         with pa.ipc.new_file(sink, schema) as writer:
-            writer.write_batch(batch.replace_schema_metadata(schema.metadata))
-        present = np.flatnonzero(np.bincount(kgs, minlength=1))
-        # the sink's own buffer (no copy of a file as large as the state)
-        return sink.getbuffer(), {str(int(kg)): 0 for kg in present}
+            writer.write_batch(batch)
+        present = np.sort(pc.unique(key_groups).to_numpy())
+        return buffer.slice(0, sink.tell()), {str(int(kg)): 0 for kg in present}
 
-    def _file(self, slots: np.ndarray) -> tuple[bytes, dict[str, int]]:
+    def _file(self, slots: np.ndarray) -> tuple[Any, dict[str, int]]:
         """The IPC file of ``slots`` (rows: panes for windows), one record batch per key
         group, and its index."""
         key_slots = self.arrays["_slot"][slots] if self.windowed else slots
@@ -497,7 +517,7 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
         table = pa.RecordBatch.from_arrays(
             [*columns, pa.array(sorted_kgs), *(pa.array(self.arrays[n][order]) for n in names)],
             names=[*self.key_columns, KEY_GROUP_COLUMN, *names])
-        sink = io.BytesIO()
+        sink = pa.BufferOutputStream()  # filled without the GIL (see _slot_file)
         index: dict[str, int] = {}
         n = len(order)
         with pa.ipc.new_file(sink, table.schema) as writer:
@@ -514,8 +534,8 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
         # panes (windows) are written by key group; a key's slots in slot order (the
         # grouping by key group costs a sort and gathers in random order per snapshot,
         # paid instead by a restore or a reader, which happen far less often)
-        data, index = self._file(slots) if self.windowed or not len(slots) \
-            else self._slot_file(slots)
+        data, index = self._file(slots) if slots is not None and \
+            (self.windowed or not len(slots)) else self._slot_file(slots)
         ctx = self.ctx
         handle: dict[str, Any] = {
             "backend": BACKEND_NAME, "key_encoding": KEY_ENCODING,

@@ -236,3 +236,71 @@ def test_rows_pickled_by_numpy_load_as_the_rows(rows, kinds):
     assert got == want
     assert [tuple(map(type, r)) for r in got] == [tuple(map(type, r)) for r in want]
     assert pickled_rows([np.array([True])]) is None
+
+
+@pytest.mark.parametrize("keys", [[f"w{i}" for i in range(60)],
+                                  [f"user-{i:012d}" for i in range(60)],
+                                  list(range(-30, 30))],
+                         ids=["short-words", "long-common-prefix", "ints"])
+@pytest.mark.parametrize("drained", [False, True])
+async def test_barrier_rows_planned_in_pieces_hold_every_row(tmp_path, monkeypatch, keys,
+                                                             drained):
+    """A part of barrier rows is planned in pieces by a worker thread and written in
+    chunks on the loop: with pieces and chunks far smaller than the part, the snapshot
+    (awaited in steps, or drained at once by a read of every row) holds every key's row at
+    the barrier exactly once, whether the keys sort on their leading bytes or need the
+    whole-key sort (long common prefixes, small integers)."""
+    import pyarrow as pa
+
+    from reactive import KeyGroupRange
+    from reactive.backends.rocksdb import columnar as rocksdb_columnar
+    from reactive.backends.rocksdb import read_rocksdb_snapshot
+    from reactive.columnar.aggregates import parse_aggregates
+    from reactive.columnar.slot_store import SlotCache
+    from reactive.state.backend import SnapshotContext
+
+    monkeypatch.setattr(rocksdb_columnar._BarrierWriter, "PIECE", 7)
+    monkeypatch.setattr(rocksdb_columnar._BarrierWriter, "CHUNK", 3)
+    maxp = 16
+    kb = RocksDBStateBackend(tmp_path / "state").columnar_state_backend() \
+        .create_keyed_backend(job_name="j", operator_uid="agg", subtask=0,
+                              key_group_range=KeyGroupRange(0, maxp - 1),
+                              max_parallelism=maxp)
+    key_type = pa.int64() if type(keys[0]) is int else pa.string()
+    schema = pa.schema([("k", key_type), ("n", pa.int64())])
+    specs = parse_aggregates(schema, {"count": ("n", "count")})
+    cache = SlotCache(kb, ["k"], specs, maxp, "agg", capacity=1 << 10)
+    counts: collections.Counter[Any] = collections.Counter()
+    rows = [k for i, k in enumerate(keys) for _ in range(1 + i % 3)]
+    batch = pa.record_batch([pa.array(rows, key_type), pa.array([1] * len(rows))],
+                            schema=schema)
+    looked_up = cache.lookup(batch)
+    for slot in looked_up.slots[looked_up.codes].tolist():
+        cache.arrays["count.n"][slot] += 1
+    counts.update(rows)
+    job = tmp_path / "chk" / "j"
+    snapshot = kb.snapshot(SnapshotContext(1, job, job / "chk-1", job / "shared", "agg", 0))
+    if drained:
+        assert {k: r[0] for k, r in kb.iter_rows()} == dict(counts)
+    handle = await snapshot.write()
+    data = read_rocksdb_snapshot(handle, job, tmp_path / "r")
+    assert {k: pickle.loads(v)[0] for k, v in data["_columnar"].items()} == dict(counts)
+    kb.dispose()
+
+
+@given(st.lists(st.binary(min_size=6, max_size=20), min_size=1, max_size=200))
+def test_key_order_sorts_stored_keys_by_their_leading_bytes(stored):
+    """The planned pieces' order: a permutation of the keys, sorted by key group and the
+    canonical key's first bytes (equal ones together), or wholly sorted."""
+    import pyarrow as pa
+
+    from reactive.backends.rocksdb.columnar import _LEADING, _key_order
+
+    order = _key_order(pa.array(stored, pa.binary())).tolist()
+    assert sorted(order) == list(range(len(stored)))
+
+    def leading(key: bytes) -> bytes:
+        return bytes(key[j] if j < len(key) else 0 for j in _LEADING)
+
+    ordered = [stored[i] for i in order]
+    assert [leading(k) for k in ordered] == sorted(leading(k) for k in ordered)
