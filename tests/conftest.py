@@ -47,6 +47,12 @@ def flights_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 #: fixtures that start Kafka (the mock cluster) or Spark: a test using one is end-to-end
 E2E_FIXTURES = frozenset({"kafka_cluster", "spark"})
 
+# The JVMs the tests start (the `spark` fixture's, and the Spark drivers, examples and CLI
+# runs started as processes, which inherit this) compile with C1 only and collect garbage
+# with one thread: each runs a few seconds of small queries, where C2's compilations and
+# parallel GC threads cost more CPU than they save. Read by spark-submit's launcher.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
