@@ -46,22 +46,95 @@ def flights_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # ---------------------------------------------------------------- end-to-end tests (e2e)
 #: fixtures that start Kafka (the mock cluster) or Spark: a test using one is end-to-end
 E2E_FIXTURES = frozenset({"kafka_cluster", "spark"})
+#: where the last runs' seconds per test module are kept (pytest's cache), to start the
+#: longest modules first
+MODULE_SECONDS_KEY = "reactive/module-seconds"
+#: a module's seconds when no run measured it yet (a fresh clone), by what its tests start:
+#: a Spark query costs seconds, another process about a second, an in-process test less
+UNMEASURED_SECONDS = {"spark": 60.0, "e2e": 10.0, "in-process": 1.0}
+
+# The JVMs the tests start (the `spark` fixture's, and the Spark drivers, examples and CLI
+# runs started as processes, which inherit this) compile with C1 only and collect garbage
+# with one thread: each runs a few seconds of small queries, where C2's compilations and
+# parallel GC threads cost more CPU than they save. Read by spark-submit's launcher.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``e2e`` every test that uses a fixture of :data:`E2E_FIXTURES`; leave out the
     ``slow`` tests unless the ``-m`` expression names them (``-m slow`` runs them, and
-    ``-m "not e2e"`` is the fast run without them)."""
+    ``-m "not e2e"`` is the fast run without them); order the modules longest first (see
+    :func:`longest_modules_first`)."""
     for item in items:
         if E2E_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
+    cache = getattr(config, "cache", None)
+    items[:] = longest_modules_first(
+        items, cache.get(MODULE_SECONDS_KEY, {}) if cache is not None else {})
     if "slow" in (config.option.markexpr or ""):
         return
     slow = [item for item in items if item.get_closest_marker("slow") is not None]
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+
+
+def longest_modules_first(items: list[pytest.Item], seconds: dict[str, float]
+                          ) -> list[pytest.Item]:
+    """``items`` with their modules in the order pytest-xdist should hand them out: the
+    longest first, each module's tests in their own order. ``--dist loadfile`` gives each
+    worker the next module when it runs out, so starting the long ones first (Graham's
+    longest-processing-time-first rule) leaves short modules to even out the workers' ends
+    instead of one worker running a long module alone at the end; ``--no-loadscope-reorder``
+    keeps this order (xdist orders by test count otherwise).
+
+    Args:
+        items: the collected tests.
+        seconds: a module's seconds in the runs that measured it (:data:`MODULE_SECONDS_KEY`),
+            by module path. A module without a figure is estimated by what it starts
+            (:data:`UNMEASURED_SECONDS`).
+
+    Returns:
+        the same tests, reordered.
+    """
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+
+    def estimate(module: str) -> float:
+        tests = modules[module]
+        if module in seconds:
+            return seconds[module]
+        if any("spark" in getattr(item, "fixturenames", ()) for item in tests):
+            return UNMEASURED_SECONDS["spark"]
+        if any(item.get_closest_marker("e2e") for item in tests):
+            return UNMEASURED_SECONDS["e2e"]
+        return UNMEASURED_SECONDS["in-process"]
+
+    return [item for module in sorted(modules, key=estimate, reverse=True)
+            for item in modules[module]]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add each test phase's seconds to its module's (in the process that reports: the
+    xdist controller, or the one process under ``-n 0``)."""
+    _seconds[report.nodeid.split("::", 1)[0]] += report.duration
+
+
+#: this run's seconds per module (:func:`pytest_runtest_logreport`)
+_seconds: collections.Counter[str] = collections.Counter()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Keep this run's seconds per module for the next run's order (over earlier figures of
+    the same modules); an xdist worker leaves it to the controller."""
+    cache = getattr(session.config, "cache", None)
+    if cache is None or hasattr(session.config, "workerinput") or not _seconds:
+        return
+    kept = cache.get(MODULE_SECONDS_KEY, {})
+    kept.update({module: round(s, 2) for module, s in _seconds.items()})
+    cache.set(MODULE_SECONDS_KEY, kept)
 
 
 @pytest.fixture(autouse=True)
