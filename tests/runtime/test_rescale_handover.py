@@ -25,10 +25,11 @@ from reactive import (
 from reactive.backends.heap import HeapStateBackend
 from reactive.backends.rocksdb import RocksDBStateBackend
 from reactive.connectors.collections import ListSink
+from reactive.connectors.files import CommittingFileSink
 from reactive.state.backend import KeyedStateBackend, KeyedStateSnapshot
 from tests.connectors.files.test_committing_file_sink import committed_records
 from tests.runtime.test_job_rescale import WORDS, _expected, _flow, _send_rounds
-from tests.support import FailureInjector, failing_count
+from tests.support import Count, FailureInjector, failing_count
 from tests.windowing.test_windows import SumAmount
 
 STEPS: list[Any] = [4, {"count": 3}, 1, {"count": 2, "files": 3}]
@@ -289,3 +290,33 @@ async def test_the_rescaled_tasks_run_while_the_rescale_checkpoint_is_written(tm
     assert job.metrics.handed_over == [completed.checkpoint_id]
     assert job._runner.rescale_transfers == [(completed.checkpoint_id, "in memory")]
     assert job.metrics.restarts == 0
+
+
+class _FencingFileSink(CommittingFileSink):
+    """A file sink that declares, as a Kafka sink does, that its new instances must not
+    start while old ones hold pre-committed transactions."""
+
+    overlapping_instances = False
+
+
+async def test_a_sink_that_cannot_overlap_makes_the_switch_wait_for_the_checkpoint(tmp_path):
+    """A two-phase-commit sink without ``overlapping_instances``: the state is still handed
+    over in memory, but the new tasks start after the rescale's checkpoint committed."""
+    source = PushSource()
+    out = tmp_path / "out"
+    flow = Dataflow("fencing", parallelism=2)
+    counts = (flow.source(source).uid("src").key_by(lambda w: w).process(Count()).uid("count"))
+    counts.sink(_FencingFileSink(out)).uid("files")
+    job = await flow.start(
+        checkpoints=CheckpointConfig(interval=None, directory=str(tmp_path / "chk")),
+        state_backend=HeapStateBackend())
+    await _send_rounds(source, 2)
+    first = await job.rescale(3)
+    await _send_rounds(source, 1)
+    second = await job.rescale(1)
+    await _send_rounds(source, 1)
+    source.close()
+    await job.wait()
+    assert committed_records(out) == collections.Counter(_expected(4))
+    assert job.metrics.handed_over == [first.checkpoint_id, second.checkpoint_id]
+    assert all("teardown" in p and "barrier" not in p for p in job._runner.rescale_phases)
