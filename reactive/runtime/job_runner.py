@@ -170,6 +170,8 @@ class JobRunner:
         rescale_transfers: per completed ``rescale`` of the run, its checkpoint id and how
             the new instances got their state: ``"in memory"`` (handed over at the barrier,
             :mod:`.handover`) or ``"checkpoint restored: <why>"``.
+        rescale_started: per rescale switched at its barrier, the ``time.perf_counter()``
+            at which its new tasks were created.
         switch_at_barrier: a rescale handed over in memory starts the new tasks at its
             barrier where it can (:meth:`rescale`); False makes it wait for its checkpoint
             and its commits (the baseline ``bench.rescale`` compares against).
@@ -205,6 +207,7 @@ class JobRunner:
         self._switched: asyncio.Future[None] | None = None
         self.rescale_phases: list[dict[str, float]] = []
         self.rescale_transfers: list[tuple[int, str]] = []
+        self.rescale_started: list[float] = []
         self.switch_at_barrier = True
         self._phases: dict[str, float] | None = None
         self._phase_start = 0.0

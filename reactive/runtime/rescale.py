@@ -142,6 +142,7 @@ class SwitchingRunner(Protocol):
     parallelism: dict[str, int]
     updates: list[tuple[int, FunctionUpdate | OperatorChange]]
     rescale_phases: list[dict[str, float]]
+    rescale_started: list[float]
     switch_at_barrier: bool
     attempt: RunningAttempt | None
     tap_sinks: Callable[[list[StreamTask]], None]
@@ -237,8 +238,10 @@ def switch_at_barrier(runner: SwitchingRunner, coordinator: CheckpointCoordinato
     old_handles = [attempt.handles.pop(id(t)) for t in old if id(t) in attempt.handles]
     for task in tasks:
         attempt.handles[id(task)] = attempt.create_task(task.run(), name=task.task_id)
+    started = time.perf_counter()
     runner.rescale_phases.append({"barrier": waited, "prepare": t1 - t0,
-                                "hand-over": t2 - t1, "start": time.perf_counter() - t2})
+                                  "hand-over": t2 - t1, "start": started - t2})
+    runner.rescale_started.append(started)
     attempt.create_task(_retire(runner, coordinator, old, old_handles, checkpoint, what),
                         name="rescale: old tasks")
 
