@@ -18,6 +18,7 @@ from reactive import (
     Dataflow,
     KeyedProcessFunction,
     PushSource,
+    ReconfigurationError,
     RestartStrategy,
     TumblingEventTimeWindows,
     ValueStateDescriptor,
@@ -215,14 +216,21 @@ async def test_a_failure_after_handed_over_rescales_restores_exactly(tmp_path, i
 
 
 class _GatedSnapshot(KeyedStateSnapshot):
-    """A heap snapshot whose asynchronous part starts once ``gate`` is set."""
+    """A heap snapshot whose asynchronous part starts once ``gate`` is set; the first one
+    to start while ``fail`` is set fails (and clears it)."""
 
-    def __init__(self, inner: KeyedStateSnapshot, gate: asyncio.Event) -> None:
+    def __init__(self, inner: KeyedStateSnapshot, gate: asyncio.Event,
+                 fail: asyncio.Event) -> None:
         self.inner = inner
         self.gate = gate
+        self.fail = fail
 
     async def write(self) -> dict[str, Any]:
         await self.gate.wait()
+        if self.fail.is_set():
+            self.fail.clear()
+            self.inner.discard()
+            raise OSError("injected: the snapshot cannot be written")
         return await self.inner.write()
 
     def discard(self) -> None:
@@ -232,16 +240,17 @@ class _GatedSnapshot(KeyedStateSnapshot):
 class _GatedHeap(HeapStateBackend):
     """The heap backend, its snapshots written only while ``gate`` is set."""
 
-    def __init__(self, gate: asyncio.Event) -> None:
+    def __init__(self, gate: asyncio.Event, fail: asyncio.Event | None = None) -> None:
         super().__init__()
         self.gate = gate
+        self.fail = fail or asyncio.Event()
 
     def create_keyed_backend(self, **kwargs: Any) -> KeyedStateBackend:
         backend = super().create_keyed_backend(**kwargs)
         snapshot = backend.snapshot
 
         def gated(ctx: Any) -> KeyedStateSnapshot:
-            return _GatedSnapshot(snapshot(ctx), self.gate)
+            return _GatedSnapshot(snapshot(ctx), self.gate, self.fail)
 
         backend.snapshot = gated  # type: ignore[method-assign]
         return backend
@@ -320,3 +329,40 @@ async def test_a_sink_that_cannot_overlap_makes_the_switch_wait_for_the_checkpoi
     assert committed_records(out) == collections.Counter(_expected(4))
     assert job.metrics.handed_over == [first.checkpoint_id, second.checkpoint_id]
     assert all("teardown" in p and "barrier" not in p for p in job._runner.rescale_phases)
+
+
+async def test_a_rescale_checkpoint_failing_after_the_switch_restarts_exactly(tmp_path):
+    """The new tasks ran from the barrier on, and then the rescale's checkpoint failed: the
+    attempt restarts from the last completed checkpoint at its parallelism, the new
+    tasks' output is never committed, and the input after it is processed again, once."""
+    gate, fail = asyncio.Event(), asyncio.Event()
+    gate.set()
+    source = PushSource()
+    out = tmp_path / "out"
+    job = await _flow("fails-after-switch", source, out).start(
+        checkpoints=CheckpointConfig(interval=None, directory=str(tmp_path / "chk")),
+        state_backend=_GatedHeap(gate, fail), restart=RestartStrategy.fixed(1, delay=0.0))
+    committed = job.results("out")
+    await _send_rounds(source, 2)
+    before = await job.checkpoint()
+    await _send_rounds(source, 1)
+    gate.clear()
+    rescale = asyncio.ensure_future(job.rescale(3))
+    async with asyncio.timeout(30):
+        while job.parallelism["count"] != 3:  # the new tasks took over
+            await asyncio.sleep(0.005)
+    await _send_rounds(source, 1)
+    fail.set()
+    gate.set()
+    with pytest.raises(ReconfigurationError, match="the attempt fails and restarts"):
+        await rescale
+    await _send_rounds(source, 1)
+    source.close()
+    got = [r async for r in committed]
+    await job.wait()
+    assert sorted(got) == _expected(5)
+    assert committed_records(out) == collections.Counter(_expected(5))
+    assert job.metrics.restarts == 1
+    assert job.metrics.restored_checkpoints == [before.checkpoint_id]
+    assert job.metrics.handed_over == []
+    assert job.parallelism["count"] == 2
