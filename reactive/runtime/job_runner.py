@@ -54,6 +54,7 @@ from .reconfiguration import FunctionUpdate, OperatorChange, apply_updates
 from .rescale import (
     RescaleSwitch,
     RunningAttempt,
+    handover_refused,
     outcome_of,
     plan_rescale,
     switch_at_barrier,
@@ -550,19 +551,6 @@ class JobRunner:
             self._phases = None
         self.metrics.attach([])
 
-    def _handover_refused(self, state_transfer: StateTransfer) -> str | None:
-        """Why a rescale of this job cannot hand its state over in memory, known before the
-        barrier is sent (None: the barrier's captures decide)."""
-        if state_transfer == "checkpoint":
-            return "state_transfer='checkpoint' asks for a restore"
-        config = self.options.checkpoints
-        if config is not None and config.unaligned:
-            return "unaligned checkpoints keep in-flight records in the checkpoint"
-        loops = [t.name for t in self.flow.transformations if t.loop_head is not None]
-        if loops:
-            return f"iteration {loops[0]!r} keeps its loop's log in the checkpoint"
-        return None
-
     async def rescale(self, coordinator: CheckpointCoordinator,
                       request: int | dict[str, int],
                       state_transfer: StateTransfer = "auto") -> CompletedCheckpoint:
@@ -595,7 +583,7 @@ class JobRunner:
                                        f"{state_transfer!r}")
         tasks = self.tasks
         instances = sum(len(t.operators) for t in tasks)
-        refused = self._handover_refused(state_transfer)
+        refused = handover_refused(self.flow, self.options.checkpoints, state_transfer)
         at_barrier = (refused is None
                       and switch_waits(self, self.options.checkpoints) is None)
         if refused is None:
@@ -620,8 +608,16 @@ class JobRunner:
                     settled.cancel()
                 if (not checkpoint.done() and self.tasks is tasks
                         and handover.refusal(instances) is None):
-                    switch_at_barrier(self, coordinator, plan, handover, rescaled,
-                                      time.perf_counter() - t_call, checkpoint, what)
+                    try:
+                        switch_at_barrier(self, coordinator, plan, handover, rescaled,
+                                          time.perf_counter() - t_call, checkpoint, what)
+                    except Exception as exc:
+                        # new instances may hold parts of the old ones' state: no going on
+                        self.fail_attempt(exc)
+                        raise ReconfigurationError(
+                            f"rescale of job {self.name!r} ({what}): the new tasks could not "
+                            f"take the state over ({exc}); the job restarts from its last "
+                            "completed checkpoint") from exc
                     switched = True
             await asyncio.wait({checkpoint})
         except BaseException:

@@ -51,7 +51,7 @@ from ..checkpoint.metadata import CompletedCheckpoint
 from ..errors import ConfigurationError, ReconfigurationError
 from ..two_phase_commit import TwoPhaseCommitSink
 from .execution_graph import ExecutionGraph, validate
-from .handover import StateHandOver
+from .handover import StateHandOver, StateTransfer
 from .reconfiguration import RescalePlan, apply_updates
 
 if TYPE_CHECKING:
@@ -63,8 +63,8 @@ if TYPE_CHECKING:
     from .reconfiguration import FunctionUpdate, OperatorChange
     from .task import StreamTask, TaskEnvironment
 
-__all__ = ["RescaleSwitch", "RunningAttempt", "SwitchingRunner", "outcome_of", "plan_rescale",
-           "switch_at_barrier", "switch_waits"]
+__all__ = ["RescaleSwitch", "RunningAttempt", "SwitchingRunner", "handover_refused", "outcome_of",
+           "plan_rescale", "switch_at_barrier", "switch_waits"]
 
 
 class RescaleSwitch(Exception):
@@ -169,6 +169,20 @@ async def outcome_of(awaitable: Awaitable[CompletedCheckpoint]
         return await awaitable
     except Exception as exc:
         return exc
+
+
+def handover_refused(flow: LogicalGraph, config: CheckpointConfig | None,
+                     state_transfer: StateTransfer) -> str | None:
+    """Why a rescale of ``flow`` cannot hand its state over in memory, known before the
+    barrier is sent (None: the barrier's captures decide)."""
+    if state_transfer == "checkpoint":
+        return "state_transfer='checkpoint' asks for a restore"
+    if config is not None and config.unaligned:
+        return "unaligned checkpoints keep in-flight records in the checkpoint"
+    loops = [t.name for t in flow.transformations if t.loop_head is not None]
+    if loops:
+        return f"iteration {loops[0]!r} keeps its loop's log in the checkpoint"
+    return None
 
 
 def switch_waits(runner: SwitchingRunner, config: CheckpointConfig | None) -> str | None:
