@@ -172,10 +172,9 @@ async def live(words: list[str], keys: int, backend: str, steps: list[int], betw
         checkpoint = (f"checkpoint: wait {(stats.trigger_time - w_call) * 1e3:.0f}, "
                       f"align {stats.alignment * 1e3:.0f}, sync {stats.sync * 1e3:.0f}, "
                       f"async {stats.async_ * 1e3:.0f} ({stats.size / 1e6:.0f} MB)")
-        at = t_ret
+        at = job._runner.rescale_started[-1]
         if "barrier" in phases:
             # switched at the barrier: the checkpoint completes while the new tasks run
-            at = job._runner.rescale_started[-1]
             way += ", at the barrier"
             detail = ("switch at the barrier: " + ", ".join(
                 f"{k} {v * 1e3:.0f}" for k, v in phases.items())

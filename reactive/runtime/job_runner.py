@@ -171,8 +171,8 @@ class JobRunner:
         rescale_transfers: per completed ``rescale`` of the run, its checkpoint id and how
             the new instances got their state: ``"in memory"`` (handed over at the barrier,
             :mod:`.handover`) or ``"checkpoint restored: <why>"``.
-        rescale_started: per rescale switched at its barrier, the ``time.perf_counter()``
-            at which its new tasks were created.
+        rescale_started: per completed ``rescale``, the ``time.perf_counter()`` at which
+            its new tasks were created.
         switch_at_barrier: a rescale handed over in memory starts the new tasks at its
             barrier where it can (:meth:`rescale`); False makes it wait for its checkpoint
             and its commits (the baseline ``bench.rescale`` compares against).
@@ -545,6 +545,7 @@ class JobRunner:
             switched, self._switched = self._switched, None
             if switched is not None and not switched.done():
                 self._phase("start")
+                self.rescale_started.append(time.perf_counter())
                 if self._phases is not None:
                     self.rescale_phases.append(self._phases)
                 switched.set_result(None)
