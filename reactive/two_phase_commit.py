@@ -46,7 +46,7 @@ from .awaiting import maybe_await
 from .errors import RestoreError
 from .sinks import Sink, SinkWriter
 
-__all__ = ["TwoPhaseCommitSink", "TwoPhaseCommitWriter"]
+__all__ = ["TwoPhaseCommitSink", "TwoPhaseCommitWriter", "without_pending"]
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +82,20 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT]):
             to it may still be listed by a retained checkpoint or a savepoint (an
             intermediate savepoint pre-commits and commits nothing): ``abort_lingering``
             keeps those.
+        overlapping_instances: a rescale may start the new instances at its barrier while
+            the old ones still hold the transactions they pre-committed for it (the old
+            ones commit them once its checkpoint completes; the new ones start without
+            them, ``abort_lingering`` included). True only where a new instance's start
+            cannot touch another instance's pre-committed transaction (the file sink's
+            names carry the checkpoint id); False (a Kafka sink fences the transactional
+            ids it takes over) makes the rescale wait for the checkpoint instead.
     """
 
     subtask: int = 0
     parallelism: int = 1
     exactly_once = True
     highest_completed_checkpoint_id: int = 0
+    overlapping_instances = False
 
     # ------------------------------------------------------------------ the protocol
     @abstractmethod
@@ -154,6 +162,15 @@ class TwoPhaseCommitSink(Sink, Generic[TxnT]):
         instance.subtask = subtask
         instance.parallelism = parallelism
         return TwoPhaseCommitWriter(instance)
+
+
+def without_pending(entries: list[Any]) -> list[Any]:
+    """The state entries a :class:`TwoPhaseCommitWriter` snapshot, minus its pre-committed
+    transactions: what the new instances of a rescale that switched at its barrier restore
+    (the old instances commit those transactions themselves once the rescale's checkpoint
+    completes; see :attr:`TwoPhaseCommitSink.overlapping_instances`). Other entries are
+    kept as they are."""
+    return [e for e in entries if not (isinstance(e, dict) and e.get("kind") == _PENDING)]
 
 
 class TwoPhaseCommitWriter(SinkWriter, Generic[TxnT]):

@@ -102,10 +102,14 @@ class HeapKeyGroups:
     Attributes:
         key_group_range: the key groups of the instance that handed them over.
         tables: its tables by state name (``maps[kg - key_group_range.start]``).
+        snapshots: its snapshots whose asynchronous part was still to write these key
+            groups at the hand-over: the instances taking them over keep their
+            copy-on-write (a key set current there is shown to them first).
     """
 
     key_group_range: KeyGroupRange
     tables: dict[str, Table]
+    snapshots: tuple[HeapSnapshot, ...] = ()
 
 
 class HeapKeyedStateBackend(KeyedStateBackend):
@@ -170,6 +174,10 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                               delta_ratio=delta_ratio, dirty_limit=5 * _KEY_CACHE_SIZE)
         # snapshots whose asynchronous part still needs to see the keys set current
         self._watching: list[HeapSnapshot] = []
+        # snapshots of the instances this one took key groups over from, still being
+        # written: (snapshot, its index of this instance's key-group index 0, first and
+        # last index of this instance's range it covers); see take_over
+        self._inherited: list[tuple[HeapSnapshot, int, int, int]] = []
         self._fork = snapshot == "fork"
         # forked snapshots whose child may still run (killed by dispose)
         self._children: list[ForkedSnapshot] = []
@@ -220,8 +228,25 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         for snap in self._watching:
             if missed if snap.fresh_memo else key not in snap.seen:
                 snap.touch(key, idx)  # touch decides what to capture
+        if missed and self._inherited:
+            self._touch_inherited(key, idx)
         self.current_key = key
         self._idx = idx
+
+    def _touch_inherited(self, key: Any, idx: int) -> None:
+        """Show ``key`` (of key-group index ``idx``) to the snapshots of the instances
+        whose key groups this one took over while they were written: the memo of this
+        instance started empty at the take-over, so a key's first ``set_current_key`` here
+        misses it, before any change of its state (copy-on-write across the hand-over)."""
+        ended = False
+        for snap, delta, lo, hi in self._inherited:
+            if snap.ended:
+                ended = True
+            elif lo <= idx <= hi:
+                snap.touch(key, idx + delta)
+        if ended:
+            self._inherited = [i for i in self._inherited if not i[0].ended]
+            self._watch()
 
     def _watching_misses(self, snap: HeapSnapshot) -> Callable[[Any], None]:
         """:meth:`set_current_key` for the usual case of one checkpoint in flight: the
@@ -249,8 +274,11 @@ class HeapKeyedStateBackend(KeyedStateBackend):
     def _watch(self) -> None:
         # shadows the class's method while snapshots are written (see the module docstring)
         watching = self._watching
-        if not watching:
-            del self.set_current_key
+        if self._inherited:
+            self.set_current_key = self._set_current_key_watching  # type: ignore[method-assign]
+        elif not watching:
+            if "set_current_key" in self.__dict__:
+                del self.set_current_key
         elif len(watching) == 1 and watching[0].fresh_memo:
             self.set_current_key = self._watching_misses(watching[0])  # type: ignore[method-assign,assignment]
         else:
@@ -460,13 +488,16 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         bytes of a restore no descriptor claimed (those are read from the checkpoint)."""
         if any(t.serialized for t in self._tables.values()):
             return None
-        return HeapKeyGroups(self.key_group_range, dict(self._tables))
+        return HeapKeyGroups(self.key_group_range, dict(self._tables),
+                             tuple(s for s in self._watching if not s.ended))
 
     def take_over(self, parts: Sequence[KeyGroupsInMemory]) -> None:
         """Adopt the dicts of this instance's key groups from the old instances' tables: a
         key group's dict moves as one object (no copy, no serialization), timers with it
         (they are tables too). The next checkpoint writes every key group in full, as after
-        a restore.
+        a restore. Snapshots of the old instances still being written keep their
+        copy-on-write through this instance (:meth:`_touch_inherited`): it may take over
+        and run while they write.
 
         Raises:
             RestoreError: a part is not a heap backend's.
@@ -489,7 +520,12 @@ class HeapKeyedStateBackend(KeyedStateBackend):
                     tracked.floor = -math.inf  # adopted expiries: bound unknown
                 for kg in range(lo, hi + 1):
                     mine.maps[kg - start] = table.maps[kg - old]
+            if lo <= hi:
+                self._inherited.extend((snap, start - old, lo - start, hi - start)
+                                       for snap in part.snapshots if not snap.ended)
         self._log.reset()
+        if self._inherited:
+            self._watch()
 
     def _install(self, stream: KeyGroupStream) -> None:
         with stream:
@@ -524,6 +560,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
         return TtlFilter(times, {name: state.floor for name, state in self._ttl_states.items()})
 
     def dispose(self) -> None:
+        self._inherited.clear()
         for snap in list(self._watching):
             snap.discard()
         for child in self._children:

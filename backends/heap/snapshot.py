@@ -250,6 +250,8 @@ class HeapSnapshot(KeyedStateSnapshot):
             one dict lookup per record tells the backend's watching ``set_current_key``
             that a key needs no :meth:`touch`.
         failure: set when a capture met a value that cannot be serialized.
+        ended: the asynchronous part ended (written, failed or discarded): no more
+            touches are needed.
         pacer: the asynchronous part's pacing (its ``busy`` and ``paused`` seconds tell
             how long it serialized and how long it let the tasks run).
         serialized_bytes: bytes the asynchronous part serialized (the file's bytes not
@@ -280,6 +282,7 @@ class HeapSnapshot(KeyedStateSnapshot):
                       if name in self.ttl.times and (ser := _serializer(t)) is not None}
         self.next_idx = 0
         self.failure: StateSerializationError | None = None
+        self.ended = False
         self._discarded = False
         self.captured: dict[int, dict[Any, dict[str, Any] | None]] = {}
         self.seen: dict[Any, None] = {}
@@ -654,6 +657,7 @@ class HeapSnapshot(KeyedStateSnapshot):
                 self._on_failed()
             raise
         finally:
+            self.ended = True
             self._release(self)
             self.captured.clear()
             self.seen.clear()
@@ -697,6 +701,7 @@ class HeapSnapshot(KeyedStateSnapshot):
         """Release the captures (the checkpoint was aborted); a running :meth:`write`
         fails at its next piece."""
         self._discarded = True
+        self.ended = True
         self._release(self)
         self.captured.clear()
         self._frozen.clear()

@@ -152,6 +152,11 @@ class CommittingFileSink(ParquetRowBuffer, TwoPhaseCommitSink[FileTransaction]):
             installed.
     """
 
+    #: a part's name carries its subtask and checkpoint id: the new instances of a rescale
+    #: that switched at its barrier write and clean up other names than the pending parts
+    #: the old instances commit once its checkpoint completes
+    overlapping_instances = True
+
     def __init__(self, directory: str | Path, format: Literal["jsonl", "parquet"] = "jsonl",
                  schema: Any = None, row_group_size: int = 1 << 16,
                  mode: Literal["error", "append"] = "error") -> None:

@@ -133,6 +133,9 @@ class CheckpointCoordinator:
         self._ready = asyncio.Event()
         self.tasks: list[CheckpointableTask] = []
         self.sources: list[CheckpointableTask] = []
+        # tasks replaced by a rescale at its barrier, with the id of that rescale's
+        # checkpoint: they are still told about the checkpoints up to it (see retire)
+        self._retiring: tuple[int, list[CheckpointableTask]] | None = None
         self.pending: dict[int, PendingCheckpoint] = {}
         self.consecutive_failures = 0
         # why the consecutive failures failed, counted per reason (for the job's error)
@@ -160,6 +163,27 @@ class CheckpointCoordinator:
             raise ConfigurationError(
                 "unaligned checkpoints do not support iterations: the loop head logs its "
                 "back edge between aligned barriers (CheckpointConfig(unaligned=False))")
+
+    def retire(self, tasks: Sequence[CheckpointableTask], checkpoint_id: int) -> None:
+        """``tasks`` are being replaced (a rescale that starts its new tasks at the barrier
+        of ``checkpoint_id``, before that checkpoint completed): they acknowledge the
+        checkpoints up to it and, besides the tasks :meth:`attach` registers next, are
+        told when those complete (their sinks commit their pre-committed transactions) or
+        are aborted. :meth:`retired` ends that."""
+        self._retiring = (checkpoint_id, list(tasks))
+
+    def retired(self, tasks: Sequence[CheckpointableTask]) -> None:
+        """``tasks``, given to :meth:`retire`, have ended (a later :meth:`retire` of other
+        tasks stays)."""
+        if self._retiring is not None and self._retiring[1] == list(tasks):
+            self._retiring = None
+
+    def _told(self, checkpoint_id: int) -> list[CheckpointableTask]:
+        """The tasks told about ``checkpoint_id``'s completion or abort."""
+        retiring = self._retiring
+        if retiring is not None and checkpoint_id <= retiring[0]:
+            return [*retiring[1], *self.tasks]
+        return self.tasks
 
     # ------------------------------------------------------------------ triggering
     async def run(self) -> None:
@@ -387,8 +411,10 @@ class CheckpointCoordinator:
                        f"subsumed by checkpoint {p.checkpoint_id}")
         if p.commit:
             self._committing[p.checkpoint_id] = p
-            waiting = {t.task_id for t in self.tasks}
-            for task in self.tasks:
+            told = self._told(p.checkpoint_id)
+            # by identity: a retiring task and its successor may share a display name
+            waiting = {id(t) for t in told}
+            for task in told:
                 task.post(functools.partial(self._notify_complete, task, p, waiting))
         # resolved after the notifications are queued, so whoever waits for this checkpoint
         # (e.g. the final one) acts after every task was told to commit
@@ -396,10 +422,10 @@ class CheckpointCoordinator:
         return completed
 
     async def _notify_complete(self, task: CheckpointableTask, p: PendingCheckpoint,
-                               waiting: set[str]) -> None:
+                               waiting: set[int]) -> None:
         """Mailbox action: the task commits; the last one resolves ``p.committed``."""
         await task.notify_checkpoint_complete(p.checkpoint_id)
-        waiting.discard(task.task_id)
+        waiting.discard(id(task))
         if not waiting:
             self._committing.pop(p.checkpoint_id, None)
             if not p.committed.done():
@@ -464,7 +490,7 @@ class CheckpointCoordinator:
         p.abort(why, reason)
         self._discard_in_background(p.checkpoint_id)
         self._free_slot()
-        for task in self.tasks:
+        for task in self._told(p.checkpoint_id):
             task.post(functools.partial(task.notify_checkpoint_aborted, p.checkpoint_id))
         log.warning("checkpoint %d aborted: %s", p.checkpoint_id, reason)
         if why.counts_as_failure:

@@ -374,10 +374,11 @@ class ExecutionGraph:
                 task.restored_in_flight = await in_thread(
                     assignment.in_flight_for, head, task.subtask, task.parallelism)
 
-    def take_over(self, handover: StateHandOver) -> None:
+    def take_over(self, handover: StateHandOver, at_barrier: bool = False) -> None:
         """Give every operator instance the state the old instances handed over at a
         rescale's snapshot instant (:mod:`.handover`), in place of :meth:`restore`: keyed
-        state by reference, on the loop's thread, before the tasks run.
+        state by reference, on the loop's thread, before the tasks run (``at_barrier``:
+        see :func:`~.handover.take_over`).
 
         Raises:
             RestoreError: an instance could not adopt its share (naming it); the keyed
@@ -385,7 +386,7 @@ class ExecutionGraph:
         """
         try:
             take_over(handover, [(i.operator, i.keyed_backend, i.subtask, i.parallelism,
-                                  i.key_group_range) for i in self._instances])
+                                  i.key_group_range) for i in self._instances], at_barrier)
         except BaseException:
             for instance in self._instances:
                 if instance.keyed_backend is not None:

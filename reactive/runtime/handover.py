@@ -22,12 +22,15 @@ checkpoints (their in-flight records are in the checkpoint) or an iteration (its
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..checkpoint.state_assignment_operation import redistribute_operator_state
 from ..errors import RestoreError
+from ..two_phase_commit import TwoPhaseCommitSink, without_pending
+from .operators.sink import SinkOperator
 
 if TYPE_CHECKING:
     from ..keygroups import KeyGroupRange
@@ -56,10 +59,16 @@ class StateHandOver:
         refused: why the rescale restores its checkpoint instead (None: nothing refused
             so far); set by the first instance that cannot be handed over.
         parallelism: the old parallelism of each captured operator, by uid.
+        expected: the number of operator instances the old graph runs (0: unknown).
+        settled: set once ``expected`` instances were captured, or one refused: every
+            task of the old graph took its snapshot's synchronous part, so the new
+            instances may start while the asynchronous parts write.
     """
 
     refused: str | None = None
     parallelism: dict[str, int] = field(default_factory=dict)
+    expected: int = 0
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
     _instances: dict[tuple[str, int], _Captured] = field(default_factory=dict)
 
     def capture(self, op: StreamOperator, operator_state: bytes | None) -> None:
@@ -71,6 +80,11 @@ class StateHandOver:
         """
         if self.refused is not None:
             return
+        self._capture(op, operator_state)
+        if self.refused is not None or (self.expected and len(self._instances) >= self.expected):
+            self.settled.set()
+
+    def _capture(self, op: StreamOperator, operator_state: bytes | None) -> None:
         keyed = None
         backend = op.keyed_backend
         if backend is not None:
@@ -126,13 +140,18 @@ class StateHandOver:
 
 def take_over(handover: StateHandOver,
               instances: list[tuple[StreamOperator, KeyedStateBackend | None, int, int,
-                                    KeyGroupRange | None]]) -> None:
+                                    KeyGroupRange | None]],
+              at_barrier: bool = False) -> None:
     """Give the new instances the captured state, before any task runs.
 
     Args:
         handover: the captures of the old instances.
         instances: each new operator instance as ``(operator, keyed backend, subtask,
             parallelism, key-group range)``.
+        at_barrier: the new instances start before the rescale's checkpoint completed
+            (the old ones still write their snapshots): a two-phase-commit sink's new
+            instances get its state without the pre-committed transactions, which the old
+            instances commit once the checkpoint completes.
 
     Raises:
         RestoreError: naming the operator and instance, when a backend cannot adopt the
@@ -146,6 +165,10 @@ def take_over(handover: StateHandOver,
             if op.uid not in old_states:
                 old_states[op.uid] = handover.operator_states(op.uid)
             states = redistribute_operator_state(old_states[op.uid], subtask, parallelism)
+            if at_barrier and isinstance(op, SinkOperator) and \
+                    isinstance(op.sink, TwoPhaseCommitSink) and SinkOperator.STATE in states:
+                mode, entries = states[SinkOperator.STATE]
+                states = {**states, SinkOperator.STATE: (mode, without_pending(entries))}
             if states:
                 op.operator_state.restore(states)
         except Exception as exc:

@@ -51,7 +51,15 @@ from .execution_graph import ExecutionGraph, parallelism_of
 from .handover import StateHandOver, StateTransfer
 from .metrics import JobMetrics
 from .reconfiguration import FunctionUpdate, OperatorChange, apply_updates
-from .rescale import RescaleSwitch, plan_rescale
+from .rescale import (
+    RescaleSwitch,
+    RunningAttempt,
+    handover_refused,
+    outcome_of,
+    plan_rescale,
+    switch_at_barrier,
+    switch_waits,
+)
 from .state_query import StateQueryError
 from .task import StreamTask, TaskEnvironment
 
@@ -153,13 +161,21 @@ class JobRunner:
             thesis), section 4.5.5).
         parallelism: the running (or next) attempt's parallelism of each operator, by uid.
         rescale_phases: per completed ``rescale`` of the run, seconds spent in each phase
-            of its switch after the commits: ``teardown`` (the old tasks end), ``prepare``
-            (checkpoint store, state assignment, the new graph built), ``restore`` (the
-            checkpoint's state read into the new instances) or ``hand-over`` (the state
-            handed over in memory taken over), ``start`` (until the new tasks run).
+            of its switch. Switched after the commits: ``teardown`` (the old tasks end),
+            ``prepare`` (checkpoint store, state assignment, the new graph built),
+            ``restore`` (the checkpoint's state read into the new instances) or
+            ``hand-over`` (the state handed over in memory taken over), ``start`` (until
+            the new tasks run). Switched at the barrier: ``barrier`` (from the call until
+            every old task took its snapshot's synchronous part), ``prepare`` (the new
+            graph built), ``hand-over``, ``start`` (the new tasks created).
         rescale_transfers: per completed ``rescale`` of the run, its checkpoint id and how
             the new instances got their state: ``"in memory"`` (handed over at the barrier,
             :mod:`.handover`) or ``"checkpoint restored: <why>"``.
+        rescale_started: per completed ``rescale``, the ``time.perf_counter()`` at which
+            its new tasks were created.
+        switch_at_barrier: a rescale handed over in memory starts the new tasks at its
+            barrier where it can (:meth:`rescale`); False makes it wait for its checkpoint
+            and its commits (the baseline ``bench.rescale`` compares against).
     """
 
     def __init__(self, flow: LogicalGraph, options: JobOptions,
@@ -192,9 +208,12 @@ class JobRunner:
         self._switched: asyncio.Future[None] | None = None
         self.rescale_phases: list[dict[str, float]] = []
         self.rescale_transfers: list[tuple[int, str]] = []
+        self.rescale_started: list[float] = []
+        self.switch_at_barrier = True
         self._phases: dict[str, float] | None = None
         self._phase_start = 0.0
-        self._tap_sinks = tap_sinks
+        self.attempt: RunningAttempt | None = None
+        self.tap_sinks = tap_sinks
         self._recover_results = recover_results
 
     # ------------------------------------------------------------------ restore selection
@@ -442,6 +461,7 @@ class JobRunner:
                 self._next_id = coordinator.next_id
                 coordinator.shutdown(f"job {self.name!r} ended")
             self.tasks = []
+            self.attempt = None
             for waiting in list(self.live_queries):
                 if not waiting.done():
                     waiting.set_exception(StateQueryError(
@@ -504,7 +524,7 @@ class JobRunner:
                     apply_updates(task.operators, updates, opened=False)
             tasks = graph.tasks
             self.tasks = tasks
-            self._tap_sinks(tasks)
+            self.tap_sinks(tasks)
             sources = [t for t in tasks if t.source is not None]
             # an iteration's loop ends after its input, like a source: the final
             # checkpoint waits for it
@@ -515,45 +535,43 @@ class JobRunner:
                 coordinator.attach(tasks, graph.operator_infos())
                 tg.create_task(coordinator.run())
             self.coordinator = coordinator
-            for task in tasks:
-                tg.create_task(task.run(), name=task.task_id)
+            handles = {id(task): tg.create_task(task.run(), name=task.task_id)
+                       for task in tasks}
+            self.attempt = RunningAttempt(env, backend, tg.create_task, sources,
+                                            sources_left, handles)
             tg.create_task(self._finish(all_sources_done, sources, coordinator))
             self.status = "running"
             self.running.set()
             switched, self._switched = self._switched, None
             if switched is not None and not switched.done():
                 self._phase("start")
+                self.rescale_started.append(time.perf_counter())
                 if self._phases is not None:
                     self.rescale_phases.append(self._phases)
                 switched.set_result(None)
             self._phases = None
         self.metrics.attach([])
 
-    def _handover_refused(self, state_transfer: StateTransfer) -> str | None:
-        """Why a rescale of this job cannot hand its state over in memory, known before the
-        barrier is sent (None: the barrier's captures decide)."""
-        if state_transfer == "checkpoint":
-            return "state_transfer='checkpoint' asks for a restore"
-        config = self.options.checkpoints
-        if config is not None and config.unaligned:
-            return "unaligned checkpoints keep in-flight records in the checkpoint"
-        loops = [t.name for t in self.flow.transformations if t.loop_head is not None]
-        if loops:
-            return f"iteration {loops[0]!r} keeps its loop's log in the checkpoint"
-        return None
-
     async def rescale(self, coordinator: CheckpointCoordinator,
                       request: int | dict[str, int],
                       state_transfer: StateTransfer = "auto") -> CompletedCheckpoint:
         """Rescale the running attempt (see ``Job.rescale``): a checkpoint whose barrier
-        carries the plan, its commits, then the next attempt takes over the state the
-        instances handed over at the barrier, or restores the checkpoint, at the new
-        parallelism in this process (:attr:`rescale_transfers` says which).
+        carries the plan; the new tasks take over the state the instances handed over at
+        the barrier, or restore the checkpoint, at the new parallelism in this process
+        (:attr:`rescale_transfers` says which).
+
+        Handed over in memory, the new tasks start as soon as every old task took its
+        snapshot's synchronous part (:func:`~.rescale.switch_at_barrier`): the old tasks' snapshots
+        write meanwhile, and the old tasks end once the checkpoint completed and they
+        committed. Otherwise (a restore, or :func:`~.rescale.switch_waits`) the attempt ends after
+        the checkpoint's commits and the next one starts.
 
         Raises:
             ReconfigurationError: the request is invalid (nothing was sent), or the
-                checkpoint failed (the job runs on at its parallelism), or the job failed
-                or ended before the rescaled attempt ran.
+                checkpoint failed (before the switch the job runs on at its parallelism;
+                after it, the attempt fails and the restart strategy restores the last
+                completed checkpoint), or the job failed or ended before the rescaled
+                tasks ran.
         """
         plan = plan_rescale(self.flow, self.parallelism, request)
         if not plan.changed:
@@ -564,44 +582,89 @@ class JobRunner:
         if state_transfer not in ("auto", "checkpoint"):
             raise ReconfigurationError(f"state_transfer must be 'auto' or 'checkpoint', got "
                                        f"{state_transfer!r}")
-        refused = self._handover_refused(state_transfer)
+        tasks = self.tasks
+        instances = sum(len(t.operators) for t in tasks)
+        refused = handover_refused(self.flow, self.options.checkpoints, state_transfer)
+        at_barrier = (refused is None
+                      and switch_waits(self, self.options.checkpoints) is None)
         if refused is None:
-            plan = dataclasses.replace(plan, handover=StateHandOver())
+            plan = dataclasses.replace(plan, handover=StateHandOver(
+                expected=instances if at_barrier else 0))
         program = parallelism_of(self.flow.transformations, self.flow.parallelism)
         rescaled = {uid: p for uid, p in plan.parallelism.items() if p != program[uid]}
-        tasks = self.tasks
         what = ", ".join(r.describe() for r in plan.changed)
+        t_call = time.perf_counter()
+        checkpoint = asyncio.ensure_future(outcome_of(coordinator.checkpoint(
+            await_commit=True, updates=(plan,), reconfigurations=plan.changed,
+            rescaled=rescaled)))
+        handover = plan.handover
+        switched = False
         try:
-            completed = await coordinator.checkpoint(
-                await_commit=True, updates=(plan,), reconfigurations=plan.changed,
-                rescaled=rescaled)
-        except BaseException as exc:
-            plan.resume()  # the sources read on, at the parallelism they had
-            if not isinstance(exc, CheckpointError):
-                raise
+            if at_barrier and handover is not None:
+                settled = asyncio.ensure_future(handover.settled.wait())
+                try:
+                    await asyncio.wait({checkpoint, settled},
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    settled.cancel()
+                if (not checkpoint.done() and self.tasks is tasks
+                        and handover.refusal(instances) is None):
+                    try:
+                        switch_at_barrier(self, coordinator, plan, handover, rescaled,
+                                          time.perf_counter() - t_call, checkpoint, what)
+                    except Exception as exc:
+                        # new instances may hold parts of the old ones' state: no going on
+                        self.fail_attempt(exc)
+                        raise ReconfigurationError(
+                            f"rescale of job {self.name!r} ({what}): the new tasks could not "
+                            f"take the state over ({exc}); the job restarts from its last "
+                            "completed checkpoint") from exc
+                    switched = True
+            await asyncio.wait({checkpoint})
+        except BaseException:
+            if not switched:
+                checkpoint.cancel()
+                plan.resume()
+            raise
+        outcome = None if checkpoint.cancelled() else checkpoint.result()
+        if not isinstance(outcome, CompletedCheckpoint):
+            if not switched:
+                plan.resume()  # the sources read on, at the parallelism they had
+            elif outcome is None:
+                outcome = CheckpointError("the attempt ended")
+            if outcome is not None and not isinstance(outcome, CheckpointError):
+                raise outcome
+            after = ("the attempt fails and restarts from its last completed checkpoint"
+                     if switched else "the job runs on from its last completed checkpoint")
             raise ReconfigurationError(
                 f"rescale of job {self.name!r} ({what}) failed: the checkpoint carrying it "
-                f"did not complete ({exc}); the job runs on from its last completed "
-                "checkpoint, at the parallelism that checkpoint recorded") from exc
+                f"did not complete ({outcome}); {after}, at the parallelism that "
+                "checkpoint recorded") from outcome
+        completed = outcome
+        if switched:
+            self.metrics.handed_over.append(completed.checkpoint_id)
+            self.rescale_transfers.append((completed.checkpoint_id, "in memory"))
+            log.info("job %r rescaled at checkpoint %d (%s; state in memory, switched at "
+                     "its barrier)", self.name, completed.checkpoint_id, what)
+            return completed
         if self.tasks is not tasks:
             raise ReconfigurationError(
                 f"rescale of job {self.name!r} ({what}): the attempt ended right after "
                 f"checkpoint {completed.checkpoint_id} completed; the job restarts from its "
                 "last completed checkpoint, at the parallelism that checkpoint recorded")
-        handover = plan.handover
         if handover is not None:
-            refused = handover.refusal(sum(len(t.operators) for t in tasks))
+            refused = handover.refusal(instances)
             if refused is not None:
                 handover = None
         self.rescale_transfers.append(
             (completed.checkpoint_id, "in memory" if handover is not None
              else f"checkpoint restored: {refused}"))
-        switched = asyncio.get_running_loop().create_future()
-        self._switched, self._switch_to = switched, completed
+        switched_future = asyncio.get_running_loop().create_future()
+        self._switched, self._switch_to = switched_future, completed
         self._phases, self._phase_start = {}, time.perf_counter()
         self.running.clear()
         self.fail_attempt(RescaleSwitch(completed.checkpoint_id, plan, handover))
-        await switched
+        await switched_future
         log.info("job %r rescaled at checkpoint %d (%s; state %s)", self.name,
                  completed.checkpoint_id, what, self.rescale_transfers[-1][1])
         return completed

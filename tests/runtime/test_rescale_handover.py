@@ -5,6 +5,7 @@ case restores the checkpoint and says why. Exactly once either way."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,6 +18,7 @@ from reactive import (
     Dataflow,
     KeyedProcessFunction,
     PushSource,
+    ReconfigurationError,
     RestartStrategy,
     TumblingEventTimeWindows,
     ValueStateDescriptor,
@@ -24,9 +26,11 @@ from reactive import (
 from reactive.backends.heap import HeapStateBackend
 from reactive.backends.rocksdb import RocksDBStateBackend
 from reactive.connectors.collections import ListSink
+from reactive.connectors.files import CommittingFileSink
+from reactive.state.backend import KeyedStateBackend, KeyedStateSnapshot
 from tests.connectors.files.test_committing_file_sink import committed_records
 from tests.runtime.test_job_rescale import WORDS, _expected, _flow, _send_rounds
-from tests.support import FailureInjector, failing_count
+from tests.support import Count, FailureInjector, failing_count
 from tests.windowing.test_windows import SumAmount
 
 STEPS: list[Any] = [4, {"count": 3}, 1, {"count": 2, "files": 3}]
@@ -209,3 +213,156 @@ async def test_a_failure_after_handed_over_rescales_restores_exactly(tmp_path, i
     assert job.metrics.restored_checkpoints == [after.checkpoint_id]
     assert sorted(got) == _expected(11)
     assert committed_records(out) == collections.Counter(_expected(11))
+
+
+class _GatedSnapshot(KeyedStateSnapshot):
+    """A heap snapshot whose asynchronous part starts once ``gate`` is set; the first one
+    to start while ``fail`` is set fails (and clears it)."""
+
+    def __init__(self, inner: KeyedStateSnapshot, gate: asyncio.Event,
+                 fail: asyncio.Event) -> None:
+        self.inner = inner
+        self.gate = gate
+        self.fail = fail
+
+    async def write(self) -> dict[str, Any]:
+        await self.gate.wait()
+        if self.fail.is_set():
+            self.fail.clear()
+            self.inner.discard()
+            raise OSError("injected: the snapshot cannot be written")
+        return await self.inner.write()
+
+    def discard(self) -> None:
+        self.inner.discard()
+
+
+class _GatedHeap(HeapStateBackend):
+    """The heap backend, its snapshots written only while ``gate`` is set."""
+
+    def __init__(self, gate: asyncio.Event, fail: asyncio.Event | None = None) -> None:
+        super().__init__()
+        self.gate = gate
+        self.fail = fail or asyncio.Event()
+
+    def create_keyed_backend(self, **kwargs: Any) -> KeyedStateBackend:
+        backend = super().create_keyed_backend(**kwargs)
+        snapshot = backend.snapshot
+
+        def gated(ctx: Any) -> KeyedStateSnapshot:
+            return _GatedSnapshot(snapshot(ctx), self.gate, self.fail)
+
+        backend.snapshot = gated  # type: ignore[method-assign]
+        return backend
+
+
+async def _take(results: Any, n: int) -> list[Any]:
+    return [await anext(results) for _ in range(n)]
+
+
+async def test_the_rescaled_tasks_run_while_the_rescale_checkpoint_is_written(tmp_path):
+    """Handed over in memory, the new tasks start at the rescale's barrier: records flow
+    through them while the old instances' snapshots are still to be written; those
+    snapshots hold the state at the barrier (copy-on-write through the new instances),
+    and output stays exactly once."""
+    gate = asyncio.Event()
+    gate.set()
+    source = PushSource()
+    out = tmp_path / "out"
+    job = await _flow("at-barrier", source, out).start(
+        checkpoints=CheckpointConfig(interval=None, directory=str(tmp_path / "chk")),
+        state_backend=_GatedHeap(gate))
+    live = job.results("out", committed=False)
+    committed = job.results("out")
+    await _send_rounds(source, 2)
+    assert len(await _take(live, 2 * len(WORDS))) == 2 * len(WORDS)
+    gate.clear()  # the rescale checkpoint's asynchronous parts wait
+    rescale = asyncio.ensure_future(job.rescale(3))
+    async with asyncio.timeout(30):  # on a switch after the checkpoint: never
+        while job.parallelism["count"] != 3:  # the new tasks took over
+            await asyncio.sleep(0.005)
+        await _send_rounds(source, 1)
+        after = await _take(live, len(WORDS))
+    assert sorted(after) == sorted((w, 3) for w in WORDS)
+    assert not rescale.done()
+    gate.set()
+    completed = await rescale
+    # the rescale checkpoint holds the counts at its barrier, not the ones after it
+    assert {await job.query_state("count", "count", w) for w in WORDS} == {2}
+    assert await job.query_state("count", "count", "w0", committed=False) == 3
+    await _send_rounds(source, 1)
+    source.close()
+    got = [r async for r in committed]
+    await job.wait()
+    assert sorted(got) == _expected(4)
+    assert committed_records(out) == collections.Counter(_expected(4))
+    assert job.metrics.handed_over == [completed.checkpoint_id]
+    assert job._runner.rescale_transfers == [(completed.checkpoint_id, "in memory")]
+    assert job.metrics.restarts == 0
+
+
+class _FencingFileSink(CommittingFileSink):
+    """A file sink that declares, as a Kafka sink does, that its new instances must not
+    start while old ones hold pre-committed transactions."""
+
+    overlapping_instances = False
+
+
+async def test_a_sink_that_cannot_overlap_makes_the_switch_wait_for_the_checkpoint(tmp_path):
+    """A two-phase-commit sink without ``overlapping_instances``: the state is still handed
+    over in memory, but the new tasks start after the rescale's checkpoint committed."""
+    source = PushSource()
+    out = tmp_path / "out"
+    flow = Dataflow("fencing", parallelism=2)
+    counts = (flow.source(source).uid("src").key_by(lambda w: w).process(Count()).uid("count"))
+    counts.sink(_FencingFileSink(out)).uid("files")
+    job = await flow.start(
+        checkpoints=CheckpointConfig(interval=None, directory=str(tmp_path / "chk")),
+        state_backend=HeapStateBackend())
+    await _send_rounds(source, 2)
+    first = await job.rescale(3)
+    await _send_rounds(source, 1)
+    second = await job.rescale(1)
+    await _send_rounds(source, 1)
+    source.close()
+    await job.wait()
+    assert committed_records(out) == collections.Counter(_expected(4))
+    assert job.metrics.handed_over == [first.checkpoint_id, second.checkpoint_id]
+    assert all("teardown" in p and "barrier" not in p for p in job._runner.rescale_phases)
+
+
+async def test_a_rescale_checkpoint_failing_after_the_switch_restarts_exactly(tmp_path):
+    """The new tasks ran from the barrier on, and then the rescale's checkpoint failed: the
+    attempt restarts from the last completed checkpoint at its parallelism, the new
+    tasks' output is never committed, and the input after it is processed again, once."""
+    gate, fail = asyncio.Event(), asyncio.Event()
+    gate.set()
+    source = PushSource()
+    out = tmp_path / "out"
+    job = await _flow("fails-after-switch", source, out).start(
+        checkpoints=CheckpointConfig(interval=None, directory=str(tmp_path / "chk")),
+        state_backend=_GatedHeap(gate, fail), restart=RestartStrategy.fixed(1, delay=0.0))
+    committed = job.results("out")
+    await _send_rounds(source, 2)
+    before = await job.checkpoint()
+    await _send_rounds(source, 1)
+    gate.clear()
+    rescale = asyncio.ensure_future(job.rescale(3))
+    async with asyncio.timeout(30):
+        while job.parallelism["count"] != 3:  # the new tasks took over
+            await asyncio.sleep(0.005)
+    await _send_rounds(source, 1)
+    fail.set()
+    gate.set()
+    with pytest.raises(ReconfigurationError, match="the attempt fails and restarts"):
+        await rescale
+    await _send_rounds(source, 1)
+    source.close()
+    got = [r async for r in committed]
+    await job.wait()
+    assert sorted(got) == _expected(5)
+    assert committed_records(out) == collections.Counter(_expected(5))
+    assert job.metrics.restarts == 1
+    assert job.metrics.restored_checkpoints == [before.checkpoint_id]
+    assert job.metrics.handed_over == []
+    assert job.parallelism["count"] == 2

@@ -98,6 +98,36 @@ async def test_a_snapshot_after_a_take_over_restores_the_same_state(tmp_path: Pa
         assert count.value() == n
 
 
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_old_snapshots_written_after_the_take_over_hold_the_state_at_the_barrier(
+        tmp_path: Path, incremental: bool):
+    """The new instances may take over and change the state while the old instances'
+    snapshots of the barrier are still to be written (a rescale that switches at its
+    barrier): the old snapshots see each key first (copy-on-write across the hand-over)."""
+    olds, _ = _old_instances(2)
+    for b in olds:
+        b.incremental = incremental
+    snaps = [b.snapshot(SnapshotContext(7, tmp_path, tmp_path / "chk-7", tmp_path / "shared",
+                                        "op", i)) for i, b in enumerate(olds)]
+    news = _take_over(olds, 3)
+    for b in news:
+        count, seen = b.get_state(COUNT), b.get_state(SEEN)
+        for k in KEYS:
+            try:
+                b.set_current_key(k)
+            except Exception:
+                continue  # another instance owns it
+            count.update(-1)
+            seen.add("after")
+    handles = [await s.write() for s in snaps]
+    restored = HeapKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP)
+    restored.restore(handles, tmp_path)
+    count, seen = restored.get_state(COUNT), restored.get_state(SEEN)
+    for n, k in enumerate(KEYS):
+        restored.set_current_key(k)
+        assert (count.value(), list(seen.get())) == (n, [k, n])
+
+
 def test_a_part_of_another_backend_is_refused():
     b = HeapKeyedStateBackend(KeyGroupRange(0, MAXP - 1), MAXP, operator_uid="count")
 
