@@ -38,17 +38,14 @@
   and once all are, the backend stops watching. A record then pays copy-on-write only
   while the snapshot prepares, not while it serializes, and the capture work is the
   snapshot's paced work instead of a cost on the records. A key group with another value
-  (a list, a dict: it could change in place) stays under copy-on-write per key.
+  (a list, a dict: it could change in place) stays under copy-on-write per key;
+- *time-to-live*: an entry of a TTL state expired by the synchronous part's TTL time is not
+  written (Flink's cleanup in full snapshot, :mod:`.ttl_filter`); a key group whose earlier
+  blobs may hold one (:attr:`.changelog.GroupChain.expires`) is written in full again.
 
-- *time-to-live*: an entry of a TTL state that expired by the TTL time read in the
-  synchronous part is not written (Flink's cleanup in full snapshot, :mod:`.ttl_filter`); a
-  key group whose earlier blobs may hold one (:attr:`.changelog.GroupChain.expires`) is
-  written in full again instead of carried over or chained onto.
-
-This is the per-entry analogue of Flink's ``CopyOnWriteStateTable`` (Carbone 2018 (PhD thesis),
-section 4.5.1): the task never serializes a whole key group inline. A state mutation always
-follows a ``set_current_key`` of its key, except for the key that is current at the barrier,
-which the synchronous part captures.
+The per-entry analogue of Flink's ``CopyOnWriteStateTable`` (Carbone 2018 (PhD thesis),
+section 4.5.1): the task never serializes a whole key group inline. A state mutation follows
+a ``set_current_key`` of its key, but for the barrier's current key (the synchronous part's).
 """
 
 from __future__ import annotations
@@ -66,7 +63,7 @@ from typing import Any
 
 from reactive.errors import StateSerializationError
 from reactive.serialization import Serializer
-from reactive.state.backend import KeyedStateSnapshot, SnapshotContext
+from reactive.state.backend import KeyedStateSnapshot, SnapshotContext, file_name_component
 
 from .changelog import Entry, GroupChain, SnapshotPlan
 from .file_writer import SnapshotFileWriter, SnapshotOutput
@@ -76,7 +73,7 @@ from .state import Table, descriptor_serializer
 from .ttl_filter import DROP, TtlFilter
 
 __all__ = ["FREEZE_MAX", "PATIENCE", "PIECE", "SHARE", "Frozen", "HeapSnapshot",
-           "capture_entries", "safe_name"]
+           "capture_entries"]
 
 #: seconds of serialization on the event loop between two yields to the tasks
 PIECE = 0.001
@@ -114,11 +111,6 @@ class Frozen:
 
     def __init__(self, blob: bytes) -> None:
         self.blob = blob
-
-
-def safe_name(uid: str) -> str:
-    """``uid`` as one path component (what is not alphanumeric or ``-_.`` becomes ``_``)."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in uid)
 
 
 def _serializer(table: Table) -> Serializer | None:
@@ -591,7 +583,7 @@ class HeapSnapshot(KeyedStateSnapshot):
         ctx = self.ctx
         if not self.incremental:
             return ctx.exclusive_path(".heap")
-        uid = safe_name(ctx.operator_uid)
+        uid = file_name_component(ctx.operator_uid)
         return ctx.shared_dir / uid / \
             f"{uid}-{ctx.subtask}-{ctx.checkpoint_id}-{uuid.uuid4().hex[:8]}.heap"
 

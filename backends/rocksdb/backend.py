@@ -30,13 +30,14 @@ from reactive.state.backend import (
     KeyedStateSnapshot,
     SnapshotContext,
     StateBackend,
+    file_name_component,
 )
 from reactive.state.descriptors import StateDescriptor, ValueStateDescriptor
 from reactive.state.ttl import IncrementalCleanup, backend_descriptor, ttl_state
 from reactive.state.ttl_clock import TtlClock
 from reactive.state.ttl_config import StateTtlConfig
 
-from .db import BACKEND, open_db, options, safe_name
+from .db import BACKEND, open_db, options
 from .generations import Generation
 from .keys import MAX_KEY_GROUPS, key_group_prefix
 from .restore import RocksDBRestoreOperation
@@ -397,8 +398,8 @@ class RocksDBStateBackend(StateBackend):
         key_group_range: KeyGroupRange,
         max_parallelism: int,
     ) -> KeyedStateBackend:
-        directory = (self.path / safe_name(job_name) /
-                     f"{safe_name(operator_uid)}-{subtask}-{uuid.uuid4().hex[:12]}")
+        directory = (self.path / file_name_component(job_name) /
+                     f"{file_name_component(operator_uid)}-{subtask}-{uuid.uuid4().hex[:12]}")
         return self.keyed_backend_class(
             directory, key_group_range, max_parallelism,
             incremental=self.incremental,

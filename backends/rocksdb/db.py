@@ -25,18 +25,12 @@ __all__ = [
     "materialize",
     "open_db",
     "options",
-    "safe_name",
 ]
 
 #: the ``"backend"`` of RocksDB snapshot handles
 BACKEND = "rocksdb"
 #: the ``"format"`` of RocksDB snapshot handles
 FORMAT = "rocksdb-v1"
-
-
-def safe_name(text: str) -> str:
-    """``text`` as a file-name component (uids, job names)."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
 def options(write_buffer_size: int, factory: Callable[[Options], None] | None) -> Options:

@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from reactive.checkpoint.off_loop import in_thread
-from reactive.state.backend import KeyedStateSnapshot, SnapshotContext
+from reactive.state.backend import KeyedStateSnapshot, SnapshotContext, file_name_component
 
-from .db import BACKEND, FORMAT, safe_name
+from .db import BACKEND, FORMAT
 from .generations import Generation, run_in_worker
 
 __all__ = ["RocksDBSnapshot"]
@@ -136,8 +136,8 @@ async def _upload(ctx: SnapshotContext, local: Path, incremental: bool,
         OSError: if a file cannot be read or written.
     """
     up = _Upload()
-    exclusive = ctx.checkpoint_dir / f"{safe_name(ctx.operator_uid)}-{ctx.subtask}"
-    shared_dir = ctx.shared_dir / safe_name(ctx.operator_uid)
+    exclusive = ctx.checkpoint_dir / f"{file_name_component(ctx.operator_uid)}-{ctx.subtask}"
+    shared_dir = ctx.shared_dir / file_name_component(ctx.operator_uid)
     small: list[tuple[Path, Path, int]] = []  # temporary file, final name, open descriptor
     try:
         for name in sorted(os.listdir(local)):

@@ -45,6 +45,7 @@ from reactive.keygroups import (
     operator_index_for_key_group,
 )
 from reactive.serialization import Serializer
+from reactive.state.backend import file_name_component
 
 from .errors import SavepointWriteError
 
@@ -273,7 +274,7 @@ class SavepointWriter:
                 part: Iterator[tuple[int, dict[str, dict[Any, Any]]]] = iter(())
                 if pending is not None and pending[0] == i:
                     part = pending[1]
-                path = chk / f"{_safe(uid)}-{i}.heap"
+                path = chk / f"{file_name_component(uid)}-{i}.heap"
                 handle = write_heap_snapshot(
                     path, storage.job_dir, part,
                     key_encoding=key_encoding_name(self._key_serializers.get(uid)))
@@ -292,6 +293,4 @@ class SavepointWriter:
         return chk
 
 
-def _safe(text: str) -> str:
-    """A uid as a file-name component."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+

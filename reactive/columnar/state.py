@@ -49,7 +49,13 @@ from ..errors import RestoreError, StateAccessError
 from ..key_encoding import KEY_ENCODING
 from ..keygroups import KeyGroupRange
 from ..state.api import State
-from ..state.backend import KeyedStateBackend, KeyedStateSnapshot, SnapshotContext, StateBackend
+from ..state.backend import (
+    KeyedStateBackend,
+    KeyedStateSnapshot,
+    SnapshotContext,
+    StateBackend,
+    file_name_component,
+)
 from ..state.descriptors import StateDescriptor
 from ..state.key_group_stream import (
     KeyDecoder,
@@ -555,7 +561,7 @@ class _ColumnarSnapshot(KeyedStateSnapshot):
             handle.update(format=FORMAT, key_groups=index, files=[ref])
             return handle, None
         ctx.shared_dir.mkdir(parents=True, exist_ok=True)
-        uid = "".join(c if c.isalnum() or c in "-_." else "_" for c in ctx.operator_uid)
+        uid = file_name_component(ctx.operator_uid)
         path = ctx.shared_dir / (f"{uid}-{ctx.subtask}-{ctx.checkpoint_id}-"
                                  f"{uuid.uuid4().hex[:8]}.arrow")
         n, sha = write_atomic(path, [data])

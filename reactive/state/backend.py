@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from .ttl_config import StateTtlConfig
 
 __all__ = ["KeyGroupsInMemory", "KeyedStateBackend", "KeyedStateSnapshot", "SnapshotContext",
-           "StateBackend"]
+           "StateBackend", "file_name_component"]
 
 
 @dataclass(frozen=True)
@@ -93,15 +93,17 @@ class SnapshotContext:
     def exclusive_path(self, suffix: str) -> Path:
         """Return ``chk-<n>/<uid>-<subtask><suffix>`` (directories created)."""
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        return self.checkpoint_dir / f"{_safe(self.operator_uid)}-{self.subtask}{suffix}"
+        return self.checkpoint_dir / f"{file_name_component(self.operator_uid)}-{self.subtask}{suffix}"
 
     def relative(self, path: Path) -> str:
         """Return ``path`` relative to the job directory (the form handles store)."""
         return path.relative_to(self.job_dir).as_posix()
 
 
-def _safe(uid: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in uid)
+def file_name_component(text: str) -> str:
+    """``text`` (an operator uid, a job name) as one file-name component of a snapshot's or
+    a working directory's path: what is not alphanumeric or ``-_.`` becomes ``_``."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
 class KeyedStateSnapshot(ABC):
