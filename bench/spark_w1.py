@@ -4,6 +4,7 @@ apart).
 
     python -m bench.spark_w1 [--records 300000] [--vocabulary 100000] [--repeats 3]
                              [--batch 100000] [--masters local[2],local[1]]
+                             [--shapes key-groups,per-key]
 
 The input: W1's keys (``bench.common.zipf_keys``: Zipf(1.1) over a 100,000-word vocabulary,
 numpy seed 42), one per line in a text file, which both runners read with the line-file
@@ -14,9 +15,12 @@ lines ``[word, n]``), from nothing to the last committed file, on fresh director
 - embedded (the baseline): parallelism 1 (W1's), heap backend, checkpoints every second;
 - on Spark, in a child process per master (a SparkContext's master is fixed): the JVM and
   session started once and timed apart, each repeat ``SparkRunner.run`` alone; the
-  dataflow's parallelism is the master's cores (the shuffle partitions of its keyed query),
-  the process function runs in ``transformWithState`` with each key's state read and
-  written once per micro-batch.
+  dataflow's parallelism is the master's cores (the shuffle partitions of its keyed query).
+  The process function runs in one of two plan shapes (``--shapes``), their repeats
+  interleaved: ``key-groups`` (the default shape: ``transformWithStateInPandas`` grouped by
+  the dataflow's 128 key groups, one Python call and one state value per key group and
+  micro-batch) and ``per-key`` (``SparkRunner(key_groups=False)``: ``transformWithState``
+  grouped by key, each key's state read and written once per micro-batch).
 
 Every Spark run's committed output is compared with the embedded run's, line for line.
 """
@@ -39,6 +43,8 @@ from typing import Any
 from .common import print_table, zipf_keys
 
 ROOT = Path(__file__).resolve().parent.parent
+SHAPE_NAMES = {"key-groups": "key groups (transformWithStateInPandas)",
+               "per-key": "per key (transformWithState)"}
 
 
 def build(data: Path, out: Path, parallelism: int) -> Any:
@@ -84,18 +90,24 @@ def spark_child(args: argparse.Namespace) -> None:
     spark = local_session(args.master, app_name="bench-spark-w1")
     startup = time.perf_counter() - started
     work = Path(args.work)
-    runs, equal, summary = [], True, {}
+    shapes = args.shapes.split(",")
+    runs: dict[str, list[float]] = {s: [] for s in shapes}
+    equal = dict.fromkeys(shapes, True)
+    summary: dict[str, Any] = {}
     for i in range(args.repeats):
-        out = work / f"spark-{i}"
-        shutil.rmtree(out, ignore_errors=True)
-        started = time.perf_counter()
-        job = SparkRunner(spark, out / "chk", max_records_per_batch=args.batch).run(
-            build(Path(args.data), out / "out", cores))
-        runs.append(time.perf_counter() - started)
-        summary = job.summary()
-        if i == 0:
-            equal = output_lines(out / "out") == output_lines(Path(args.embedded) / "out")
-        shutil.rmtree(out, ignore_errors=True)
+        for shape in shapes:
+            out = work / f"spark-{shape}-{i}"
+            shutil.rmtree(out, ignore_errors=True)
+            started = time.perf_counter()
+            job = SparkRunner(spark, out / "chk", max_records_per_batch=args.batch,
+                              key_groups=shape == "key-groups").run(
+                build(Path(args.data), out / "out", cores))
+            runs[shape].append(time.perf_counter() - started)
+            summary[shape] = next(iter(job.summary().values()), {})
+            if i == 0:
+                equal[shape] = (output_lines(out / "out")
+                                == output_lines(Path(args.embedded) / "out"))
+            shutil.rmtree(out, ignore_errors=True)
     print(json.dumps({"startup": startup, "runs": runs, "equal": equal,
                       "summary": summary}))
 
@@ -107,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch", type=int, default=100_000, help="records per micro-batch")
     p.add_argument("--masters", default="local[2],local[1]")
+    p.add_argument("--shapes", default="key-groups,per-key",
+                   help="plan shapes of the keyed function: key-groups, per-key")
     p.add_argument("--spark-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--master", default="local[2]", help=argparse.SUPPRESS)
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
@@ -137,16 +151,17 @@ def main(argv: list[str] | None = None) -> None:
             cmd = [sys.executable, "-m", "bench.spark_w1", "--spark-child", "--master", master,
                    "--data", str(data), "--repeats", str(args.repeats), "--batch",
                    str(args.batch), "--work", str(work), "--embedded",
-                   str(work / "embedded")]
+                   str(work / "embedded"), "--shapes", args.shapes]
             done = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"the Spark run on {master} failed:\n{done.stderr[-4000:]}")
             result = json.loads(done.stdout.strip().splitlines()[-1])
-            q = next(iter(result["summary"].values()), {})
-            row(f"Spark {master}, transformWithState", result["runs"], base,
-                f"start-up {result['startup']:.1f} s; equal: {result['equal']}; "
-                f"{q.get('micro_batches', '?')} micro-batches, state {q.get('state_rows', '?')}"
-                " rows")
+            for shape in args.shapes.split(","):
+                q = result["summary"].get(shape, {})
+                row(f"Spark {master}, {SHAPE_NAMES.get(shape, shape)}", result["runs"][shape],
+                    base, f"start-up {result['startup']:.1f} s; equal: "
+                    f"{result['equal'][shape]}; {q.get('micro_batches', '?')} micro-batches, "
+                    f"state {q.get('state_rows', '?')} rows")
         print(f"W1 into a committing file sink, {args.records:,} Zipf(1.1) words over "
               f"{args.vocabulary:,}, {args.repeats} repeats, micro-batches of "
               f"{args.batch:,}; machine shared with other jobs")

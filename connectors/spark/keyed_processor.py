@@ -42,7 +42,11 @@ from .translation import KeyedStep, QueryPlan, RecordStep, SinkStep
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["PROFILE_ENV", "KeyedOperatorProcessor", "keyed_from", "watermark_seconds"]
+__all__ = ["KEYED_INPUT_SCHEMA", "PROFILE_ENV", "KeyedOperatorProcessor", "keyed_from",
+           "records_to_keyed", "watermark_seconds"]
+
+KEYED_INPUT_SCHEMA = "record binary, ts timestamp, seq bigint, key binary"
+"""The keyed input rows the source's reader makes (:func:`records_to_keyed`)."""
 
 PROFILE_ENV = "REACTIVE_SPARK_PROFILE"
 """An environment variable naming a directory: when set (in the driver's environment, which
@@ -199,3 +203,59 @@ def keyed_from(pre: DataFrame, plan: QueryPlan, encoder: Any,
     processor = KeyedOperatorProcessor(plan.keyed, plan.after_key, plan.sink)
     return keyed.groupBy("key").transformWithState(
         processor, encoder.spark_schema(), "Append", "EventTime")
+
+
+def records_to_keyed(plan: QueryPlan) -> Any:
+    """The source reader's chain before the keyed operator: source records
+    (:data:`~.record_chain.Chunk` s) through the steps, pickled, with their event time and
+    the canonical bytes of their key (Arrow batches of :data:`KEYED_INPUT_SCHEMA`)."""
+    steps = plan.before_key
+    assert plan.keyed is not None
+    key_of = plan.keyed.key_selector
+    key_serializer = plan.keyed.key_serializer
+    name, uid = plan.keyed.name, plan.keyed.uid
+
+    def run(chunks: Any) -> Any:
+        import datetime
+        import pickle
+
+        import pyarrow as pa
+
+        from reactive.errors import UserFunctionError
+        from reactive.key_encoding import encode_key
+
+        from .record_chain import END_OF_INPUT, run_steps
+
+        schema = pa.schema([("record", pa.binary()), ("ts", pa.timestamp("us", tz="UTC")),
+                            ("seq", pa.int64()), ("key", pa.binary())])
+        utc = datetime.UTC
+        encode = key_serializer.serialize if key_serializer is not None else encode_key
+        dumps, proto = pickle.dumps, pickle.HIGHEST_PROTOCOL
+        for records, tss, seqs in chunks:
+            out_r: list[Any] = []
+            out_t: list[Any] = []
+            out_s: list[int] = []
+            out_k: list[bytes | None] = []
+            for record, ts, seq in zip(records, tss, seqs, strict=True):
+                if record is END_OF_INPUT:
+                    out_r.append(None)
+                    out_t.append(ts)
+                    out_s.append(seq)
+                    out_k.append(None)
+                    continue
+                for r, t in run_steps(steps, record, None, f"record {seq}"):
+                    try:
+                        k = encode(key_of(r))
+                    except Exception as exc:
+                        raise UserFunctionError(name, uid, 0, 1, r, exc,
+                                                f"record {seq}") from exc
+                    out_r.append(dumps(r, protocol=proto))
+                    out_t.append(None if t is None else
+                                 datetime.datetime.fromtimestamp(t, utc))
+                    out_s.append(seq)
+                    out_k.append(k)
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(out_r, pa.binary()), pa.array(out_t, schema.field("ts").type),
+                 pa.array(out_s, pa.int64()), pa.array(out_k, pa.binary())], schema=schema)
+
+    return run

@@ -154,7 +154,7 @@ class _SinkEnd:
 
 class _KeyedEnd:
     """A keyed operator run in Python: the record pickled, its event time, its key's
-    canonical bytes (as :func:`.runner._records_to_keyed`)."""
+    canonical bytes (as :func:`.keyed_processor.records_to_keyed`)."""
 
     def __init__(self, plan: QueryPlan) -> None:
         import pyarrow as pa

@@ -44,7 +44,6 @@ __all__ = ["TRANSIENT_FAILURES", "SparkJob", "SparkRunner", "batch_records", "is
 log = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-_PRE_SCHEMA = "record binary, ts timestamp, seq bigint, key binary"
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 STATE_STORE_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 WATERMARK_POLICY = "spark.sql.streaming.multipleWatermarkPolicy"
@@ -66,8 +65,9 @@ class SparkJob:
             which differ from the session's; the session itself is left as it was.
         shapes: how each query runs, by sink uid: ``"native window aggregation"`` (Spark
             SQL, :mod:`.native_plan`), ``"transformWithState"`` (the keyed operator in
-            Python), ``"stream-stream join"`` (:mod:`.spark_joins`) or ``"per-record"`` (no
-            keyed operator).
+            Python, per key), ``"key groups (transformWithStateInPandas)"`` (in Python, per
+            key group: :mod:`.key_group_plan`), ``"stream-stream join"``
+            (:mod:`.spark_joins`) or ``"per-record"`` (no keyed operator).
     """
 
     queries: dict[str, StreamingQuery]
@@ -205,6 +205,8 @@ class SparkRunner:
             :func:`shuffle_partitions_for`).
         native: run what is relational as Spark SQL (:mod:`.native_plan`: windows with
             built-in aggregations); False keeps every keyed operator in Python.
+        key_groups: run a keyed operator without timers (``process`` without ``on_timer``,
+            ``reduce``) grouped by key group (:mod:`.key_group_plan`); False: per key.
         read_partitions: Spark tasks each micro-batch's records are read and run through
             the per-record functions in (consecutive ranges of the source; 1: one task, in
             source order). More use more cores for parsing; a keyed operator still sees
@@ -244,7 +246,8 @@ class SparkRunner:
                  max_records_per_batch: int = 100_000, state_store: str = "rocksdb",
                  shuffle_partitions: int | None = None, native: bool = True,
                  read_partitions: int | None = None, one_query: bool = False,
-                 restart_attempts: int = 3, restart_delay: float = 5.0) -> None:
+                 restart_attempts: int = 3, restart_delay: float = 5.0,
+                 key_groups: bool = True) -> None:
         if max_records_per_batch < 1:
             raise ValueError(f"max_records_per_batch must be >= 1, got {max_records_per_batch}")
         if state_store not in ("rocksdb", "default"):
@@ -256,7 +259,7 @@ class SparkRunner:
         self.max_records_per_batch = max_records_per_batch
         self.state_store = state_store
         self.shuffle_partitions = shuffle_partitions
-        self.native = native
+        self.native, self.key_groups = native, key_groups
         self.one_query = one_query
         if read_partitions is not None and read_partitions < 1:
             raise ValueError(f"read_partitions must be >= 1, got {read_partitions}")
@@ -449,7 +452,14 @@ class SparkRunner:
         return query, shapes
 
     def _start_query(self, plan: QueryPlan, location: Path) -> tuple[StreamingQuery, str]:
-        from .keyed_processor import keyed_from
+        from .key_group_plan import (
+            KEY_GROUP_SCHEMA,
+            KEY_GROUP_SHAPE,
+            key_group_frame,
+            key_group_refusal,
+            with_key_groups,
+        )
+        from .keyed_processor import KEYED_INPUT_SCHEMA, keyed_from, records_to_keyed
         from .native_plan import native_aggregate, native_columns, native_window
         from .record_chain import SinkEncoder
 
@@ -477,7 +487,7 @@ class SparkRunner:
             # (Spark's multipleWatermarkPolicy "min"), so one input's end-of-input marker
             # fires no timer while another still has records
             out = keyed_from(_union([
-                self._source_frame(p, _records_to_keyed(p), _PRE_SCHEMA).withWatermark(
+                self._source_frame(p, records_to_keyed(p), KEYED_INPUT_SCHEMA).withWatermark(
                     "ts", f"{int((p.watermark_delay or 0.0) * 1000)} milliseconds")
                 for p in plan.inputs()]), plan, encoder, watermarked=True)
         else:
@@ -486,12 +496,18 @@ class SparkRunner:
                 shape = "native window aggregation"
                 out = native_aggregate(self._source_frame(plan, *native_columns(plan, window)),
                                        plan, window, encoder)
+            elif (refused := key_group_refusal(plan) if self.key_groups
+                  else "key_groups=False") is None:
+                shape = KEY_GROUP_SHAPE  # one Python call and state value per key group
+                out = key_group_frame(self._source_frame(plan, with_key_groups(
+                    records_to_keyed(plan), plan.keyed.max_parallelism), KEY_GROUP_SCHEMA),
+                    plan, encoder)
             else:
                 shape = "transformWithState"
                 log.info("operator %r runs in Python (transformWithState): %s",
-                         plan.keyed.name, why_not)
-                out = keyed_from(self._source_frame(plan, _records_to_keyed(plan), _PRE_SCHEMA),
-                                 plan, encoder)
+                         plan.keyed.name, f"{why_not}; {refused}")
+                out = keyed_from(self._source_frame(plan, records_to_keyed(plan),
+                                                    KEYED_INPUT_SCHEMA), plan, encoder)
         writer = (out.writeStream.format(encoder.spark_format)
                   .outputMode("append")
                   .option("path", plan.sink.directory)
@@ -615,62 +631,6 @@ def _records_to_sink(plan: QueryPlan, encoder: Any) -> Any:
                     rows.append(row(r))
             if rows:
                 yield encoder.batch(rows)
-
-    return run
-
-
-def _records_to_keyed(plan: QueryPlan) -> Any:
-    """The source reader's chain before the keyed operator: source records
-    (:data:`~.record_chain.Chunk` s) through the steps, pickled, with their event time and
-    the canonical bytes of their key."""
-    steps = plan.before_key
-    assert plan.keyed is not None
-    key_of = plan.keyed.key_selector
-    key_serializer = plan.keyed.key_serializer
-    name, uid = plan.keyed.name, plan.keyed.uid
-
-    def run(chunks: Any) -> Any:
-        import datetime
-        import pickle
-
-        import pyarrow as pa
-
-        from reactive.errors import UserFunctionError
-        from reactive.key_encoding import encode_key
-
-        from .record_chain import END_OF_INPUT, run_steps
-
-        schema = pa.schema([("record", pa.binary()), ("ts", pa.timestamp("us", tz="UTC")),
-                            ("seq", pa.int64()), ("key", pa.binary())])
-        utc = datetime.UTC
-        encode = key_serializer.serialize if key_serializer is not None else encode_key
-        dumps, proto = pickle.dumps, pickle.HIGHEST_PROTOCOL
-        for records, tss, seqs in chunks:
-            out_r: list[Any] = []
-            out_t: list[Any] = []
-            out_s: list[int] = []
-            out_k: list[bytes | None] = []
-            for record, ts, seq in zip(records, tss, seqs, strict=True):
-                if record is END_OF_INPUT:
-                    out_r.append(None)
-                    out_t.append(ts)
-                    out_s.append(seq)
-                    out_k.append(None)
-                    continue
-                for r, t in run_steps(steps, record, None, f"record {seq}"):
-                    try:
-                        k = encode(key_of(r))
-                    except Exception as exc:
-                        raise UserFunctionError(name, uid, 0, 1, r, exc,
-                                                f"record {seq}") from exc
-                    out_r.append(dumps(r, protocol=proto))
-                    out_t.append(None if t is None else
-                                 datetime.datetime.fromtimestamp(t, utc))
-                    out_s.append(seq)
-                    out_k.append(k)
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(out_r, pa.binary()), pa.array(out_t, schema.field("ts").type),
-                 pa.array(out_s, pa.int64()), pa.array(out_k, pa.binary())], schema=schema)
 
     return run
 

@@ -69,13 +69,21 @@ def build(data: Path, out: Path, shape: str = "python",
     with the file read by the CSV file source (pyarrow blocks in the Spark tasks, the
     malformed lines its ``InvalidRow`` dead letters); ``"union"`` as ``"python"`` with the
     lines split between two files (:func:`split_input`), each read, parsed and given event
-    time on its own, then unioned (Spark's union of two reads, a watermark per input).
+    time on its own, then unioned (Spark's union of two reads, a watermark per input);
+    ``"key-groups"`` with a running total per key and minute in a process function without
+    timers (one row per record: the key-group shape, ``transformWithStateInPandas``).
 
     ``kill_entries``: this query's commit-log entry of the kill batch and every query's
     (of all dataflows the driver runs): the first record parsed once this query's entry
     exists waits for every entry, then SIGKILLs the driver. ``started``: a file the driver
     writes once every query's sources are running; no record is parsed before it exists."""
-    from reactive import AggregateFunction, Dataflow, TumblingEventTimeWindows
+    from reactive import (
+        AggregateFunction,
+        Dataflow,
+        KeyedProcessFunction,
+        TumblingEventTimeWindows,
+        ValueStateDescriptor,
+    )
     from reactive.connectors.files import CommittingFileSink
     from reactive.windowing.aggregates import Aggregates, count, sum_of
 
@@ -91,6 +99,16 @@ def build(data: Path, out: Path, shape: str = "python",
 
         def get_result(self, acc: Any) -> Any:
             return acc
+
+    class RunningTotal(KeyedProcessFunction):
+        def open(self, ctx: Any) -> None:
+            self.acc = ctx.get_state(ValueStateDescriptor("acc", default=(0, 0)))
+
+        def process_element(self, r: Any, ctx: Any) -> Any:
+            n, total = self.acc.value()
+            self.acc.update((n + 1, total + r[2]))
+            key, start = ctx.current_key
+            return [{"key": key, "start": start, "n": n + 1, "total": total + r[2]}]
 
     own, every = kill_entries if kill_entries is not None else (None, ())
     driver_group = os.getpgrp()  # read where build() runs: in the driver
@@ -156,6 +174,11 @@ def build(data: Path, out: Path, shape: str = "python",
                .map(lambda r: {"line": r[1]}, name="dead-letter")
                .sink(CommittingFileSink(out / "_dead_letters")).uid("dead"))
         parsed = parsed.filter(lambda r: len(r) == 3, name="valid")
+    if shape == "key-groups":
+        (parsed.assign_timestamps(lambda r: r[1], max_out_of_orderness=2)
+               .key_by(lambda r: (r[0], int(r[1] - r[1] % 60))).process(RunningTotal())
+               .uid("totals").sink(CommittingFileSink(out)).uid("out"))
+        return flow
     (parsed.assign_timestamps(lambda r: r[1], max_out_of_orderness=2)
          .key_by(lambda r: r[0]).window(TumblingEventTimeWindows.of(60))
          .aggregate(Total() if shape == "python"
@@ -212,6 +235,7 @@ def driver(base: Path, shapes: Sequence[str]) -> None:
     delivered asynchronously, so a kill from its listener came after every batch had
     committed on a fast run."""
     from reactive.connectors.spark import SparkRunner, local_session
+    from reactive.connectors.spark.key_group_plan import KEY_GROUP_SHAPE
 
     between = os.environ.get(KILL_BETWEEN_ENV)
     if between is not None:
@@ -224,7 +248,7 @@ def driver(base: Path, shapes: Sequence[str]) -> None:
     started.unlink(missing_ok=True)
     spark = local_session(f"local[{2 * len(shapes)}]", app_name="reactive-restart",
                           shuffle_partitions=2)
-    jobs = {}
+    jobs, starts = {}, {}
     for shape in shapes:
         data, out, checkpoints = shape_paths(base, shape)
         entries = (every[shapes.index(shape)], every) if kill_after else None
@@ -232,27 +256,53 @@ def driver(base: Path, shapes: Sequence[str]) -> None:
         # among a session's active queries
         runner = SparkRunner(spark.newSession(), checkpoints, max_records_per_batch=BATCH,
                              one_query=shape in ("two-sinks", "csv"))
+        starts[shape] = (lambda runner=runner, data=data, out=out, shape=shape,
+                         entries=entries: runner.start(build(data, out, shape, entries,
+                                                             started)))
         # one query's start at a time, while no records are processed (they wait for
         # `started`): a query starts its sources' Python workers, which Spark gives a fixed
         # 10 s to connect back; on a busy machine one can miss it, and the query, which has
         # read nothing, is started again
         for _ in range(3):
-            jobs[shape] = runner.start(build(data, out, shape, entries, started))
+            jobs[shape] = starts[shape]()
             if all(sources_started(q) for q in set(jobs[shape].queries.values())):
                 break
             jobs[shape].stop()
     started.touch()
-    for job in jobs.values():
-        try:
-            job.wait()
-        finally:
-            job.stop()
+    await_all(jobs, starts)
     for shape, job in jobs.items():
         wanted = ("transformWithState" if shape in ("python", "union")
+                  else KEY_GROUP_SHAPE if shape == "key-groups"
                   else "native window aggregation")
         assert job.shapes["out"] == wanted, job.shapes
         if shape in ("two-sinks", "csv"):
             assert job.queries["out"] is job.queries["dead"], "the sinks ran as two queries"
+
+
+def await_all(jobs: dict[str, Any], starts: dict[str, Any], restarts: int = 3) -> None:
+    """Wait until every job's queries end; a job whose Python worker did not connect back
+    in time (a planning worker, on a busy machine) is started again from its checkpoint
+    (``starts[shape]()``), as :meth:`SparkRunner.run` does, at most ``restarts`` times in
+    all, while the others keep running (they may be waiting for it at the kill barrier)."""
+    from reactive.connectors.spark.runner import is_transient
+
+    pending = dict(jobs)
+    while pending:
+        for shape, job in list(pending.items()):
+            if any(q.isActive for q in set(job.queries.values())):
+                continue
+            try:
+                job.wait()
+            except Exception as exc:
+                if restarts <= 0 or not is_transient(exc):
+                    raise
+                restarts -= 1
+                pending[shape] = jobs[shape] = starts[shape]()
+                continue
+            finally:
+                job.stop()
+            del pending[shape]
+        time.sleep(0.2)
 
 
 def sources_started(query: Any) -> bool:
@@ -386,6 +436,17 @@ def check_resumed(run: CrashedRun, spark: Any, shape: str, kill_after: int | Non
         acc = expected.setdefault((key, int(ts - ts % 60)), [0, 0])
         acc[0] += 1
         acc[1] += value
+    if shape == "key-groups":  # a row per record: each key's running counts 1..n, once
+        rows = sorted((r["key"], r["start"], r["n"], r["total"])
+                      for r in ResultLog(spark, out).read().collect())
+        running: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for key, start, n, total in rows:
+            running.setdefault((key, start), []).append((n, total))
+        assert {k: len(v) for k, v in running.items()} == {k: v[0] for k, v in expected.items()}
+        for k, seen in running.items():
+            assert [n for n, _ in seen] == list(range(1, len(seen) + 1)), k
+            assert seen[-1][1] == expected[k][1], k
+        return
     expected_df = spark.createDataFrame(
         [(k, s, n, t) for (k, s), (n, t) in expected.items()],
         "key string, start bigint, n bigint, total bigint")
@@ -411,6 +472,14 @@ def crashed_run(tmp_path_factory: pytest.TempPathFactory) -> CrashedRun:
 def test_driver_killed_mid_way_resumes_exactly_once(
         crashed_run: CrashedRun, spark: Any, shape: str) -> None:
     check_resumed(crashed_run, spark, shape, kill_after=1)
+
+
+def test_key_group_shape_killed_mid_way_resumes_exactly_once(tmp_path: Path, spark: Any) -> None:
+    # the key-group shape (a running total per key and minute, its state one value per key
+    # group): a crashed run of its own, so the shared one starts no more Python workers at
+    # once than before (on a busy machine each may miss Spark's connect-back timeout)
+    run = crash_and_resume(tmp_path, ("key-groups",), seed=23, kill_after=1)
+    check_resumed(run, spark, "key-groups", kill_after=1)
 
 
 def test_driver_killed_between_two_sinks_commits_resumes_exactly_once(
