@@ -6,6 +6,7 @@ deadlock at channel capacity 1."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import pickle
 import random
@@ -21,7 +22,6 @@ import pytest
 
 from reactive import (
     CheckpointConfig,
-    CheckpointStorage,
     ConfigurationError,
     Dataflow,
     KeyedProcessFunction,
@@ -33,7 +33,7 @@ from reactive.connectors.files import CommittingFileSink
 from reactive.testing import TestingSource
 from tests.connectors.files.test_committing_file_sink import committed_records
 from tests.pipelines import components_job
-from tests.pipelines.components_job import SmallestLabel, build, random_graph
+from tests.pipelines.components_job import SmallestLabel, build, loop_input, random_graph
 from tests.support import checkpoint_state
 
 JOB = Path(components_job.__file__)
@@ -156,29 +156,40 @@ def _back_edge_log(chk: Any, uid: str | None = None) -> list[Any]:
 
 class ComputingLabel(SmallestLabel):
     """:class:`SmallestLabel` whose every step computes for 50 us (CPU work, as a real loop
-    step does: it keeps records in the loop long enough for checkpoints to catch them)."""
+    step does: labels circulate for about a second); :attr:`busy` is set at step
+    :attr:`busy_at`."""
+
+    steps = 0
+    busy_at = 0
+    busy: asyncio.Event | None = None
 
     def process_element(self, record: Any, ctx: Any) -> Iterable[Any]:
         end = time.perf_counter() + 50e-6
         while time.perf_counter() < end:
             pass
+        cls = ComputingLabel
+        cls.steps += 1
+        if cls.steps == cls.busy_at and cls.busy is not None:
+            cls.busy.set()
         return super().process_element(record, ctx)
 
 
 async def test_a_checkpoint_holds_the_records_in_the_loop_and_restores_at_another_parallelism(
         tmp_path):
     edges = random_graph(seed=3)
-    # each loop step computes for 50 us: labels circulate for about a second, far longer
-    # than a checkpoint takes even on a busy machine, so barriers go around a busy loop
+    # busy once the input (edges, then the first labels) has passed and labels circulate:
+    # 1,000 steps after it, about 5,000 before the loop runs dry
+    ComputingLabel.steps, ComputingLabel.busy = 0, asyncio.Event()
+    ComputingLabel.busy_at = len(loop_input(edges)) + 1_000
     flow = build(edges, ListSink(), parallelism=2, batch_size=8, channel_capacity=8,
                  labels=ComputingLabel())
-    await flow.run(checkpoints=CheckpointConfig(interval=0.002, directory=tmp_path,
-                                                retained=1000, max_concurrent=8))
-    completed = CheckpointStorage(tmp_path, "components").completed()
-    logged = [c for c in completed if _back_edge_log(c)]
-    # barriers went around the loop while labels circulated: those checkpoints logged them
-    assert logged, f"none of {len(completed)} checkpoints caught records in the loop"
-    chk = max(logged, key=lambda c: len(_back_edge_log(c)))
+    job = await flow.start(checkpoints=CheckpointConfig(interval=None, directory=tmp_path))
+    # triggered while labels circulate (whatever the machine's speed): the barrier goes
+    # around a busy loop, and the iteration head logs the records that come back before it
+    await ComputingLabel.busy.wait()
+    chk = await job.checkpoint()
+    await job.wait()
+    assert _back_edge_log(chk), "the checkpoint caught no record in the loop"
     assert all(r[0] == "label" for r in _back_edge_log(chk))
     # a fresh job restored from it, at parallelism 3, ends with networkx's components
     sink = ListSink()
