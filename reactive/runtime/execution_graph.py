@@ -361,12 +361,7 @@ class ExecutionGraph:
                 if instance.operator.uid in with_state:  # else there is nothing to read
                     await in_thread(_restore_instance, assignment, instance)
         except BaseException:
-            # no task will run to close its operators: release the keyed backends here (a
-            # restart builds new ones), on the loop's thread like every hook but restore
-            for instance in self._instances:
-                if instance.keyed_backend is not None:
-                    with contextlib.suppress(Exception):
-                        instance.keyed_backend.dispose()
+            self._dispose_keyed_backends()
             raise
         for task in self.tasks:
             head = task.operators[0].uid
@@ -388,11 +383,17 @@ class ExecutionGraph:
             take_over(handover, [(i.operator, i.keyed_backend, i.subtask, i.parallelism,
                                   i.key_group_range) for i in self._instances], at_barrier)
         except BaseException:
-            for instance in self._instances:
-                if instance.keyed_backend is not None:
-                    with contextlib.suppress(Exception):
-                        instance.keyed_backend.dispose()
+            self._dispose_keyed_backends()
             raise
+
+    def _dispose_keyed_backends(self) -> None:
+        """Release every instance's keyed backend after a failed restore or take-over: no
+        task will run to close its operators (a restart builds new backends); on the loop's
+        thread, like every hook but restore."""
+        for instance in self._instances:
+            if instance.keyed_backend is not None:
+                with contextlib.suppress(Exception):
+                    instance.keyed_backend.dispose()
 
 
 def _restore_instance(assignment: StateAssignmentOperation, instance: _InstanceRestore) -> None:
