@@ -1,7 +1,11 @@
 """Every ```python block of README.md, ARCHITECTURE.md and the pages under docs/ runs as it
 is: each is written to a file of its own in a fresh directory and run by this interpreter,
-with a timeout. README.md starts with the two commands `.ci/run` runs, and every relative
-link of these pages points at a file that exists.
+with a timeout. A block that uses the Spark connector runs in this process instead, as
+``__main__``, on the test session's shared SparkSession (its ``local_session`` call returns
+it): a JVM and its Python workers per block would cost more than the block; the
+configuration the block changes is set back afterwards. README.md starts with the two
+commands `.ci/run` runs, and every relative link of these pages points at a file that
+exists.
 
 A block that needs a service the tests cannot start is preceded by the line
 ``<!-- readme-test: skip: <reason> -->``; it is reported as skipped with that reason. A block
@@ -11,11 +15,15 @@ is in the ``test`` extra)."""
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
 import re
+import runpy
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 PAGES = [README, ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP = re.compile(r"<!--\s*readme-test:\s*skip:\s*(?P<reason>.*?)\s*-->")
-TIMEOUT = 600  # seconds per block; most take a few, a Spark block starts a JVM (30-120 s)
+TIMEOUT = 600  # seconds per block run in its own process; most take a few
+SPARK = "reactive.connectors.spark"
 
 
 @dataclass
@@ -84,17 +93,43 @@ def test_the_readme_and_the_docs_have_python_blocks():
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"{b.page}:line{b.line}" for b in BLOCKS])
-def test_block_runs(block: Block, tmp_path: Path) -> None:
+def test_block_runs(block: Block, tmp_path: Path, request: pytest.FixtureRequest,
+                    monkeypatch: pytest.MonkeyPatch) -> None:
     if block.skip is not None:
         pytest.skip(f"{block.page} line {block.line}: {block.skip}")
     for module in sorted(third_party_imports(block.code)):
         pytest.importorskip(module)
     script = tmp_path / "block.py"
     script.write_text(block.code)
+    if SPARK in block.code:
+        _run_on_the_shared_session(block, script, request.getfixturevalue("spark"), monkeypatch)
+        return
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
                           text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, (
         f"{block.page}'s block at line {block.line} failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+def _run_on_the_shared_session(block: Block, script: Path, spark: Any,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run ``script`` as ``__main__`` in this process, in its directory, with ``spark`` the
+    active session; then set back every configuration value the block changed."""
+    before = dict(spark.conf.getAll)
+    monkeypatch.chdir(script.parent)
+    output = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(output):
+            runpy.run_path(str(script), run_name="__main__")
+    except BaseException as error:
+        raise AssertionError(f"{block.page}'s block at line {block.line} failed:\n"
+                             f"{output.getvalue()}") from error
+    finally:
+        after = dict(spark.conf.getAll)
+        for key in after.keys() - before.keys():
+            spark.conf.unset(key)
+        for key, value in before.items():
+            if after.get(key) != value:
+                spark.conf.set(key, value)
 
 
 def test_the_readme_starts_with_the_two_commands_ci_runs():
