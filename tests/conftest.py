@@ -36,8 +36,8 @@ def truth(words: list[str]) -> dict[str, int]:
 @pytest.fixture(scope="session")
 def few_words() -> list[str]:
     """40,000 Zipf-distributed words of 5,000 (seed 7), made once per session: read-only.
-    The failure-injection tests' input: every key group of 128 gets keys, and a source paced
-    every 2,000 records completes a dozen checkpoints before an injected failure at 30,000."""
+    The failure-injection keyed counts' input: every key group of 128 gets keys, and a source
+    paced every 2,000-5,000 records completes checkpoints between the injected failures."""
     return zipf_words(40_000, 5_000, seed=7)
 
 
