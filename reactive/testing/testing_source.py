@@ -65,9 +65,11 @@ CHECKPOINT: Final = _Marker("CHECKPOINT")
 HOLD: Final = _Marker("HOLD")
 """Keeps the stream open at this point until the job is cancelled or stopped."""
 
-# How long a reader at a HOLD marker waits before it returns an empty batch: the task then
-# serves barriers and mail. A poll interval (an idle live source's), not a synchronisation.
-_HOLD_POLL_SECONDS: Final = 0.001
+# How long a reader at a HOLD or CHECKPOINT marker waits before it returns an empty batch:
+# the task then serves barriers and mail. A poll interval (an idle live source's), not a
+# synchronisation: without it the task would spin on empty batches, taking the CPU from the
+# checkpoint the marker waits for.
+_POLL_SECONDS: Final = 0.001
 
 
 class AbortExecution(RuntimeError):
@@ -183,7 +185,7 @@ class _TestingSourceReader(SourceReader):
                 if batch:
                     return batch
                 source._held_event().set()
-                await asyncio.sleep(_HOLD_POLL_SECONDS)
+                await asyncio.sleep(_POLL_SECONDS)
                 return []  # the position stays: a restored reader holds here again
             if item is CHECKPOINT:
                 if batch:
@@ -191,6 +193,7 @@ class _TestingSourceReader(SourceReader):
                 if self._waiting_from is None:
                     self._waiting_from = self.completed
                 if self.completed == self._waiting_from:
+                    await asyncio.sleep(_POLL_SECONDS)
                     return []  # the task serves barriers and notifications meanwhile
                 self._waiting_from = None
                 self.position += 1

@@ -30,7 +30,7 @@ from tests.support import (
 def _flow(words, fn, sink, name="resume"):
     flow = Dataflow(name, parallelism=2, batch_size=128)
     # paced by completed checkpoints: several complete before any injected failure
-    (flow.source(paced(words, every=10_000)).uid("src")
+    (flow.source(paced(words, every=5_000)).uid("src")
          .key_by(lambda w: w).process(fn).uid("count").sink(sink))
     return flow
 
@@ -40,9 +40,9 @@ def _config(directory, mode):
 
 
 @pytest.fixture(scope="module")
-def failed_run(words, tmp_path_factory):
+def failed_run(few_words, tmp_path_factory):
     """``await failed_run(directory, mode)``: the checkpoints of a run that failed for good at
-    record 150,000, copied into ``directory``; returns the checkpoint config over it.
+    record 30,000, copied into ``directory``; returns the checkpoint config over it.
 
     The failed run is made once per mode and module (it is the same run for every test here)
     and each test gets a copy of its own, since the tests corrupt or add checkpoints.
@@ -52,7 +52,7 @@ def failed_run(words, tmp_path_factory):
     async def copy_into(directory, mode="exactly_once"):
         if mode not in runs:
             runs[mode] = tmp_path_factory.mktemp(f"failed-{mode}")
-            flow = _flow(words, failing_count(FailureInjector([150_000])), ListSink())
+            flow = _flow(few_words, failing_count(FailureInjector([30_000])), ListSink())
             with pytest.raises(JobFailedError) as info:
                 await flow.run(checkpoints=_config(runs[mode], mode),
                                restart=RestartStrategy.none())
@@ -64,23 +64,23 @@ def failed_run(words, tmp_path_factory):
 
 
 @pytest.mark.parametrize("mode", ["exactly_once", "synchronous"])
-async def test_resume_continues_from_latest_checkpoint(words, truth, tmp_path, mode,
+async def test_resume_continues_from_latest_checkpoint(few_words, few_truth, tmp_path, mode,
                                                        failed_run):
     config = await failed_run(tmp_path, mode)
     storage = CheckpointStorage(tmp_path, "resume")
     latest = storage.latest_restorable()
     assert latest is not None
     sink = ListSink()
-    job = await _flow(words, Count(), sink).run(checkpoints=config, resume=True)
+    job = await _flow(few_words, Count(), sink).run(checkpoints=config, resume=True)
     assert job.metrics.restored_checkpoints == [latest.checkpoint_id]
     # the job's final checkpoint holds the exact counts
-    assert checkpoint_state(tmp_path, "resume", "count", "count") == truth
+    assert checkpoint_state(tmp_path, "resume", "count", "count") == few_truth
     # only the records after the restored checkpoint were processed again
-    assert 0 < len(sink.records) < len(words)
-    assert all(truth[k] >= n for k, n in final_counts(sink.records).items())
+    assert 0 < len(sink.records) < len(few_words)
+    assert all(few_truth[k] >= n for k, n in final_counts(sink.records).items())
 
 
-async def test_directory_without_metadata_is_ignored(words, truth, tmp_path, failed_run):
+async def test_directory_without_metadata_is_ignored(few_words, few_truth, tmp_path, failed_run):
     config = await failed_run(tmp_path)
     storage = CheckpointStorage(tmp_path, "resume")
     completed = storage.completed()
@@ -89,13 +89,14 @@ async def test_directory_without_metadata_is_ignored(words, truth, tmp_path, fai
     (newest.path / "_metadata").unlink()
     assert storage.latest_restorable().checkpoint_id == previous.checkpoint_id
     sink = ListSink()
-    job = await _flow(words, Count(), sink).run(checkpoints=config, resume=True)
+    job = await _flow(few_words, Count(), sink).run(checkpoints=config, resume=True)
     assert job.metrics.restored_checkpoints == [previous.checkpoint_id]
-    assert checkpoint_state(tmp_path, "resume", "count", "count") == truth
+    assert checkpoint_state(tmp_path, "resume", "count", "count") == few_truth
 
 
-async def test_corrupted_state_file_falls_back_to_previous_checkpoint(words, truth, tmp_path,
-                                                                      caplog, failed_run):
+async def test_corrupted_state_file_falls_back_to_previous_checkpoint(few_words, few_truth,
+                                                                      tmp_path, caplog,
+                                                                      failed_run):
     config = await failed_run(tmp_path)
     storage = CheckpointStorage(tmp_path, "resume")
     previous, newest = storage.completed()[-2:]
@@ -105,31 +106,31 @@ async def test_corrupted_state_file_falls_back_to_previous_checkpoint(words, tru
     state_file.write_bytes(bytes(data))
     sink = ListSink()
     with caplog.at_level(logging.WARNING, logger="reactive.checkpoint"):
-        job = await _flow(words, Count(), sink).run(checkpoints=config, resume=True)
+        job = await _flow(few_words, Count(), sink).run(checkpoints=config, resume=True)
     assert f"checkpoint {newest.checkpoint_id} is corrupted" in caplog.text
     assert "sha256" in caplog.text
     assert job.metrics.restored_checkpoints == [previous.checkpoint_id]
-    assert checkpoint_state(tmp_path, "resume", "count", "count") == truth
+    assert checkpoint_state(tmp_path, "resume", "count", "count") == few_truth
 
 
-async def test_restore_from_a_copied_checkpoint(words, truth, tmp_path, failed_run):
+async def test_restore_from_a_copied_checkpoint(few_words, few_truth, tmp_path, failed_run):
     config = await failed_run(tmp_path / "chk")
     latest = CheckpointStorage(tmp_path / "chk", "resume").latest_restorable()
     # a checkpoint is self-contained for the heap backend: it can be moved
     moved = tmp_path / "moved" / "resume" / latest.path.name
     shutil.copytree(latest.path, moved)
     sink = ListSink()
-    job = await _flow(words, Count(), sink).run(checkpoints=config, restore_from=moved)
+    job = await _flow(few_words, Count(), sink).run(checkpoints=config, restore_from=moved)
     assert job.metrics.restored_checkpoints == [latest.checkpoint_id]
-    assert checkpoint_state(tmp_path / "chk", "resume", "count", "count") == truth
+    assert checkpoint_state(tmp_path / "chk", "resume", "count", "count") == few_truth
 
 
-async def test_resume_without_checkpoints_starts_fresh(words, truth, tmp_path):
+async def test_resume_without_checkpoints_starts_fresh(few_words, few_truth, tmp_path):
     sink = ListSink()
-    job = await _flow(words, Count(), sink).run(
+    job = await _flow(few_words, Count(), sink).run(
         checkpoints=CheckpointConfig(interval=0.05, directory=tmp_path), resume=True)
     assert job.metrics.restored_checkpoints == []
-    assert final_counts(sink.records) == truth
+    assert final_counts(sink.records) == few_truth
 
 
 @pytest.mark.parametrize("mode", ["exactly_once", "synchronous"])

@@ -98,7 +98,7 @@ async def per_record_windows(table: pa.Table, assigner: Any, lateness: float
 @pytest.mark.parametrize("lateness", [0, 20])
 @pytest.mark.parametrize("kind", list(ASSIGNERS))
 async def test_windows_equal_the_per_record_windows(kind, lateness):
-    table = events()
+    table = events(1500)
     expected_results, expected_late = await per_record_windows(table, ASSIGNERS[kind], lateness)
     results, late = await columnar_windows(table, ASSIGNERS[kind], lateness, batch_size=97)
     assert results == expected_results

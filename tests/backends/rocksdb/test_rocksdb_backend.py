@@ -66,17 +66,18 @@ def files_under(path: Path, job_dir: Path) -> set[str]:
 # ---------------------------------------------------------------------- exactly once
 @pytest.mark.parametrize("incremental", [False, True], ids=["full", "incremental"])
 async def test_keyed_count_is_exact_after_failures(tmp_path: Path, incremental: bool) -> None:
-    words = zipf_words(200_000, 20_000, seed=3)
+    # 20,000 keys through a 5,000-entry cache: reads and writes go through RocksDB
+    words = zipf_words(60_000, 20_000, seed=3)
     truth = collections.Counter(words)
     rnd = random.Random(21 + incremental)
-    # one pseudo-random point in each 45,000-record stretch: failures >= 10,000 records apart
+    # one pseudo-random point in each 13,500-record stretch: failures >= 6,000 records apart
     # each end a different attempt
-    injector = FailureInjector([20_000 + 45_000 * i + rnd.randrange(5_000, 40_000)
+    injector = FailureInjector([6_000 + 13_500 * i + rnd.randrange(3_000, 10_500)
                                 for i in range(4)])
     sink = ListSink()
     flow = Dataflow("count", parallelism=2, max_parallelism=MAX_PARALLELISM, batch_size=256)
-    # paced: a checkpoint completes every 10,000 records, so recovery restores real ones
-    (flow.source(paced(words, every=10_000)).uid("words")
+    # paced: a checkpoint completes every 6,000 records, so recovery restores real ones
+    (flow.source(paced(words, every=6_000)).uid("words")
          .key_by(lambda w: w)
          .process(failing_count(injector)).uid("count")
          .sink(sink))

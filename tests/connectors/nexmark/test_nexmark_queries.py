@@ -26,7 +26,7 @@ from tests.connectors.files.test_committing_file_sink import committed_records
 
 # 30,000 events at 100 events/s: 300 s of event time (30 q7/q8 windows, 150 q5 windows),
 # 600 people, 1,800 auctions lasting about 17 s each
-CONFIG = NexmarkConfig(num_events=30_000, first_event_rate=100, seed=11)
+CONFIG = NexmarkConfig(num_events=12_000, first_event_rate=100, seed=11)
 
 
 @pytest.fixture(scope="module")
