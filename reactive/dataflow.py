@@ -206,9 +206,13 @@ class Dataflow:
                 f"columnar_source: {type(source).__name__} declares no schema (a columnar "
                 "source has one, e.g. CsvFileSource(..., columnar=True))")
         stream = self.source(source, name=name, uid=uid)
+        # the batches leave the source's instances point-wise, in the order it read them: a
+        # different parallelism would turn the edge into a rebalance and interleave them
         t = self._add("columnar_source_batches", f"{stream.transformation.name}-batches",
                       lambda t: SourceOutput(t.name, t.resolved_uid, batches=True),
-                      [Edge(stream.transformation, "forward")])
+                      [Edge(stream.transformation, "forward")],
+                      max_parallelism=source.max_source_parallelism)
+        t.parallelism = stream.transformation.parallelism
         out = ColumnarStream(self, t, schema, lambda t: Stream(self, t),
                              primary=stream.transformation)
         out.dead_letter_input = stream.transformation

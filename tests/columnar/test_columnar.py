@@ -646,3 +646,37 @@ async def test_columnar_snapshots_read_as_key_group_streams(tmp_path, incrementa
     # the embedding's committed state queries go through the same reader
     word = expected[0]["word"]
     assert await job.query_state("agg", "count", word) == expected[0]["n_count"]
+
+
+async def test_a_non_parallel_columnar_source_keeps_its_order_into_an_operator_of_one():
+    """A columnar source that runs as one instance (a scripted source here) hands its
+    batches on in the order it read them, at any default parallelism: the event-time
+    windows after it see the same watermarks as ``from_arrow``'s and count every row."""
+    from reactive import TumblingEventTimeWindows
+    from reactive.testing import TestingSource
+
+    rnd = np.random.default_rng(5)
+    ts = np.arange(2000, dtype=np.float64) + rnd.integers(0, 4, 2000)  # disorder within 4
+    table = pa.table({"k": [f"k{i % 7}" for i in range(2000)], "ts": ts,
+                      "v": np.ones(2000, dtype=np.int64)})
+
+    async def windowed(scripted: bool) -> list[tuple[Any, ...]]:
+        flow = Dataflow("order", parallelism=2, max_parallelism=16)
+        if scripted:
+            source = TestingSource(table.to_batches(max_chunksize=25), batch_size=1)
+            source.schema = table.schema  # type: ignore[attr-defined]
+            stream = flow.columnar_source(source)
+        else:
+            stream = flow.from_arrow(table, batch_size=25)
+        out: ListSink[Any] = ListSink()
+        (stream.assign_timestamps("ts", 4).set_parallelism(1)
+               .key_by("k").window(TumblingEventTimeWindows.of(100), timestamp="ts")
+               .agg(n=("v", "count")).as_stream()
+               .flat_map(lambda b: [(r["k"], r["window_start"], r["n"])
+                                    for r in b.to_pylist()]).sink(out))
+        await flow.run()
+        return sorted(out.records)
+
+    scripted = await windowed(True)
+    assert scripted == await windowed(False)
+    assert sum(n for _, _, n in scripted) == 2000
