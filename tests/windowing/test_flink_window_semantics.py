@@ -135,8 +135,10 @@ async def test_count_and_shared_windows_with_lambdas_checkpoint_and_restore(tmp_
     data = events(4_000, 5, seed=17, disorder=4.0)
     counted, shared = ListSink(), ListSink()
     flow = Dataflow("lambdas", parallelism=2, batch_size=64)
+    # one timestamp assigner: each key's records then reach its count window in input order
+    # (over two, a rebalance would interleave them, and count windows follow arrival order)
     keyed = (flow.from_collection(data).assign_timestamps(lambda r: r[1], 4.0)
-             .key_by(lambda r: r[0]))
+             .set_parallelism(1).key_by(lambda r: r[0]))
     keyed.count_window(7, 3).reduce(lambda a, b: (a[0], a[1], a[2] + b[2])).sink(counted)
     (keyed.windows([SlidingEventTimeWindows.of(60, 20), TumblingEventTimeWindows.of(40)])
           .reduce(lambda a, b: (a[0], a[1], a[2] + b[2])).sink(shared))
