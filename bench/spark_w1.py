@@ -4,7 +4,7 @@ apart).
 
     python -m bench.spark_w1 [--records 300000] [--vocabulary 100000] [--repeats 3]
                              [--batch 100000] [--masters local[2],local[1]]
-                             [--shapes key-groups,per-key]
+                             [--shapes key-groups,per-key] [--read-partitions N]
 
 The input: W1's keys (``bench.common.zipf_keys``: Zipf(1.1) over a 100,000-word vocabulary,
 numpy seed 42), one per line in a text file, which both runners read with the line-file
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import shutil
 import statistics
@@ -81,6 +82,21 @@ def embedded_run(data: Path, work: Path) -> float:
     return time.perf_counter() - started
 
 
+def micro_batch_seconds(job: Any) -> list[dict[str, float]]:
+    """Per micro-batch of the job's query, from Spark's progress reports: the micro-batch's
+    seconds in all (``triggerExecution``), in its Spark job (``addBatch``: reading,
+    the keyed operator, the file sink) and in planning it (``queryPlanning``)."""
+    out = []
+    for reports in job.progress().values():
+        for p in reports:
+            d = json.loads(p.json).get("durationMs", {})
+            out.append({k: round(int(d.get(m, 0)) / 1000, 2) for k, m in
+                        (("total", "triggerExecution"), ("job", "addBatch"),
+                         ("planning", "queryPlanning"))})
+        break  # every sink of W1 is one query
+    return out
+
+
 def spark_child(args: argparse.Namespace) -> None:
     """In a child process: start one session, run W1 ``--repeats`` times; print JSON."""
     from reactive.connectors.spark import SparkRunner, local_session
@@ -100,10 +116,12 @@ def spark_child(args: argparse.Namespace) -> None:
             shutil.rmtree(out, ignore_errors=True)
             started = time.perf_counter()
             job = SparkRunner(spark, out / "chk", max_records_per_batch=args.batch,
-                              key_groups=shape == "key-groups").run(
+                              key_groups=shape == "key-groups",
+                              read_partitions=args.read_partitions).run(
                 build(Path(args.data), out / "out", cores))
             runs[shape].append(time.perf_counter() - started)
             summary[shape] = next(iter(job.summary().values()), {})
+            summary[shape]["durations"] = micro_batch_seconds(job)
             if i == 0:
                 equal[shape] = (output_lines(out / "out")
                                 == output_lines(Path(args.embedded) / "out"))
@@ -121,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--masters", default="local[2],local[1]")
     p.add_argument("--shapes", default="key-groups,per-key",
                    help="plan shapes of the keyed function: key-groups, per-key")
+    p.add_argument("--read-partitions", type=int, default=None,
+                   help="Spark tasks reading each micro-batch (SparkRunner's read_partitions)")
     p.add_argument("--spark-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--master", default="local[2]", help=argparse.SUPPRESS)
     p.add_argument("--data", default=None, help=argparse.SUPPRESS)
@@ -136,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         data.write_text("".join(w + "\n" for w in zipf_keys(args.records, args.vocabulary)),
                         encoding="utf-8")
         table: list[list[Any]] = []
+        durations: dict[str, list[dict[str, float]]] = {}
 
         def row(name: str, seconds: list[float], base: float | None, extra: str = "") -> None:
             med = statistics.median(seconds)
@@ -151,7 +172,9 @@ def main(argv: list[str] | None = None) -> None:
             cmd = [sys.executable, "-m", "bench.spark_w1", "--spark-child", "--master", master,
                    "--data", str(data), "--repeats", str(args.repeats), "--batch",
                    str(args.batch), "--work", str(work), "--embedded",
-                   str(work / "embedded"), "--shapes", args.shapes]
+                   str(work / "embedded"), "--shapes", args.shapes,
+                   *(["--read-partitions", str(args.read_partitions)]
+                     if args.read_partitions else [])]
             done = subprocess.run(cmd, cwd=ROOT, check=False, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"the Spark run on {master} failed:\n{done.stderr[-4000:]}")
@@ -162,11 +185,16 @@ def main(argv: list[str] | None = None) -> None:
                     base, f"start-up {result['startup']:.1f} s; equal: "
                     f"{result['equal'][shape]}; {q.get('micro_batches', '?')} micro-batches, "
                     f"state {q.get('state_rows', '?')} rows")
+                durations[f"{master} {shape}"] = q.get("durations", [])
         print(f"W1 into a committing file sink, {args.records:,} Zipf(1.1) words over "
               f"{args.vocabulary:,}, {args.repeats} repeats, micro-batches of "
               f"{args.batch:,}; machine shared with other jobs")
         print_table(["run", "seconds min / median / max", "records/s min / median / max",
                      "vs embedded (median)", "notes"], table)
+        print(f"load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1 / 5 / 15 min)")
+        for name, batches in durations.items():
+            print(f"{name}, last repeat, per micro-batch (s): " + "; ".join(
+                f"{d['total']} (job {d['job']}, planning {d['planning']})" for d in batches))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
