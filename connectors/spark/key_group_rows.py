@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
 from .translation import QueryPlan
@@ -85,22 +86,35 @@ def key_group_records(plan: QueryPlan, flush_records: int = FLUSH_RECORDS
             except Exception as exc:
                 raise UserFunctionError(name, uid, 0, 1, r, exc, f"record {seq}") from exc
 
-        buckets: dict[int, tuple[list[int], list[Any]]] = {}
-        latest: dict[int, float] = {}  # the largest event time of a bucket's records
-        held = 0
+        # the stretch held so far: its records, their positions and key groups, and the
+        # largest event time per key group
+        held_records: list[Any] = []
+        held_seqs: list[int] = []
+        held_groups: list[int] = []
+        latest: dict[int, float] = {}
 
         def rows() -> Any:
-            nonlocal buckets, latest, held
-            groups = sorted(buckets)
+            nonlocal held_records, held_seqs, held_groups, latest
+            groups = np.asarray(held_groups, np.int64)
+            order = np.argsort(groups, kind="stable")  # source order within a key group
+            ordered = groups[order]
+            starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+            ends = np.r_[starts[1:], len(order)]
+            seqs = np.asarray(held_seqs, np.int64)[order]
+            # in C: a list comprehension indexing record by record costs as much as hashing
+            picked = itemgetter(*order.tolist())(held_records)
+            records = list(picked) if len(order) > 1 else [picked]
+            names = ordered[starts].tolist()
             out = pa.RecordBatch.from_arrays(
-                [pa.array([dumps((np.asarray(buckets[g][0], np.int64).tobytes(),
-                                  buckets[g][1]), proto) for g in groups], pa.binary()),
+                [pa.array([dumps((seqs[a:b].tobytes(), records[a:b]), proto)
+                           for a, b in zip(starts.tolist(), ends.tolist(), strict=True)],
+                          pa.binary()),
                  pa.array([None if g not in latest else
                            datetime.datetime.fromtimestamp(latest[g], datetime.UTC)
-                           for g in groups], ts_type),
-                 pa.array([buckets[g][0][0] for g in groups], pa.int64()),
-                 pa.array(groups, pa.int32())], schema=schema)
-            buckets, latest, held = {}, {}, 0
+                           for g in names], ts_type),
+                 pa.array(seqs[starts], pa.int64()), pa.array(names, pa.int32())],
+                schema=schema)
+            held_records, held_seqs, held_groups, latest = [], [], [], {}
             return out
 
         for records, tss, seqs in chunks:
@@ -120,27 +134,23 @@ def key_group_records(plan: QueryPlan, flush_records: int = FLUSH_RECORDS
                           for r in records]
             except Exception:  # again record by record, for the one that failed
                 groups = [group_of(r, seq) for r, seq in zip(records, seqs, strict=True)]
-            for g, r, seq in zip(groups, records, seqs, strict=True):
-                bucket = buckets.get(g)
-                if bucket is None:
-                    bucket = buckets[g] = ([], [])
-                bucket[0].append(seq)
-                bucket[1].append(r)
+            held_records.extend(records)
+            held_seqs.extend(seqs)
+            held_groups.extend(groups)
             if times is not None:
                 for g, t in zip(groups, times, strict=True):
                     if t is not None and (g not in latest or t > latest[g]):
                         latest[g] = t
-            held += len(records)
-            if held >= flush_records:
+            if len(held_records) >= flush_records:
                 yield rows()
             if marker is not None:
-                if buckets:
+                if held_records:
                     yield rows()
                 yield pa.RecordBatch.from_arrays(
                     [pa.array([None], pa.binary()), pa.array([marker[0]], ts_type),
                      pa.array([marker[1]], pa.int64()), pa.array([None], pa.int32())],
                     schema=schema)
-        if buckets:
+        if held_records:
             yield rows()
 
     return run
