@@ -96,8 +96,15 @@ def tree_cpu_seconds(root: int | None = None) -> float:
     process ``root`` (this one by default) and every live process below it, from Linux's
     ``/proc``: for a Spark run, the driver, the JVM and its Python workers. CPU time
     depends much less on what other jobs on a shared machine do than wall-clock time."""
+    return sum(tree_cpu_split(root).values())
+
+
+def tree_cpu_split(root: int | None = None) -> dict[str, float]:
+    """:func:`tree_cpu_seconds` split into ``jvm`` (the ``java`` processes' own CPU) and
+    ``python`` (every other process's, and the exited children any process waited for:
+    Spark's Python workers)."""
     ticks = os.sysconf("SC_CLK_TCK")
-    cpu: dict[int, int] = {}
+    own: dict[int, tuple[bool, int, int]] = {}
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -109,14 +116,19 @@ def tree_cpu_seconds(root: int | None = None) -> float:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
         pid = int(name)
-        cpu[pid] = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+        java = stat[stat.index("(") + 1:stat.rindex(")")] == "java"
+        # utime + stime, and cutime + cstime (children it waited for)
+        own[pid] = (java, int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14]))
         children.setdefault(int(fields[1]), []).append(pid)
-    total, todo = 0, [os.getpid() if root is None else root]
+    out = {"jvm": 0, "python": 0}
+    todo = [os.getpid() if root is None else root]
     while todo:
         pid = todo.pop()
-        total += cpu.get(pid, 0)
+        java, mine, reaped = own.get(pid, (False, 0, 0))
+        out["jvm" if java else "python"] += mine
+        out["python"] += reaped
         todo.extend(children.get(pid, []))
-    return total / ticks
+    return {k: v / ticks for k, v in out.items()}
 
 
 def micro_batch_seconds(job: Any) -> list[dict[str, float]]:
@@ -163,15 +175,17 @@ def spark_child(args: argparse.Namespace) -> None:
         for shape in shapes:
             out = work / f"spark-{shape}-{i}"
             shutil.rmtree(out, ignore_errors=True)
-            started, cpu = time.perf_counter(), tree_cpu_seconds()
+            started, split = time.perf_counter(), tree_cpu_split()
             job = SparkRunner(spark, out / "chk", max_records_per_batch=args.batch,
                               key_groups=shape == "key-groups",
                               read_partitions=args.read_partitions).run(
                 build(Path(args.data), out / "out", cores))
             runs[shape].append(time.perf_counter() - started)
-            cpus[shape].append(tree_cpu_seconds() - cpu)
+            after = tree_cpu_split()
+            cpus[shape].append(sum(after.values()) - sum(split.values()))
             summary[shape] = next(iter(job.summary().values()), {})
             summary[shape]["durations"] = micro_batch_seconds(job)
+            summary[shape]["cpu_split"] = {k: round(after[k] - split[k], 1) for k in after}
             if i == 0:
                 equal[shape] = (output_lines(out / "out")
                                 == output_lines(Path(args.embedded) / "out"))
@@ -210,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
                         encoding="utf-8")
         table: list[list[Any]] = []
         durations: dict[str, list[dict[str, float]]] = {}
+        splits: dict[str, dict[str, float]] = {}
 
         def row(name: str, seconds: list[float], cpus: list[float], base: float | None,
                 base_cpu: float | None, extra: str = "") -> None:
@@ -247,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
                     f"{result['equal'][shape]}; {q.get('micro_batches', '?')} micro-batches, "
                     f"state {q.get('state_rows', '?')} rows")
                 durations[f"{master} {shape}"] = q.get("durations", [])
+                splits[f"{master} {shape}"] = q.get("cpu_split", {})
         print(f"W1 into a committing file sink, {args.records:,} Zipf(1.1) words over "
               f"{args.vocabulary:,}, {args.repeats} repeats, micro-batches of "
               f"{args.batch:,}; machine shared with other jobs")
@@ -256,7 +272,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1 / 5 / 15 min)")
         for name, batches in durations.items():
             print(f"{name}, last repeat, per micro-batch (s): " + "; ".join(
-                f"{d['total']} (job {d['job']}, planning {d['planning']})" for d in batches))
+                f"{d['total']} (job {d['job']}, planning {d['planning']})" for d in batches)
+                + "; CPU s: " + ", ".join(f"{k} {v}" for k, v in splits.get(name, {}).items()))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
