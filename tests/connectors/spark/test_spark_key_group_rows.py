@@ -11,24 +11,22 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("pyspark")
-
-from reactive import Dataflow  # noqa: E402
-from reactive.connectors.files import CommittingFileSink  # noqa: E402
-from reactive.connectors.spark.key_group_rows import (  # noqa: E402
+from reactive import Dataflow
+from reactive.connectors.files import CommittingFileSink
+from reactive.connectors.spark.key_group_rows import (
     key_group_records,
     unpack_records,
 )
-from reactive.connectors.spark.record_chain import (  # noqa: E402
+from reactive.connectors.spark.record_chain import (
     END_OF_INPUT,
     END_OF_INPUT_TIME,
     row_chunks,
 )
-from reactive.connectors.spark.translation import QueryPlan, translate  # noqa: E402
-from reactive.errors import UserFunctionError  # noqa: E402
-from reactive.key_encoding import encode_key  # noqa: E402
-from reactive.keygroups import key_group_of_bytes  # noqa: E402
-from tests.support import Count  # noqa: E402
+from reactive.connectors.spark.translation import QueryPlan, translate
+from reactive.errors import UserFunctionError
+from reactive.key_encoding import encode_key
+from reactive.keygroups import key_group_of_bytes
+from tests.support import Count
 
 
 def plan_of(tmp_path: Any, words: list[Any], *, split: bool = False,
