@@ -3,8 +3,11 @@ group and micro-batch (``groupBy(key group).transformWithStateInPandas``), not o
 key, and the key group's state travels as one value.
 
 The source's reader computes each record's key group as the embedded runtime does
-(``murmur3(key bytes) mod max_parallelism``, :func:`reactive.keygroups.key_group_of_bytes`).
-Per micro-batch and key group, the processor reads the group's state once (one value: every
+(``murmur3(key bytes) mod max_parallelism``, :func:`reactive.keygroups.key_group_of_bytes`)
+and packs each key group's records into one row (:mod:`.key_group_rows`), so Spark moves a
+few rows per key group and micro-batch, not one per record; the processor's output for a
+JSON-lines sink is one value of the group's lines. Per micro-batch and key group, the
+processor reads the group's state once (one value: every
 key's state, :class:`~.key_group_state.KeyGroupStateBackend`), runs the operator's
 ``process_batch`` over the group's records in source order (each record sets its own key, as
 in an embedded task), and writes the state back once: three round trips to Spark's state
@@ -24,8 +27,11 @@ section 3.2); Spark's ``transformWithStateInPandas`` (SPARK-49744).
 from __future__ import annotations
 
 import copy
-import pickle
-from collections.abc import Callable, Iterator
+import cProfile
+import json
+import os
+import tempfile
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.streaming.stateful_processor import (
@@ -44,8 +50,9 @@ from reactive.runtime.operators import (
 from reactive.time.clock import ProcessingClock
 from reactive.time.timers import Fire
 
+from .key_group_rows import KEY_GROUP_SCHEMA, key_group_records, unpack_records
 from .key_group_state import KeyGroupStateBackend
-from .keyed_processor import watermark_seconds
+from .keyed_processor import PROFILE_ENV, watermark_seconds
 from .record_chain import SinkEncoder, run_steps
 from .translation import KeyedStep, QueryPlan, RecordStep, SinkStep
 
@@ -53,14 +60,13 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["KEY_GROUP_SCHEMA", "KEY_GROUP_SHAPE", "KeyGroupProcessor", "key_group_frame",
-           "key_group_refusal", "with_key_groups"]
+           "key_group_records", "key_group_refusal"]
 
 KEY_GROUP_SHAPE = "key groups (transformWithStateInPandas)"
 """The plan shape's name in ``SparkJob.shapes``."""
 
-KEY_GROUP_SCHEMA = "record binary, ts timestamp, seq bigint, key binary, kg int"
-"""The reader's rows: the keyed input rows (pickled record, event time, source position,
-key bytes) and the key group (null for the end-of-input marker)."""
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+"""The sink encoder's JSON settings (:class:`~.record_chain.SinkEncoder`)."""
 
 STATE_NAME = "key_group_state"
 """The Spark value state holding a key group's state (:meth:`KeyGroupStateBackend.dump`)."""
@@ -124,6 +130,28 @@ class _WatermarkOnly:
         """Nothing to release."""
 
 
+def _start_profile() -> cProfile.Profile | None:
+    """A running profiler when :data:`~.keyed_processor.PROFILE_ENV` names a directory."""
+    if not os.environ.get(PROFILE_ENV):
+        return None
+    profile = cProfile.Profile()
+    profile.enable()
+    return profile
+
+
+def _stop_profile(profile: cProfile.Profile | None) -> None:
+    """Write ``profile``'s statistics to ``<PROFILE_ENV>/key-groups-<pid>-*.prof``."""
+    if profile is None:
+        return
+    profile.disable()
+    directory = os.environ[PROFILE_ENV]
+    os.makedirs(directory, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix=f"key-groups-{os.getpid()}-", suffix=".prof",
+                                dir=directory)
+    os.close(fd)
+    profile.dump_stats(path)
+
+
 class KeyGroupProcessor(StatefulProcessor):
     """Runs one keyed operator inside ``transformWithStateInPandas``, grouped by key group.
 
@@ -140,6 +168,7 @@ class KeyGroupProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Create the operator over a key group's state and open it."""
+        self._profile = _start_profile()
         self.encoder = SinkEncoder(self.sink)
         op: StreamOperator = copy.deepcopy(self.step.operator)
         self.op = op
@@ -159,20 +188,16 @@ class KeyGroupProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Any, timerValues: TimerValues) -> Any:
         """The key group's records of this micro-batch through the operator, in source
         order; returns the sink's rows (pandas DataFrames)."""
-        import numpy as np
         import pandas as pd
 
         frames = list(rows)
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        # the end-of-input marker (a null record, in the null key group; pandas gives that
+        # the end-of-input marker (a null value, in the null key group; pandas gives that
         # group's key as NaN, not None) moved the watermark and touches no state
-        frame = frame[frame["record"].notna()]
+        frame = frame[frame["records"].notna()]
         if frame.empty:
             return iter(())
-        # a stable sort: a record's flat_map outputs share its position, in their order
-        order = np.argsort(frame["seq"].to_numpy(), kind="stable")
-        loads = pickle.loads
-        records = [loads(d) for d in frame["record"].to_numpy()[order]]
+        records = unpack_records(frame["records"].to_numpy(), frame["seq"].to_numpy())
         if self.timers is not None:
             self.timers.watermark = watermark_seconds(timerValues.getCurrentWatermarkInMs())
         stored = self.state.get()
@@ -186,45 +211,44 @@ class KeyGroupProcessor(StatefulProcessor):
         return self._emit(outputs)
 
     def _emit(self, outputs: list[Any]) -> Iterator[Any]:
-        if not outputs:
-            return iter(())
-        encode = self.encoder.row
         steps = self.after_key
         if steps:
-            rows = [encode(r) for o in outputs for r, _ in run_steps(steps, o, None)]
-        else:
-            rows = [encode(o) for o in outputs]
-        if not rows:
+            outputs = [r for o in outputs for r, _ in run_steps(steps, o, None)]
+        if not outputs:
             return iter(())
-        if self.encoder.spark_format == "text":  # one string column: no Arrow detour
+        if self.encoder.spark_format == "text":
             import pandas as pd
 
-            return iter([pd.DataFrame({"value": [r[0] for r in rows]})])
-        return iter([self.encoder.batch(rows).to_pandas()])
+            # the lines as one value: Spark's text sink ends each value with a newline, so
+            # the file holds the same lines, written without a row (and its conversions
+            # through pandas, Arrow and the JVM) per line; a JSON line has no raw newline
+            return iter([pd.DataFrame({"value": ["\n".join(self._json_lines(outputs))]})])
+        encode = self.encoder.row
+        return iter([self.encoder.batch([encode(o) for o in outputs]).to_pandas()])
+
+    def _json_lines(self, outputs: list[Any]) -> list[str]:
+        """The JSON lines of ``outputs``, as the sink encoder writes them: through the C
+        encoder ``json.JSONEncoder.encode`` makes on every call (``iterencode`` with
+        ``_one_shot``), made once here; on any error, record by record through the sink
+        encoder, whose error names the sink and the record."""
+        from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
+
+        if c_make_encoder is not None:
+            enc = c_make_encoder({}, _JSON.default, encode_basestring, None, ":", ",", False,
+                                 False, True)
+            try:
+                return ["".join(enc(o, 0)) for o in outputs]
+            except (TypeError, ValueError, RecursionError):
+                pass
+        encode = self.encoder.row
+        return [encode(o)[0] for o in outputs]
 
     def close(self) -> None:
         """Close the operator's functions."""
         op = getattr(self, "op", None)
         if isinstance(op, ProcessOperator):
             op.fn.close()
-
-
-def with_key_groups(chain: Callable[[Any], Any], max_parallelism: int) -> Callable[[Any], Any]:
-    """The reader's chain ``chain`` (Arrow batches of ``record, ts, seq, key``) with each
-    row's key group appended as column ``kg`` (null where the key is: the end-of-input
-    marker)."""
-
-    def run(chunks: Any) -> Any:
-        import pyarrow as pa
-
-        from reactive.keygroups import key_group_of_bytes
-
-        for batch in chain(chunks):
-            groups = [None if k is None else key_group_of_bytes(k, max_parallelism)
-                      for k in batch.column(3).to_pylist()]
-            yield batch.append_column("kg", pa.array(groups, pa.int32()))
-
-    return run
+        _stop_profile(getattr(self, "_profile", None))
 
 
 def key_group_frame(pre: DataFrame, plan: QueryPlan, encoder: SinkEncoder) -> DataFrame:
@@ -236,7 +260,7 @@ def key_group_frame(pre: DataFrame, plan: QueryPlan, encoder: SinkEncoder) -> Da
     # (the marker's passes every record's), which is dropped before the operator so Spark
     # drops no late row before the operator judges it
     keyed = (pre.withWatermark("ts", f"{int(delay * 1000)} milliseconds")
-             .select("kg", "record", "seq"))
+             .select("kg", "records", "seq"))
     processor = KeyGroupProcessor(plan.keyed, plan.after_key, plan.sink)
     return keyed.groupBy("kg").transformWithStateInPandas(
         processor, encoder.spark_schema(), "Append", "EventTime")

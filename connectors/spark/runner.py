@@ -456,8 +456,8 @@ class SparkRunner:
             KEY_GROUP_SCHEMA,
             KEY_GROUP_SHAPE,
             key_group_frame,
+            key_group_records,
             key_group_refusal,
-            with_key_groups,
         )
         from .keyed_processor import KEYED_INPUT_SCHEMA, keyed_from, records_to_keyed
         from .native_plan import native_aggregate, native_columns, native_window
@@ -499,9 +499,8 @@ class SparkRunner:
             elif (refused := key_group_refusal(plan) if self.key_groups
                   else "key_groups=False") is None:
                 shape = KEY_GROUP_SHAPE  # one Python call and state value per key group
-                out = key_group_frame(self._source_frame(plan, with_key_groups(
-                    records_to_keyed(plan), plan.keyed.max_parallelism), KEY_GROUP_SCHEMA),
-                    plan, encoder)
+                out = key_group_frame(self._source_frame(
+                    plan, key_group_records(plan), KEY_GROUP_SCHEMA), plan, encoder)
             else:
                 shape = "transformWithState"
                 log.info("operator %r runs in Python (transformWithState): %s",
