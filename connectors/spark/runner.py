@@ -619,18 +619,15 @@ def _records_to_sink(plan: QueryPlan, encoder: Any) -> Any:
     steps = plan.before_key
 
     def run(chunks: Any) -> Any:
-        from .record_chain import END_OF_INPUT, run_steps
+        from .record_chain import END_OF_INPUT, run_chunk
 
         row = encoder.row
         for records, _, seqs in chunks:
-            rows: list[tuple[Any, ...]] = []
-            for record, seq in zip(records, seqs, strict=True):
-                if record is END_OF_INPUT:  # no watermark to move here
-                    continue
-                for r, _ in run_steps(steps, record, None, f"record {seq}"):
-                    rows.append(row(r))
-            if rows:
-                yield encoder.batch(rows)
+            if records and records[-1] is END_OF_INPUT:  # the reader's last row: no
+                records, seqs = records[:-1], seqs[:-1]  # watermark to move here
+            outs, _, _ = run_chunk(steps, records, seqs)
+            if outs:
+                yield encoder.batch(list(map(row, outs)))
 
     return run
 
