@@ -4,7 +4,8 @@ records/s with Spark's start-up excluded (and reported apart), local[2] against 
     python -m bench.spark_speed [--data CSV] [--limit N] [--repeats 3] [--batch N]
                                 [--masters local[2],local[1]] [--read-partitions default,1,2]
                                 [--python-plan] [--one-query] [--reader csv|lines]
-                                [--restarts 10]
+                                [--restarts 10] [--state-stores auto,rocksdb]
+                                [--conf KEY=VALUE ...]
 
 The input (``--data``, else written once to ``data/flights-3y.csv`` by :func:`three_years`)
 is the 2013 table and copies shifted by one and two years: 1,010,328 flights in event-time
@@ -20,6 +21,11 @@ fresh output and checkpoint directories:
   sinks (``SparkRunner(one_query=True)``) beside the default of one query per sink. Spark
   reads the file with ``--reader`` (default: the CSV reader, pyarrow blocks in Spark's
   tasks).
+
+``--state-stores`` repeats each Spark run with other state stores (:data:`STATE_STORES`),
+interleaved in the same session; ``--conf`` gives every Spark session more settings. After
+the table: local[2] against local[1] by the medians, and where each query's time went in the
+first repeat (Spark's ``durationMs`` phases summed over its micro-batches).
 
 Every Spark run's committed results and dead letters are compared with the embedded run's,
 row for row (the embedded run with the same reader). Records/s counts the input lines.
@@ -110,11 +116,12 @@ def spark_child(args: argparse.Namespace) -> None:
     )
 
     started = time.perf_counter()
-    spark = local_session(args.master, app_name="bench-spark-speed")
+    spark = local_session(args.master, app_name="bench-spark-speed",
+                          extra_conf=dict(c.split("=", 1) for c in args.conf))
     startup = time.perf_counter() - started
     work = Path(args.work)
-    runs, equal, shapes = [], True, {}
-    phases: dict[str, dict[str, float]] = {}
+    equal, shapes = True, {}
+    phases: dict[str, dict[str, dict[str, float]]] = {}
 
     def rows(d: Path) -> list[Any]:
         return sorted(tuple(r) for r in ResultLog(spark, d).read()
@@ -124,29 +131,52 @@ def spark_child(args: argparse.Namespace) -> None:
         return sorted(line for p in list_part_files(d)
                       for line in p.path.read_text(encoding="utf-8").splitlines())
 
+    variants = args.state_stores.split(",")
+    by_variant: dict[str, list[float]] = {v: [] for v in variants}
     for i in range(args.repeats):
-        out = work / f"spark-{i}"
-        shutil.rmtree(out, ignore_errors=True)
-        started = time.perf_counter()
-        job = SparkRunner(spark, out / "chk", max_records_per_batch=args.batch,
-                          native=not args.python_plan,
-                          read_partitions=(None if args.read_partitions == "default"
-                                           else int(args.read_partitions)),
-                          one_query=args.one_query,
-                          restart_attempts=args.restarts).run(
-            flights.build_flow(Path(args.data), out / "out", reader=args.reader))
-        runs.append(time.perf_counter() - started)
-        shapes = job.shapes
-        if i == 0:
-            phases = _phases(job)
-        if i == 0:
-            embedded = Path(args.embedded)
-            equal = (rows(out / "out") == rows(embedded / "out") and
-                     lines(out / "out" / "_dead_letters") ==
-                     lines(embedded / "out" / "_dead_letters"))
-        shutil.rmtree(out, ignore_errors=True)
-    print(json.dumps({"startup": startup, "runs": runs, "equal": equal, "shapes": shapes,
-                      "phases": phases}))
+        for variant in variants:  # interleaved: a load change hits every variant alike
+            out = work / f"spark-{i}-{variant}"
+            shutil.rmtree(out, ignore_errors=True)
+            store, conf = STATE_STORES[variant]
+            for key, value in conf.items():  # a streaming query copies the session's conf
+                spark.conf.set(key, value)
+            started = time.perf_counter()
+            try:
+                job = SparkRunner(spark, out / "chk", max_records_per_batch=args.batch,
+                                  native=not args.python_plan, state_store=store,
+                                  read_partitions=(None if args.read_partitions == "default"
+                                                   else int(args.read_partitions)),
+                                  one_query=args.one_query,
+                                  restart_attempts=args.restarts).run(
+                    flights.build_flow(Path(args.data), out / "out", reader=args.reader))
+            finally:
+                for key in conf:
+                    spark.conf.unset(key)
+            by_variant[variant].append(time.perf_counter() - started)
+            shapes = job.shapes
+            if i == 0:
+                phases[variant] = _phases(job)
+                embedded = Path(args.embedded)
+                equal = equal and (rows(out / "out") == rows(embedded / "out") and
+                                   lines(out / "out" / "_dead_letters") ==
+                                   lines(embedded / "out" / "_dead_letters"))
+            shutil.rmtree(out, ignore_errors=True)
+    runs = by_variant[variants[0]]
+    print(json.dumps({"startup": startup, "runs": runs, "variants": by_variant,
+                      "equal": equal, "shapes": shapes, "phases": phases}))
+
+
+#: ``--state-stores`` variants: SparkRunner's ``state_store`` and Spark settings
+STATE_STORES: dict[str, tuple[str, dict[str, str]]] = {
+    # the runner's default: the in-memory store here (every keyed operator runs natively)
+    "auto": ("auto", {}),
+    "rocksdb": ("rocksdb", {}),
+    # the RocksDB store committing a changelog per micro-batch, a snapshot now and then
+    "rocksdb-changelog": ("rocksdb", {
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"}),
+    # Spark's default: the HDFS-backed store (state in memory, a delta file per commit)
+    "hdfs": ("default", {}),
+}
 
 
 def _phases(job: Any) -> dict[str, dict[str, float]]:
@@ -185,6 +215,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--restarts", type=int, default=10,
                    help="SparkRunner(restart_attempts=): restarts after a Python worker that "
                         "did not connect back in time (a loaded machine)")
+    p.add_argument("--state-stores", default="auto",
+                   help="comma-separated state store variants each Spark run is repeated "
+                        f"with, interleaved: {', '.join(STATE_STORES)}")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting for the session of every Spark run (repeatable)")
     p.add_argument("--spark-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--master", default="local[2]", help=argparse.SUPPRESS)
     p.add_argument("--work", default=None, help=argparse.SUPPRESS)
@@ -204,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         with open(data, "rb") as f:
             records = sum(1 for _ in f)
         table: list[list[Any]] = []
+        medians: dict[tuple[str, str, bool, str], float] = {}  # Spark runs' median seconds
         notes: list[str] = []  # each Spark run's first repeat: where its queries' time went
 
         def row(name: str, seconds: list[float], base: float | None, extra: str = "") -> None:
@@ -232,7 +268,9 @@ def main(argv: list[str] | None = None) -> None:
                    master, "--data", str(data), "--repeats", str(args.repeats), "--batch",
                    str(args.batch), "--work", str(work), "--embedded",
                    str(work / f"embedded-{args.reader}"), "--read-partitions", parts,
-                   "--reader", args.reader, "--restarts", str(args.restarts)]
+                   "--reader", args.reader, "--restarts", str(args.restarts),
+                   "--state-stores", args.state_stores,
+                   *[f"--conf={c}" for c in args.conf]]
             if args.python_plan:
                 cmd.append("--python-plan")
             if one:
@@ -251,20 +289,30 @@ def main(argv: list[str] | None = None) -> None:
                               f"{parts}, {queries}", "failed", "-", "-", why])
                 continue
             result = json.loads(done.stdout.strip().splitlines()[-1])
-            row(f"Spark {master}, {args.reader} reader, read partitions {parts}, {queries}",
-                result["runs"], base,
-                f"start-up {result['startup']:.1f} s; equal: {result['equal']}; "
-                f"{', '.join(sorted(set(result['shapes'].values())))}")
-            print(" | ".join(map(str, table[-1])), file=sys.stderr, flush=True)
-            for uid, sums in result.get("phases", {}).items():
-                notes.append(f"{master}, read partitions {parts}, {queries}, query {uid}: "
-                             + ", ".join(f"{k} {v:.1f}" + ("" if k == "micro-batches" else " s")
-                                         for k, v in sorted(sums.items(),
-                                                            key=lambda kv: -kv[1])))
+            for variant, runs in result["variants"].items():
+                medians[(master, parts, one, variant)] = statistics.median(runs)
+                row(f"Spark {master}, {args.reader} reader, read partitions {parts}, "
+                    f"{queries}, {variant} state store", runs, base,
+                    f"start-up {result['startup']:.1f} s; equal: {result['equal']}; "
+                    f"{', '.join(sorted(set(result['shapes'].values())))}")
+                print(" | ".join(map(str, table[-1])), file=sys.stderr, flush=True)
+            for variant, queries_phases in result.get("phases", {}).items():
+                for uid, sums in queries_phases.items():
+                    notes.append(
+                        f"{master}, read partitions {parts}, {queries}, {variant}, query {uid}: "
+                        + ", ".join(f"{k} {v:.1f}" + ("" if k == "micro-batches" else " s")
+                                    for k, v in sorted(sums.items(), key=lambda kv: -kv[1])))
         print(f"flights job, {records - 1:,} flights ({data.name}), {args.repeats} repeats, "
-              f"micro-batches of {args.batch:,}; machine shared with other jobs")
+              f"micro-batches of {args.batch:,}; machine shared with other jobs"
+              + "".join(f"; {c}" for c in args.conf))
         print_table(["run", "seconds min / median / max", "records/s min / median / max",
                      "vs embedded CSV (median)", "notes"], table)
+        first = args.masters.split(",")[0]
+        for (master, parts, one, variant), med in medians.items():
+            if master != first and (first, parts, one, variant) in medians:
+                print(f"{first} against {master} (read partitions {parts}, "
+                      f"{'one query' if one else 'a query per sink'}, {variant}): "
+                      f"{med / medians[(first, parts, one, variant)]:.2f}x by the medians")
         for line in notes:
             print(line)
     finally:

@@ -22,7 +22,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from .record_chain import END_OF_INPUT, END_OF_INPUT_TIME
+from .record_chain import _CHUNK_ROWS, END_OF_INPUT, END_OF_INPUT_TIME, Chunk
 
 __all__ = ["CsvStreamReader"]
 
@@ -48,6 +48,15 @@ def _lines(data: bytes) -> int:
     return data.count(b"\n") + (not data.endswith(b"\n"))
 
 
+def _chunk(records: list[Any], seqs: list[int]) -> Chunk:
+    """Records and their positions as a chunk: no event times, but the end-of-input
+    marker's (the last record, when there)."""
+    tss: list[Any] = [None] * len(records)
+    if records[-1] is END_OF_INPUT:
+        tss[-1] = END_OF_INPUT_TIME
+    return records, tss, seqs
+
+
 class _Span(InputPartition):
     """The rows of one Spark task: from offset ``start`` to ``end``."""
 
@@ -68,12 +77,17 @@ class CsvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         as_arrow: turns ``(record, ts, seq)`` rows (the end-of-input marker's record is
             :data:`~.record_chain.END_OF_INPUT`) into the Arrow record batches of the
             source's schema (the reactive data source's own, shared by its readers).
+        then: the first chain of steps, given the records as
+            :data:`~.record_chain.Chunk` s of whole blocks (no tuple per record), instead
+            of ``as_arrow``.
     """
 
     def __init__(self, source: Any, limit: int, parts: int,
-                 as_arrow: Callable[[Iterator[tuple[Any, ...]]], Iterator[Any]]) -> None:
+                 as_arrow: Callable[[Iterator[tuple[Any, ...]]], Iterator[Any]],
+                 then: Callable[[Iterator[Chunk]], Iterator[Any]] | None = None) -> None:
         self.source = source
         self.as_arrow = as_arrow
+        self.then = then
         self.files: list[str] = source.splits()
         self.limit = limit
         self.parts = parts
@@ -140,9 +154,31 @@ class CsvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [_Span(a, b) for a, b in itertools.pairwise(bounds)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if self.then is not None:
+            return self.then(self._chunks(partition))
         return self.as_arrow(self._rows(partition))
 
     def _rows(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        for records, tss, seqs in self._chunks(partition):
+            yield from zip(records, tss, seqs, strict=True)
+
+    def _chunks(self, partition: InputPartition, size: int = _CHUNK_ROWS) -> Iterator[Chunk]:
+        """The partition's records as :data:`~.record_chain.Chunk` s of whole blocks, at
+        least ``size`` records each but the last (the end-of-input marker last of all)."""
+        records: list[Any] = []
+        seqs: list[int] = []
+        for block, first in self._blocks(partition):
+            records += block
+            seqs += range(first, first + len(block))
+            if len(records) >= size:
+                yield _chunk(records, seqs)
+                records, seqs = [], []
+        if records:
+            yield _chunk(records, seqs)
+
+    def _blocks(self, partition: InputPartition) -> Iterator[tuple[list[Any], int]]:
+        """The partition's blocks as ``(records, seq of the first)``; the end-of-input
+        marker comes as a block of its own."""
         from reactive.connectors.files.csv_records import BlockConverter
         from reactive.connectors.files.csv_source import _pyarrow_csv
 
@@ -162,12 +198,11 @@ class CsvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 dead_letters=src.errors == "dead_letter", block_size=src.block_size)
             stop = end["pos"] if f == end["file"] else None
             for offset, first, data in _blocks(src, path, pos, line, stop):
-                for i, record in enumerate(converter.convert(path, offset, first, data)):
-                    yield (record, None, seq + i)
+                yield converter.convert(path, offset, first, data), seq
                 seq += _lines(data)
             f, pos, line = f + 1, 0, 1
         if end["done"] and not start["done"]:
-            yield (END_OF_INPUT, END_OF_INPUT_TIME, end["seq"])
+            yield [END_OF_INPUT], end["seq"]
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release."""

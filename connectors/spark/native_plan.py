@@ -41,6 +41,8 @@ counts, minimums, maximums, first and last values are equal.
 
 from __future__ import annotations
 
+import functools
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -214,6 +216,7 @@ def _records_to_columns(plan: QueryPlan, window: NativeWindow) -> Any:
     types = [a.dtype for a in window.aggregations]
     size, offset, delay = window.size, window.offset, window.delay
     shift = time_shift(window)
+    fans_out = any(s.kind == "flat_map" for s in steps)  # a record may give several rows
 
     def run(chunks: Any) -> Any:
         import pyarrow as pa
@@ -221,57 +224,134 @@ def _records_to_columns(plan: QueryPlan, window: NativeWindow) -> Any:
         from reactive.errors import UserFunctionError
         from reactive.key_encoding import encode_key
 
-        from .record_chain import END_OF_INPUT, END_OF_INPUT_TIME, run_steps
+        from .record_chain import END_OF_INPUT, END_OF_INPUT_TIME, run_chunk
 
         end_micros = int(END_OF_INPUT_TIME.timestamp() * 1_000_000)
         ts_type = pa.timestamp("us", tz="UTC")
         value_types = [pa.int64() if t == "int" else pa.float64() for t in types]
-        encode = key_serializer.serialize if key_serializer is not None else encode_key
+        names = ["key", "ts", "seq", "sub", *[f"v{i}" for i in range(len(types))]]
+        # encode_key gives equal keys identical bytes, so each distinct key is encoded once
+        # per task; a custom serializer is called for every record, as embedded
+        keys_of = (_cached_keys(key_of, encode_key) if key_serializer is None
+                   else _each_key(key_of, key_serializer.serialize))
         watermark = float("-inf")  # of the records before, in this micro-batch
         for records, _, batch_seqs in chunks:
-            keys: list[bytes | None] = []
-            tss: list[int] = []
-            seqs: list[int] = []
-            subs: list[int] = []
-            cols: list[list[Any]] = [[] for _ in extractors]
-            for record, seq in zip(records, batch_seqs, strict=True):
-                if record is END_OF_INPUT:
-                    keys.append(None)
-                    tss.append(end_micros)
-                    seqs.append(seq)
-                    subs.append(0)
-                    for c in cols:
-                        c.append(None)
-                    continue
-                sub = 0
-                for r, t in run_steps(steps, record, None, f"record {seq}"):
-                    assert t is not None
-                    # late: its window ended at or before the watermark (no lateness)
-                    late = t - (t - offset) % size + size <= watermark
-                    if t - delay > watermark:
-                        watermark = t - delay
-                    if late:
-                        continue
-                    try:
-                        k = encode(key_of(r))
-                        vals = [None if get is None else get(r) for get in extractors]
-                    except Exception as exc:
-                        raise UserFunctionError(name, uid, 0, 1, r, exc,
-                                                f"record {seq}") from exc
-                    keys.append(k)
-                    tss.append(round(t * 1_000_000) + shift)
-                    seqs.append(seq)
-                    subs.append(sub)
-                    sub += 1
-                    for c, v in zip(cols, vals, strict=True):
-                        c.append(v)
+            # the end-of-input marker is the reader's last row
+            marker = batch_seqs[-1] if records and records[-1] is END_OF_INPUT else None
+            if marker is not None:
+                records, batch_seqs = records[:-1], batch_seqs[:-1]
+            outs, times, seqs = run_chunk(steps, records, batch_seqs)
+            tss: list[float] = times if times is not None else []
+            if outs and times is None:  # translation puts assign_timestamps before key_by
+                raise UserFunctionError(name, uid, 0, 1, outs[0],
+                                        ValueError("a record without an event time"),
+                                        f"record {seqs[0]}")
+            # late: its window ended at or before the watermark (no lateness)
+            late: list[bool] = []
+            for t in tss:
+                late.append(t - (t - offset) % size + size <= watermark)
+                if t - delay > watermark:
+                    watermark = t - delay
+            if any(late):
+                keep = [not x for x in late]
+                outs = list(itertools.compress(outs, keep))
+                tss = list(itertools.compress(tss, keep))
+                seqs = list(itertools.compress(seqs, keep))
+            index = [0]  # the output being keyed or read, for errors
+            try:
+                keys: list[bytes | None] = keys_of(outs, index)
+                cols = [[None] * len(outs) if get is None else _values(get, outs, index)
+                        for get in extractors]
+            except Exception as exc:
+                i = index[0]
+                raise UserFunctionError(name, uid, 0, 1, outs[i], exc,
+                                        f"record {seqs[i]}") from exc
+            micros = [round(t * 1_000_000) + shift for t in tss]
+            subs = _ranks(seqs) if fans_out else [0] * len(seqs)
+            if marker is not None:
+                keys.append(None)
+                micros.append(end_micros)
+                seqs.append(marker)
+                subs.append(0)
+                for c in cols:
+                    c.append(None)
+            if not seqs:
+                continue
             yield pa.RecordBatch.from_arrays(
-                [pa.array(keys, pa.binary()), pa.array(tss, pa.int64()).cast(ts_type),
+                [pa.array(keys, pa.binary()), pa.array(micros, pa.int64()).cast(ts_type),
                  pa.array(seqs, pa.int64()), pa.array(subs, pa.int32()),
                  *[pa.array(c, t) for c, t in zip(cols, value_types, strict=True)]],
-                names=["key", "ts", "seq", "sub", *[f"v{i}" for i in range(len(cols))]])
+                names=names)
 
     return run
+
+
+#: distinct keys whose encoding a read task keeps (beyond, keys are encoded every time)
+_KEY_CACHE = 1 << 16
+
+
+def _cached_keys(key_of: Any, encode: Any) -> Any:
+    """``(records, index) -> key bytes of each``, each distinct key encoded once (for an
+    encoding that gives equal keys identical bytes); ``index[0]`` is the record at hand."""
+    encoded: dict[Any, bytes] = {}
+
+    def keys(records: list[Any], index: list[int]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        append = out.append
+        for i, r in enumerate(records):
+            index[0] = i
+            k = key_of(r)
+            try:
+                data = encoded.get(k)
+            except TypeError:  # unhashable: the encoder says why it cannot be a key
+                append(encode(k))
+                continue
+            if data is None:
+                data = encode(k)
+                if len(encoded) < _KEY_CACHE:
+                    encoded[k] = data
+            append(data)
+        return out
+
+    return keys
+
+
+def _each_key(key_of: Any, encode: Any) -> Any:
+    """As :func:`_cached_keys`, every key encoded (a user's key serializer)."""
+
+    def keys(records: list[Any], index: list[int]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for i, r in enumerate(records):
+            index[0] = i
+            out.append(encode(key_of(r)))
+        return out
+
+    return keys
+
+
+def _values(get: Any, records: list[Any], index: list[int]) -> list[Any]:
+    """``get`` of each record; ``index[0]`` is the record at hand when it raises."""
+    out: list[Any] = []
+    append = out.append
+    try:
+        for r in records:
+            append(get(r))
+    except Exception:
+        index[0] = len(out)
+        raise
+    return out
+
+
+def _ranks(seqs: list[int | None]) -> list[int]:
+    """Each output's rank among its source record's outputs (consecutive equal
+    positions)."""
+    out: list[int] = []
+    before, rank = None, 0
+    for s in seqs:
+        rank = rank + 1 if s == before else 0
+        out.append(rank)
+        before = s
+    return out
 
 
 def _windows_to_sink(plan: QueryPlan, encoder: Any) -> Any:
@@ -285,23 +365,24 @@ def _windows_to_sink(plan: QueryPlan, encoder: Any) -> Any:
         from reactive.key_encoding import decode_key
         from reactive.windowing.functions import WindowResult
 
-        from .record_chain import run_steps
+        from .record_chain import run_chunk
 
         decode = key_serializer.deserialize if key_serializer is not None else decode_key
+        if key_serializer is None:  # decode_key's keys are immutable: one object per key
+            decode = functools.lru_cache(maxsize=_KEY_CACHE)(decode_key)
         row = encoder.row
         for batch in batches:
-            out: list[tuple[Any, ...]] = []
             columns = [c.to_pylist() for c in batch.columns]
             keys, starts, ends, values = columns[0], columns[1], columns[2], columns[3:]
-            for i, data in enumerate(keys):
-                if data is None:  # the end-of-input marker's window
-                    continue
-                result = WindowResult(decode(data), starts[i] / 1_000_000,
-                                      ends[i] / 1_000_000, tuple(v[i] for v in values))
-                for r, _ in run_steps(steps, result, None):
-                    out.append(row(r))
-            if out:
-                yield encoder.batch(out)
+            tuples = zip(*values, strict=True) if values else itertools.repeat((), len(keys))
+            results = [WindowResult(decode(data), start / 1_000_000, end / 1_000_000, value)
+                       for data, start, end, value
+                       in zip(keys, starts, ends, tuples, strict=True)
+                       # a null key: the end-of-input marker's window
+                       if data is not None]
+            outs, _, _ = run_chunk(steps, results, [None] * len(results))
+            if outs:
+                yield encoder.batch(list(map(row, outs)))
 
     return run
 

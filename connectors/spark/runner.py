@@ -1,5 +1,5 @@
 """The Spark runner: the same :class:`~reactive.Dataflow` run as Spark Structured Streaming
-queries with their checkpoint locations (Spark's offset and commit logs and its RocksDB
+queries with their checkpoint locations (Spark's offset and commit logs and its
 state store) and Spark's file sink (exactly once through its ``_spark_metadata`` log,
 readable by :class:`~.result_log.ResultLog`): one query for the whole dataflow where its
 sinks allow it (:mod:`.one_query`), else one per sink.
@@ -197,8 +197,14 @@ class SparkRunner:
             Spark checkpoint in ``<checkpoint_location>/<job>/<sink uid>``, the one query of
             several sinks in ``<checkpoint_location>/<job>/<uid>+<uid>...`` (in sink order).
         max_records_per_batch: source records per micro-batch at most.
-        state_store: ``"rocksdb"`` (Spark's RocksDB state store provider) or ``"default"``
-            (the session's, HDFS-backed unless configured otherwise).
+        state_store: ``"rocksdb"`` (Spark's RocksDB state store provider), ``"default"``
+            (the session's, HDFS-backed unless configured otherwise: the state in the JVM's
+            memory, a delta file per commit) or ``"auto"`` (the default): RocksDB where a
+            keyed operator runs in Python (``transformWithState`` needs it), else the
+            session's: the state of a native window or a join is bounded by the watermark,
+            and the in-memory store commits it faster (``bench.spark_speed
+            --state-stores``). A query keeps the provider it started with in its
+            checkpoint.
         shuffle_partitions: ``spark.sql.shuffle.partitions`` of the queries (Spark's number
             of state store partitions of a stateful query: its keyed parallelism). None: the
             session's value when someone set it, else the dataflow's parallelism (see
@@ -243,15 +249,16 @@ class SparkRunner:
     """
 
     def __init__(self, spark: SparkSession, checkpoint_location: str | Path,
-                 max_records_per_batch: int = 100_000, state_store: str = "rocksdb",
+                 max_records_per_batch: int = 100_000, state_store: str = "auto",
                  shuffle_partitions: int | None = None, native: bool = True,
                  read_partitions: int | None = None, one_query: bool = False,
                  restart_attempts: int = 3, restart_delay: float = 5.0,
                  key_groups: bool = True) -> None:
         if max_records_per_batch < 1:
             raise ValueError(f"max_records_per_batch must be >= 1, got {max_records_per_batch}")
-        if state_store not in ("rocksdb", "default"):
-            raise ValueError(f"state_store must be 'rocksdb' or 'default', got {state_store!r}")
+        if state_store not in ("rocksdb", "default", "auto"):
+            raise ValueError("state_store must be 'rocksdb', 'default' or 'auto', got "
+                             f"{state_store!r}")
         if shuffle_partitions is not None and shuffle_partitions < 1:
             raise ValueError(f"shuffle_partitions must be >= 1, got {shuffle_partitions}")
         self.spark = spark
@@ -323,7 +330,8 @@ class SparkRunner:
     def query_settings(self, flow: LogicalGraph) -> dict[str, str]:
         """The Spark SQL settings the queries of ``flow`` get where the session's differ:
         the shuffle partitions (see the class docstring) and the RocksDB state store
-        provider; each change is logged with the session's value it replaces."""
+        provider (see ``state_store``); each change is logged with the session's value it
+        replaces."""
         conf = self.spark.conf
         wanted: dict[str, str] = {}
         chosen = self.shuffle_partitions
@@ -332,7 +340,8 @@ class SparkRunner:
             chosen = shuffle_partitions_for(flow)
         if chosen is not None:
             wanted[SHUFFLE_PARTITIONS] = str(chosen)
-        if self.state_store == "rocksdb":
+        if self.state_store == "rocksdb" or (self.state_store == "auto"
+                                             and self._python_state(flow)):
             wanted[STATE_STORE_PROVIDER] = ROCKSDB_PROVIDER
         if any(t.kind in ("union", *JOIN_KINDS) for t in flow.transformations):
             # a union's or a join's query has a watermark per input; only their minimum
@@ -349,6 +358,15 @@ class SparkRunner:
                      flow.name, key, value,
                      "Spark's default" if had is None else f"{had!r}")
         return settings
+
+    def _python_state(self, flow: LogicalGraph) -> bool:
+        """Whether a query of ``flow`` keeps a keyed operator's state in Python
+        (``transformWithState`` and its pandas form, which need the RocksDB store)."""
+        from .native_plan import native_window
+
+        return any(p.keyed is not None and (bool(p.branches) or not self.native
+                                             or native_window(p)[0] is None)
+                   for p in translate(flow))
 
     def run(self, flow: LogicalGraph) -> SparkJob:
         """``start`` then ``wait``: run ``flow`` to the end of its input.
@@ -618,18 +636,15 @@ def _records_to_sink(plan: QueryPlan, encoder: Any) -> Any:
     steps = plan.before_key
 
     def run(chunks: Any) -> Any:
-        from .record_chain import END_OF_INPUT, run_steps
+        from .record_chain import END_OF_INPUT, run_chunk
 
         row = encoder.row
         for records, _, seqs in chunks:
-            rows: list[tuple[Any, ...]] = []
-            for record, seq in zip(records, seqs, strict=True):
-                if record is END_OF_INPUT:  # no watermark to move here
-                    continue
-                for r, _ in run_steps(steps, record, None, f"record {seq}"):
-                    rows.append(row(r))
-            if rows:
-                yield encoder.batch(rows)
+            if records and records[-1] is END_OF_INPUT:  # the reader's last row: no
+                records, seqs = records[:-1], seqs[:-1]  # watermark to move here
+            outs, _, _ = run_chunk(steps, records, seqs)
+            if outs:
+                yield encoder.batch(list(map(row, outs)))
 
     return run
 

@@ -119,6 +119,7 @@ class ReactiveSource(DataSource):
         limit = int(self.options.get("maxRecordsPerBatch", "100000"))
         parts = int(self.options.get("readPartitions", "1"))
         emit = _as_arrow
+        then = None
         if "then" in self.options:
             then = pickle.loads(base64.b64decode(self.options["then"]))
 
@@ -132,7 +133,8 @@ class ReactiveSource(DataSource):
         if spec["kind"] == "csv":
             from .csv_stream import CsvStreamReader
 
-            return CsvStreamReader(spec["source"], limit, parts, emit)
+            # the CSV reader hands the chain whole blocks of records
+            return CsvStreamReader(spec["source"], limit, parts, emit, then)
         return _CollectionReader(spec, limit, parts, emit)
 
 
