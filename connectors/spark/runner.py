@@ -217,10 +217,10 @@ class SparkRunner:
             the per-record functions in (consecutive ranges of the source; 1: one task, in
             source order). More use more cores for parsing; a keyed operator still sees
             each key's records in source order, but late records are judged as embedded
-            only with 1 (see :mod:`.native_plan`). None (the default): a CSV file source
-            is read in as many tasks as the dataflow's parallelism (its blocks are parsed
-            with pyarrow in every task, so ``local[2]`` reads on both cores), any other
-            source in one.
+            only with 1 (see :mod:`.native_plan`). None (the default): a CSV or line file
+            source is read in as many tasks as the dataflow's parallelism (each task reads a
+            consecutive range of the file, so ``local[2]`` reads and parses on both cores),
+            any other source in one.
         one_query: run a dataflow with several sinks as one query (:mod:`.one_query`: the
             source read and the shared steps run once, every sink written from each
             micro-batch) where it has one source and at most one keyed operator; False (the
@@ -413,12 +413,12 @@ class SparkRunner:
             source: one of its translated sources (``QueryPlan.source``).
 
         Returns:
-            ``read_partitions`` when given, else the dataflow's parallelism for a CSV
-            file source and 1 for the others (see the class docstring).
+            ``read_partitions`` when given, else the dataflow's parallelism for a CSV or
+            line file source and 1 for the others (see the class docstring).
         """
         if self.read_partitions is not None:
             return self.read_partitions
-        return flow.parallelism if source.kind == "csv" else 1
+        return flow.parallelism if source.kind in ("csv", "lines") else 1
 
     def _partitions_of(self, source: SourceStep) -> int:
         assert self._flow is not None, "start() sets the dataflow"

@@ -109,7 +109,7 @@ def test_csv_files_cut_into_parts_give_every_row_and_dead_letter_once_in_order(
             for x in records] == expected
 
 
-def test_a_csv_source_is_read_in_as_many_tasks_as_the_dataflows_parallelism(
+def test_file_sources_are_read_in_as_many_tasks_as_the_dataflows_parallelism(
         tmp_path: Path) -> None:
     from reactive import Dataflow
     from reactive.connectors.files import CommittingFileSink, CsvFileSource
@@ -123,15 +123,17 @@ def test_a_csv_source_is_read_in_as_many_tasks_as_the_dataflows_parallelism(
         f = Dataflow("parts", parallelism=parallelism)
         f.source(CsvFileSource(tmp_path / "in.csv")).sink(CommittingFileSink(tmp_path / "a"))
         f.read_text_file(tmp_path / "in.txt").sink(CommittingFileSink(tmp_path / "b"))
+        f.from_collection(["a"]).sink(CommittingFileSink(tmp_path / "c"))
         return f
 
     runner = SparkRunner(None, tmp_path / "chk")  # type: ignore[arg-type]
     for parallelism in (1, 2, 3):
-        csv, lines = (p.source for p in translate(flow(parallelism)))
+        csv, lines, collection = (p.source for p in translate(flow(parallelism)))
         assert runner.read_partitions_for(flow(parallelism), csv) == parallelism
-        assert runner.read_partitions_for(flow(parallelism), lines) == 1
+        assert runner.read_partitions_for(flow(parallelism), lines) == parallelism
+        assert runner.read_partitions_for(flow(parallelism), collection) == 1
     # a number given to the runner holds for every source
     chosen = SparkRunner(None, tmp_path / "chk", read_partitions=4)  # type: ignore[arg-type]
-    csv, lines = (p.source for p in translate(flow(2)))
+    csv, lines, _ = (p.source for p in translate(flow(2)))
     assert chosen.read_partitions_for(flow(2), csv) == chosen.read_partitions_for(
         flow(2), lines) == 4
