@@ -7,8 +7,9 @@ side by side (each its own input, output and checkpoint location under one direc
 killed once every query has committed the same micro-batch, and a second driver resumes them
 all; each shape's output is then validated by a test of its own. Each input is three
 micro-batches: the kill comes inside the third, after the second committed output (so a
-replay of committed output shows as a duplicate), and the resumed driver replays it.
-A kill between the two sinks of one query is in ``test_spark_runner_restart_sinks.py``.
+replay of committed output shows as a duplicate), and the resumed driver replays it. One
+more query of the same run writes two sinks and is where the kill comes from: between its
+sinks' commits of the third micro-batch, while the others wait inside theirs.
 
 Run as a script, this module is the driver: ``python tests/connectors/spark/test_spark_runner_restart.py
 BASE SHAPE [SHAPE ...]`` (each shape's files under ``BASE/SHAPE``, see :func:`shape_paths`; the
@@ -47,6 +48,11 @@ SLOW_LINES = 3000
 #: the plan shapes one crashed run restarts (see :func:`build`), in the order the driver
 #: starts them: the union's two sources first, while nothing else runs (see :func:`driver`)
 SHAPES = ("union", "join", "python", "native", "two-sinks", "csv", "key-groups")
+#: the shape of the crashed run whose query is killed between its two sinks' commits (as
+#: ``"two-sinks"``): the kill comes from its writer, the other queries wait for it
+BETWEEN = "sinks-between"
+#: the shapes whose dataflow writes two sinks from one query
+ONE_QUERY = ("two-sinks", "csv", BETWEEN)
 #: the ``"join"`` shape's interval: a record of the first file joins those of the second
 #: ``[JOIN_LOWER, JOIN_UPPER]`` seconds after it
 JOIN_LOWER, JOIN_UPPER = -1.0, 1.5
@@ -126,6 +132,8 @@ def build(data: Path, out: Path, shape: str = "python",
 
     own, every = kill_entries if kill_entries is not None else (None, ())
     driver_group = os.getpgrp()  # read where build() runs: in the driver
+    # the kill comes from the writer of BETWEEN's query, between its sinks (kill_between_sinks)
+    killed_between = os.environ.get(KILL_BETWEEN_ENV) is not None
 
     def crash_point() -> None:
         if started is not None:
@@ -137,6 +145,8 @@ def build(data: Path, out: Path, shape: str = "python",
         # that got there first waits here, its task holding one of the driver's task slots,
         # so none runs to the end of its input before the slowest is mid-way).
         wait_for(every)
+        if killed_between:  # wait inside this micro-batch for the kill
+            wait_for([str(started) + ".never"])
         # This runs in a Python worker, whose daemon has a process group of its own: the
         # driver's group (Python and the JVM) first, then the workers'
         os.killpg(driver_group, signal.SIGKILL)
@@ -147,7 +157,7 @@ def build(data: Path, out: Path, shape: str = "python",
         parts = line.split(",")
         if len(parts) == 3:
             return [(parts[0], float(parts[1]), int(parts[2]))]
-        return [("malformed", line)] if shape == "two-sinks" else []
+        return [("malformed", line)] if shape in ("two-sinks", BETWEEN) else []
 
     def parse_row(record: Any) -> list[Any]:
         from reactive.connectors.files import InvalidRow
@@ -192,7 +202,7 @@ def build(data: Path, out: Path, shape: str = "python",
         parsed = flow.source(csv, name="input-csv").flat_map(parse_row, name="parse")
     else:
         parsed = flow.read_text_file(data).flat_map(parse, name="parse")
-    if shape in ("two-sinks", "csv"):
+    if shape in ONE_QUERY:
         (parsed.filter(lambda r: len(r) == 2, name="malformed")
                .map(lambda r: {"line": r[1]}, name="dead-letter")
                .sink(CommittingFileSink(out / "_dead_letters")).uid("dead"))
@@ -269,11 +279,11 @@ def driver(base: Path, shapes: Sequence[str]) -> None:
     from reactive.connectors.spark import SparkRunner, local_session
     from reactive.connectors.spark.key_group_plan import KEY_GROUP_SHAPE
 
-    between = os.environ.get(KILL_BETWEEN_ENV)
-    if between is not None:
-        kill_between_sinks(int(between))
     kill_after = os.environ.get(KILL_ENV)
     every = [str(commits_of(base, shape) / kill_after) for shape in shapes] if kill_after else []
+    between = os.environ.get(KILL_BETWEEN_ENV)
+    if between is not None:
+        kill_between_sinks(int(between), every)
     # two task slots per query: those waiting at the kill barrier hold theirs (a union's
     # two reads hold two) while the last gets to it
     started = base / "started"
@@ -283,14 +293,15 @@ def driver(base: Path, shapes: Sequence[str]) -> None:
     jobs, starts = {}, {}
     for shape in shapes:
         data, out, checkpoints = shape_paths(base, shape)
-        entries = (every[shapes.index(shape)], every) if kill_after else None
+        # BETWEEN's records pass: its writer is where the kill comes from
+        entries = (every[shapes.index(shape)], every) if kill_after and shape != BETWEEN else None
         # a session each (one SparkContext): a query's name (its sink's uid) is unique
         # among a session's active queries
         # the union's and the join's two files hold half the lines each: half the records
         # a micro-batch (from each) keeps their input three micro-batches, as the others'
         runner = SparkRunner(spark.newSession(), checkpoints,
                              max_records_per_batch=BATCH // 2 if shape in SPLIT else BATCH,
-                             one_query=shape in ("two-sinks", "csv"))
+                             one_query=shape in ONE_QUERY)
         starts[shape] = (lambda runner=runner, data=data, out=out, shape=shape,
                          entries=entries: runner.start(build(data, out, shape, entries,
                                                              started)))
@@ -313,7 +324,7 @@ def driver(base: Path, shapes: Sequence[str]) -> None:
                   else "stream-stream join" if shape == "join"
                   else "native window aggregation")
         assert job.shapes["out"] == wanted, job.shapes
-        if shape in ("two-sinks", "csv"):
+        if shape in ONE_QUERY:
             assert job.queries["out"] is job.queries["dead"], "the sinks ran as two queries"
 
 
@@ -350,9 +361,12 @@ def sources_started(query: Any) -> bool:
     return bool(query.isActive) or query.exception() is None
 
 
-def kill_between_sinks(batch_id: int) -> None:
-    """Make the one query's writer SIGKILL the driver's process group once the first sink
-    committed micro-batch ``batch_id``, before the second sink writes it."""
+def kill_between_sinks(batch_id: int, every: Sequence[str] = ()) -> None:
+    """Make the one-query writers SIGKILL the driver's process group once the first sink
+    committed micro-batch ``batch_id``, before the second sink writes it, and once every
+    file of ``every`` exists (the commit-log entries of the kill barrier, see :func:`build`:
+    the other queries wait for the kill inside their next micro-batch, before their writer,
+    so only :data:`BETWEEN`'s writer gets to ``batch_id``)."""
     from reactive.connectors.spark import one_query
 
     class Killing:
@@ -362,6 +376,7 @@ def kill_between_sinks(batch_id: int) -> None:
         def addBatch(self, n: int, rows: Any) -> None:
             self.sink.addBatch(n, rows)
             if n == batch_id:
+                wait_for(every)
                 os.killpg(os.getpgrp(), signal.SIGKILL)
 
     file_sinks = one_query._SinkWriter._file_sinks
@@ -375,7 +390,7 @@ def kill_between_sinks(batch_id: int) -> None:
 
 def query_location(checkpoints: Path, shape: str) -> Path:
     """The Spark checkpoint location of the dataflow's (one) query."""
-    return checkpoints / "restart" / ("dead+out" if shape in ("two-sinks", "csv") else "out")
+    return checkpoints / "restart" / ("dead+out" if shape in ONE_QUERY else "out")
 
 
 def start_driver(base: Path, shapes: Sequence[str], kill_after: int | None = None,
@@ -496,7 +511,7 @@ def check_resumed(run: CrashedRun, spark: Any, shape: str, kill_after: int | Non
     actual = ResultLog(spark, out).read()
     report = validate_exactly_once(actual, expected_df, key=["key", "start"])
     assert report.ok, str(report)
-    if shape in ("two-sinks", "csv"):  # every malformed line committed once
+    if shape in ONE_QUERY:  # every malformed line committed once
         dead = [r["line"] for r in ResultLog(spark, out / "_dead_letters").read().collect()]
         assert sorted(dead) == sorted(malformed_lines(run.lines))
 
@@ -526,9 +541,11 @@ def parse_line(line: str) -> tuple[str, float, int]:
 
 @pytest.fixture(scope="module")
 def crashed_run(tmp_path_factory: pytest.TempPathFactory) -> CrashedRun:
-    """Every shape of :data:`SHAPES` run by one driver killed once every query committed
-    micro-batch 1, resumed by a second: two JVMs for the seven tests below."""
-    return crash_and_resume(tmp_path_factory.mktemp("restart"), SHAPES, seed=19, kill_after=1)
+    """Every shape of :data:`SHAPES` and :data:`BETWEEN` run by one driver killed once every
+    query committed micro-batch 1, between BETWEEN's two sinks' commits of micro-batch 2,
+    resumed by a second: two JVMs for the eight tests below."""
+    return crash_and_resume(tmp_path_factory.mktemp("restart"), (*SHAPES, BETWEEN), seed=19,
+                            kill_after=1, kill_between=2)
 
 
 # the transformWithState shape, whose state is the runner's own; Spark's native window
@@ -540,6 +557,14 @@ def crashed_run(tmp_path_factory: pytest.TempPathFactory) -> CrashedRun:
 def test_driver_killed_mid_way_resumes_exactly_once(
         crashed_run: CrashedRun, spark: Any, shape: str) -> None:
     check_resumed(crashed_run, spark, shape, kill_after=1)
+
+
+def test_driver_killed_between_two_sinks_commits_resumes_exactly_once(
+        crashed_run: CrashedRun, spark: Any) -> None:
+    # the dead-letter sink committed micro-batch 2 (the last of the input's, holding a
+    # malformed line), the results sink and Spark's commit log had not: the replayed batch
+    # is skipped by the one and written by the other
+    check_resumed(crashed_run, spark, BETWEEN, kill_between=2)
 
 
 @pytest.mark.slow
