@@ -32,6 +32,9 @@ def spark(spark: Any) -> Iterator[Any]:
 
 
 BOUND = 4.0  # seconds: each input's max_out_of_orderness
+#: records of each input a micro-batch: the orders in four, the shipments in three, then the
+#: end-of-input markers' and the final watermark's micro-batches
+BATCH = 60
 
 
 def shuffled(rows: list[tuple[str, float, int]], seed: int) -> list[tuple[str, float, int]]:
@@ -101,7 +104,7 @@ async def test_interval_join_equals_embedded_and_a_python_loop(
     embedded, on_spark = tmp_path / "embedded", tmp_path / "spark"
     await build("embedded", embedded).run(
         checkpoints=CheckpointConfig(interval=0.05, directory=tmp_path / "chk"))
-    job = SparkRunner(spark, tmp_path / "spark-chk", max_records_per_batch=40).run(
+    job = SparkRunner(spark, tmp_path / "spark-chk", max_records_per_batch=BATCH).run(
         build("spark", on_spark))
     rows = committed(on_spark)
     assert rows == committed(embedded)
@@ -111,7 +114,7 @@ async def test_interval_join_equals_embedded_and_a_python_loop(
     # its state holds a few seconds of rows at the end, not the whole input
     summary = job.summary()["out"]
     assert job.shapes == {"out": "stream-stream join"}
-    assert summary["micro_batches"] >= 6
+    assert summary["micro_batches"] > len(ORDERS) // BATCH  # and the end of input's
     assert 0 < summary["state_rows"] < (len(ORDERS) + len(SHIPMENTS)) // 4
 
 
@@ -180,7 +183,7 @@ def expected_window(size: float, slide: float) -> list[Any]:
 async def test_window_join_equals_embedded_and_a_python_loop(
         spark: Any, tmp_path: Path, assigner: Any, size: float, slide: float,
         seed: int | None) -> None:
-    embedded, on_spark = await run_both(window_join(assigner, seed), tmp_path, spark, batch=40)
+    embedded, on_spark = await run_both(window_join(assigner, seed), tmp_path, spark, batch=BATCH)
     rows = committed(on_spark)
     assert rows == committed(embedded)
     assert sorted(rows) == expected_window(size, slide)

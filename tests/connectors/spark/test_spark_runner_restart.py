@@ -5,7 +5,11 @@ committed output validates exactly once against a batch computation.
 One crashed run serves the default run's plan shapes: one driver runs every shape's dataflow
 side by side (each its own input, output and checkpoint location under one directory), is
 killed once every query has committed the same micro-batch, and a second driver resumes them
-all; each shape's output is then validated by a test of its own.
+all; each shape's output is then validated by a test of its own. Each input is three
+micro-batches: the kill comes inside the third, after the second committed output (so a
+replay of committed output shows as a duplicate), and the resumed driver replays it. One
+more query of the same run writes two sinks and is where the kill comes from: between its
+sinks' commits of the third micro-batch, while the others wait inside theirs.
 
 Run as a script, this module is the driver: ``python tests/connectors/spark/test_spark_runner_restart.py
 BASE SHAPE [SHAPE ...]`` (each shape's files under ``BASE/SHAPE``, see :func:`shape_paths`; the
@@ -14,6 +18,8 @@ kill point comes in ``REACTIVE_TEST_KILL_AFTER_COMMIT``).
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 import random
 import signal
@@ -34,21 +40,32 @@ KILL_ENV = "REACTIVE_TEST_KILL_AFTER_COMMIT"
 #: the environment variable naming a micro-batch after whose first sink's commit (of two
 #: sinks written by one query) the driver crashes, before the second sink's
 KILL_BETWEEN_ENV = "REACTIVE_TEST_KILL_BETWEEN_SINKS"
-LINES = 3000
+#: input lines of a default-run shape: three micro-batches of :data:`BATCH`
+LINES = 1500
 BATCH = 500
+#: input lines of the ``slow`` seeded runs: six micro-batches, the kill after any but the last
+SLOW_LINES = 3000
 #: the plan shapes one crashed run restarts (see :func:`build`), in the order the driver
 #: starts them: the union's two sources first, while nothing else runs (see :func:`driver`)
-SHAPES = ("union", "python", "native", "two-sinks", "csv")
+SHAPES = ("union", "join", "python", "native", "two-sinks", "csv", "key-groups")
+#: the shape of the crashed run whose query is killed between its two sinks' commits (as
+#: ``"two-sinks"``): the kill comes from its writer, the other queries wait for it
+BETWEEN = "sinks-between"
+#: the shapes whose dataflow writes two sinks from one query
+ONE_QUERY = ("two-sinks", "csv", BETWEEN)
+#: the ``"join"`` shape's interval: a record of the first file joins those of the second
+#: ``[JOIN_LOWER, JOIN_UPPER]`` seconds after it
+JOIN_LOWER, JOIN_UPPER = -1.0, 1.5
 #: how long a query that committed the kill batch waits for the others to commit it, seconds
-BARRIER_TIMEOUT = 300.0
+BARRIER_TIMEOUT = 600.0
 
 
-def write_input(path: Path, seed: int) -> list[tuple[str, float, int]]:
-    """``key,ts,value`` lines in event-time order (a little disorder), plus a few malformed
-    lines; returns the well-formed records."""
+def write_input(path: Path, seed: int, lines: int = LINES) -> list[tuple[str, float, int]]:
+    """``lines`` ``key,ts,value`` lines in event-time order (a little disorder), a few of
+    them malformed (:func:`malformed_lines`); returns the well-formed records."""
     rng = random.Random(seed)
     rows, text = [], []
-    for i in range(LINES):
+    for i in range(lines):
         if i % 997 == 5:
             text.append(f"malformed {i}")
             continue
@@ -71,7 +88,10 @@ def build(data: Path, out: Path, shape: str = "python",
     lines split between two files (:func:`split_input`), each read, parsed and given event
     time on its own, then unioned (Spark's union of two reads, a watermark per input);
     ``"key-groups"`` with a running total per key and minute in a process function without
-    timers (one row per record: the key-group shape, ``transformWithStateInPandas``).
+    timers (one row per record: the key-group shape, ``transformWithStateInPandas``);
+    ``"join"`` the two files of ``"union"`` in an interval join by key (a Spark
+    stream-stream join: both offsets in one offset log, the join's state in its state store;
+    a bound of 2 s, the input's disorder stays under 1 s).
 
     ``kill_entries``: this query's commit-log entry of the kill batch and every query's
     (of all dataflows the driver runs): the first record parsed once this query's entry
@@ -112,6 +132,8 @@ def build(data: Path, out: Path, shape: str = "python",
 
     own, every = kill_entries if kill_entries is not None else (None, ())
     driver_group = os.getpgrp()  # read where build() runs: in the driver
+    # the kill comes from the writer of BETWEEN's query, between its sinks (kill_between_sinks)
+    killed_between = os.environ.get(KILL_BETWEEN_ENV) is not None
 
     def crash_point() -> None:
         if started is not None:
@@ -123,6 +145,8 @@ def build(data: Path, out: Path, shape: str = "python",
         # that got there first waits here, its task holding one of the driver's task slots,
         # so none runs to the end of its input before the slowest is mid-way).
         wait_for(every)
+        if killed_between:  # wait inside this micro-batch for the kill
+            wait_for([str(started) + ".never"])
         # This runs in a Python worker, whose daemon has a process group of its own: the
         # driver's group (Python and the JVM) first, then the workers'
         os.killpg(driver_group, signal.SIGKILL)
@@ -133,7 +157,7 @@ def build(data: Path, out: Path, shape: str = "python",
         parts = line.split(",")
         if len(parts) == 3:
             return [(parts[0], float(parts[1]), int(parts[2]))]
-        return [("malformed", line)] if shape == "two-sinks" else []
+        return [("malformed", line)] if shape in ("two-sinks", BETWEEN) else []
 
     def parse_row(record: Any) -> list[Any]:
         from reactive.connectors.files import InvalidRow
@@ -148,6 +172,15 @@ def build(data: Path, out: Path, shape: str = "python",
 
     # parallelism 2: the CSV source is read in two tasks per micro-batch (the default)
     flow = Dataflow("restart", parallelism=2 if shape == "csv" else 1)
+    if shape == "join":
+        a, b = (flow.read_text_file(f, name=f"input-{f.stem}").flat_map(parse, name=f"parse-{f.stem}")
+                .assign_timestamps(event_time, max_out_of_orderness=2)
+                for f in split_files(data))
+        (a.key_by(lambda r: r[0]).interval_join(b.key_by(lambda r: r[0]))
+          .between(JOIN_LOWER, JOIN_UPPER)
+          .process(lambda x, y: {"key": x[0], "a": x[1], "b": y[1]}, name="near")
+          .sink(CommittingFileSink(out)).uid("out"))
+        return flow
     if shape == "union":
         a, b = (flow.read_text_file(f, name=f"input-{f.stem}").flat_map(parse, name=f"parse-{f.stem}")
                 .assign_timestamps(event_time, max_out_of_orderness=2)
@@ -169,7 +202,7 @@ def build(data: Path, out: Path, shape: str = "python",
         parsed = flow.source(csv, name="input-csv").flat_map(parse_row, name="parse")
     else:
         parsed = flow.read_text_file(data).flat_map(parse, name="parse")
-    if shape in ("two-sinks", "csv"):
+    if shape in ONE_QUERY:
         (parsed.filter(lambda r: len(r) == 2, name="malformed")
                .map(lambda r: {"line": r[1]}, name="dead-letter")
                .sink(CommittingFileSink(out / "_dead_letters")).uid("dead"))
@@ -189,6 +222,11 @@ def build(data: Path, out: Path, shape: str = "python",
     return flow
 
 
+def malformed_lines(lines: int) -> list[str]:
+    """The malformed lines :func:`write_input` writes among ``lines`` lines."""
+    return [f"malformed {i}" for i in range(lines) if i % 997 == 5]
+
+
 def wait_for(paths: Sequence[str]) -> None:
     """Return once every file of ``paths`` exists.
 
@@ -203,8 +241,12 @@ def wait_for(paths: Sequence[str]) -> None:
         time.sleep(0.05)
 
 
+#: the shapes whose lines are split between two files (:func:`split_input`)
+SPLIT = ("union", "join")
+
+
 def split_files(data: Path) -> tuple[Path, Path]:
-    """The two files of the ``"union"`` shape, beside ``data``."""
+    """The two files of the ``"union"`` and ``"join"`` shapes, beside ``data``."""
     return data.with_name("input-a.csv"), data.with_name("input-b.csv")
 
 
@@ -237,11 +279,11 @@ def driver(base: Path, shapes: Sequence[str]) -> None:
     from reactive.connectors.spark import SparkRunner, local_session
     from reactive.connectors.spark.key_group_plan import KEY_GROUP_SHAPE
 
-    between = os.environ.get(KILL_BETWEEN_ENV)
-    if between is not None:
-        kill_between_sinks(int(between))
     kill_after = os.environ.get(KILL_ENV)
     every = [str(commits_of(base, shape) / kill_after) for shape in shapes] if kill_after else []
+    between = os.environ.get(KILL_BETWEEN_ENV)
+    if between is not None:
+        kill_between_sinks(int(between), every)
     # two task slots per query: those waiting at the kill barrier hold theirs (a union's
     # two reads hold two) while the last gets to it
     started = base / "started"
@@ -251,11 +293,15 @@ def driver(base: Path, shapes: Sequence[str]) -> None:
     jobs, starts = {}, {}
     for shape in shapes:
         data, out, checkpoints = shape_paths(base, shape)
-        entries = (every[shapes.index(shape)], every) if kill_after else None
+        # BETWEEN's records pass: its writer is where the kill comes from
+        entries = (every[shapes.index(shape)], every) if kill_after and shape != BETWEEN else None
         # a session each (one SparkContext): a query's name (its sink's uid) is unique
         # among a session's active queries
-        runner = SparkRunner(spark.newSession(), checkpoints, max_records_per_batch=BATCH,
-                             one_query=shape in ("two-sinks", "csv"))
+        # the union's and the join's two files hold half the lines each: half the records
+        # a micro-batch (from each) keeps their input three micro-batches, as the others'
+        runner = SparkRunner(spark.newSession(), checkpoints,
+                             max_records_per_batch=BATCH // 2 if shape in SPLIT else BATCH,
+                             one_query=shape in ONE_QUERY)
         starts[shape] = (lambda runner=runner, data=data, out=out, shape=shape,
                          entries=entries: runner.start(build(data, out, shape, entries,
                                                              started)))
@@ -269,13 +315,16 @@ def driver(base: Path, shapes: Sequence[str]) -> None:
                 break
             jobs[shape].stop()
     started.touch()
-    await_all(jobs, starts)
+    # two restarts per query: on a busy machine each query's first micro-batch starts Python
+    # workers at once with the others'
+    await_all(jobs, starts, restarts=2 * len(shapes))
     for shape, job in jobs.items():
         wanted = ("transformWithState" if shape in ("python", "union")
                   else KEY_GROUP_SHAPE if shape == "key-groups"
+                  else "stream-stream join" if shape == "join"
                   else "native window aggregation")
         assert job.shapes["out"] == wanted, job.shapes
-        if shape in ("two-sinks", "csv"):
+        if shape in ONE_QUERY:
             assert job.queries["out"] is job.queries["dead"], "the sinks ran as two queries"
 
 
@@ -312,9 +361,12 @@ def sources_started(query: Any) -> bool:
     return bool(query.isActive) or query.exception() is None
 
 
-def kill_between_sinks(batch_id: int) -> None:
-    """Make the one query's writer SIGKILL the driver's process group once the first sink
-    committed micro-batch ``batch_id``, before the second sink writes it."""
+def kill_between_sinks(batch_id: int, every: Sequence[str] = ()) -> None:
+    """Make the one-query writers SIGKILL the driver's process group once the first sink
+    committed micro-batch ``batch_id``, before the second sink writes it, and once every
+    file of ``every`` exists (the commit-log entries of the kill barrier, see :func:`build`:
+    the other queries wait for the kill inside their next micro-batch, before their writer,
+    so only :data:`BETWEEN`'s writer gets to ``batch_id``)."""
     from reactive.connectors.spark import one_query
 
     class Killing:
@@ -324,6 +376,7 @@ def kill_between_sinks(batch_id: int) -> None:
         def addBatch(self, n: int, rows: Any) -> None:
             self.sink.addBatch(n, rows)
             if n == batch_id:
+                wait_for(every)
                 os.killpg(os.getpgrp(), signal.SIGKILL)
 
     file_sinks = one_query._SinkWriter._file_sinks
@@ -337,7 +390,7 @@ def kill_between_sinks(batch_id: int) -> None:
 
 def query_location(checkpoints: Path, shape: str) -> Path:
     """The Spark checkpoint location of the dataflow's (one) query."""
-    return checkpoints / "restart" / ("dead+out" if shape in ("two-sinks", "csv") else "out")
+    return checkpoints / "restart" / ("dead+out" if shape in ONE_QUERY else "out")
 
 
 def start_driver(base: Path, shapes: Sequence[str], kill_after: int | None = None,
@@ -374,6 +427,7 @@ class CrashedRun:
 
     Attributes:
         base: the directory of every shape's files (:func:`shape_paths`).
+        lines: each shape's input lines.
         rows: each shape's well-formed input records.
         committed_at_kill: the micro-batches each shape's query had committed at the kill.
         sinks_at_kill: the micro-batches each shape's results sink and dead-letter sink had
@@ -381,25 +435,26 @@ class CrashedRun:
     """
 
     base: Path
+    lines: int
     rows: dict[str, list[tuple[str, float, int]]]
     committed_at_kill: dict[str, int]
     sinks_at_kill: dict[str, tuple[set[int], set[int]]]
 
 
 def crash_and_resume(base: Path, shapes: Sequence[str], seed: int, kill_after: int | None,
-                     kill_between: int | None = None) -> CrashedRun:
-    """Write each shape's input, run the shapes in a driver that is killed mid-way (after
-    commit ``kill_after`` of every query, or between the two sinks' writes of micro-batch
-    ``kill_between``), then resume them all in a second driver."""
+                     kill_between: int | None = None, lines: int = LINES) -> CrashedRun:
+    """Write each shape's input (``lines`` lines), run the shapes in a driver that is killed
+    mid-way (after commit ``kill_after`` of every query, or between the two sinks' writes of
+    micro-batch ``kill_between``), then resume them all in a second driver."""
     rows = {}
     for shape in shapes:
         data = shape_paths(base, shape)[0]
         data.parent.mkdir(parents=True)
-        rows[shape] = write_input(data, seed)
-        if shape == "union":
+        rows[shape] = write_input(data, seed, lines)
+        if shape in SPLIT:
             split_input(data)
     first = start_driver(base, shapes, kill_after, kill_between)
-    code = first.wait(timeout=600)
+    code = first.wait(timeout=900)
     assert code == -signal.SIGKILL, f"the driver ended (exit code {code}) instead of being killed"
     committed = {shape: committed_batches(commits_of(base, shape)) for shape in shapes}
     sinks = {}
@@ -407,8 +462,8 @@ def crash_and_resume(base: Path, shapes: Sequence[str], seed: int, kill_after: i
         out = shape_paths(base, shape)[1]
         sinks[shape] = (sink_batches(out), sink_batches(out / "_dead_letters"))
     second = start_driver(base, shapes)
-    assert second.wait(timeout=600) == 0
-    return CrashedRun(base, rows, committed, sinks)
+    assert second.wait(timeout=900) == 0
+    return CrashedRun(base, lines, rows, committed, sinks)
 
 
 def check_resumed(run: CrashedRun, spark: Any, shape: str, kill_after: int | None = None,
@@ -420,7 +475,7 @@ def check_resumed(run: CrashedRun, spark: Any, shape: str, kill_after: int | Non
 
     _, out, _ = shape_paths(run.base, shape)
     batches_before = run.committed_at_kill[shape]
-    assert batches_before < LINES // BATCH, "the kill came after the input was consumed"
+    assert batches_before < run.lines // BATCH, "the kill came after the input was consumed"
     if kill_after is not None:  # the kill came inside a later micro-batch than kill_after
         assert batches_before > kill_after
     if kill_between is not None:  # one sink committed the batch Spark had not
@@ -431,6 +486,9 @@ def check_resumed(run: CrashedRun, spark: Any, shape: str, kill_after: int | Non
     # the restarted driver continued after the committed batches, it did not start over
     assert committed_batches(commits_of(run.base, shape)) > batches_before
 
+    if shape == "join":  # every pair of a Python loop, each once
+        check_join(run, out)
+        return
     expected: dict[tuple[str, int], list[int]] = {}
     for key, ts, value in run.rows[shape]:
         acc = expected.setdefault((key, int(ts - ts % 60)), [0, 0])
@@ -453,42 +511,60 @@ def check_resumed(run: CrashedRun, spark: Any, shape: str, kill_after: int | Non
     actual = ResultLog(spark, out).read()
     report = validate_exactly_once(actual, expected_df, key=["key", "start"])
     assert report.ok, str(report)
-    if shape in ("two-sinks", "csv"):  # every malformed line committed once
+    if shape in ONE_QUERY:  # every malformed line committed once
         dead = [r["line"] for r in ResultLog(spark, out / "_dead_letters").read().collect()]
-        assert sorted(dead) == sorted(f"malformed {i}" for i in range(LINES) if i % 997 == 5)
+        assert sorted(dead) == sorted(malformed_lines(run.lines))
+
+
+def check_join(run: CrashedRun, out: Path) -> None:
+    """Assert that the ``"join"`` shape's committed pairs are a Python loop's, each once."""
+    from tests.connectors.spark.test_spark_runner import committed
+
+    side_a, side_b = ([parse_line(line) for line in f.read_text().splitlines()
+                       if line.count(",") == 2]
+                      for f in split_files(shape_paths(run.base, "join")[0]))
+    assert sorted(side_a + side_b) == sorted(run.rows["join"])
+    expected = collections.Counter(
+        json.dumps({"key": x[0], "a": x[1], "b": y[1]}, sort_keys=True)
+        for x in side_a for y in side_b
+        if x[0] == y[0] and JOIN_LOWER <= y[1] - x[1] <= JOIN_UPPER)
+    # every committed record (Spark's file sink, through its metadata log), with repeats
+    actual = collections.Counter(json.dumps(r, sort_keys=True) for r in committed(out))
+    assert actual == expected
+    assert sum(expected.values()) > 100
+
+
+def parse_line(line: str) -> tuple[str, float, int]:
+    key, ts, value = line.split(",")
+    return key, float(ts), int(value)
 
 
 @pytest.fixture(scope="module")
 def crashed_run(tmp_path_factory: pytest.TempPathFactory) -> CrashedRun:
-    """Every shape of :data:`SHAPES` run by one driver killed once every query committed
-    micro-batch 1, resumed by a second: two JVMs for the five tests below."""
-    return crash_and_resume(tmp_path_factory.mktemp("restart"), SHAPES, seed=19, kill_after=1)
+    """Every shape of :data:`SHAPES` and :data:`BETWEEN` run by one driver killed once every
+    query committed micro-batch 1, between BETWEEN's two sinks' commits of micro-batch 2,
+    resumed by a second: two JVMs for the eight tests below."""
+    return crash_and_resume(tmp_path_factory.mktemp("restart"), (*SHAPES, BETWEEN), seed=19,
+                            kill_after=1, kill_between=2)
 
 
 # the transformWithState shape, whose state is the runner's own; Spark's native window
 # aggregation; the one query writing two sinks (the line-file and the CSV source); a union of
-# two sources (both offsets in one offset log): each validated on the shared crashed run
+# two sources (both offsets in one offset log); an interval join of two sources (Spark's
+# stream-stream join, its state in the state store); the key-group shape (a running total per key
+# and minute, its state one value per key group): each validated on the shared crashed run
 @pytest.mark.parametrize("shape", SHAPES)
 def test_driver_killed_mid_way_resumes_exactly_once(
         crashed_run: CrashedRun, spark: Any, shape: str) -> None:
     check_resumed(crashed_run, spark, shape, kill_after=1)
 
 
-def test_key_group_shape_killed_mid_way_resumes_exactly_once(tmp_path: Path, spark: Any) -> None:
-    # the key-group shape (a running total per key and minute, its state one value per key
-    # group): a crashed run of its own, so the shared one starts no more Python workers at
-    # once than before (on a busy machine each may miss Spark's connect-back timeout)
-    run = crash_and_resume(tmp_path, ("key-groups",), seed=23, kill_after=1)
-    check_resumed(run, spark, "key-groups", kill_after=1)
-
-
 def test_driver_killed_between_two_sinks_commits_resumes_exactly_once(
-        tmp_path: Path, spark: Any) -> None:
-    # the dead-letter sink committed micro-batch 2, the results sink and Spark's commit log
-    # had not: the replayed batch is skipped by the one and written by the other. A run of
-    # its own: the kill point is patched into every one-query writer of its driver
-    run = crash_and_resume(tmp_path, ["two-sinks"], seed=23, kill_after=None, kill_between=2)
-    check_resumed(run, spark, "two-sinks", kill_between=2)
+        crashed_run: CrashedRun, spark: Any) -> None:
+    # the dead-letter sink committed micro-batch 2 (the last of the input's, holding a
+    # malformed line), the results sink and Spark's commit log had not: the replayed batch
+    # is skipped by the one and written by the other
+    check_resumed(crashed_run, spark, BETWEEN, kill_between=2)
 
 
 @pytest.mark.slow
@@ -497,8 +573,8 @@ def test_driver_killed_at_seeded_batches_resumes_exactly_once(
         tmp_path: Path, spark: Any, seed: int) -> None:
     # the four shapes of one seed killed together after the seed's batch
     shapes = ["python", "native", "two-sinks", "csv"]
-    kill_after = random.Random(seed).randrange(0, LINES // BATCH - 2)
-    run = crash_and_resume(tmp_path, shapes, seed=seed, kill_after=kill_after)
+    kill_after = random.Random(seed).randrange(0, SLOW_LINES // BATCH - 2)
+    run = crash_and_resume(tmp_path, shapes, seed=seed, kill_after=kill_after, lines=SLOW_LINES)
     for shape in shapes:
         check_resumed(run, spark, shape, kill_after=kill_after)
 

@@ -20,6 +20,8 @@ from reactive.connectors.spark.runner import is_transient
 from tests.support import Count, pickled_by_value
 
 WORDS = [f"w{i % 9}" for i in range(120)]
+#: records a micro-batch: four of them, the injected failure after the second
+BATCH = 30
 NOT_CONNECTED = ("[STREAM_FAILED] Query terminated with exception: Python worker failed to "
                  "connect back. SQLSTATE: XXKST")
 
@@ -86,12 +88,12 @@ def test_queries_stopped_by_a_worker_that_did_not_connect_back_resume_exactly_on
 
     monkeypatch.setattr(SparkJob, "wait", wait)
     # more restarts than the one injected are real ones (a loaded machine)
-    SparkRunner(spark, tmp_path / "chk", max_records_per_batch=10, restart_attempts=6,
+    SparkRunner(spark, tmp_path / "chk", max_records_per_batch=BATCH, restart_attempts=6,
                 restart_delay=0).run(keyed_count(tmp_path / "out"))
     assert len(waits) >= 2
     # the injected failure stopped the run part of the way: the restart had micro-batches
     # left to run (none is injected when a real one came first)
-    assert all(n < len(WORDS) // 10 for n in committed_at_failure)
+    assert all(n < len(WORDS) // BATCH for n in committed_at_failure)
     expected, seen = [], collections.Counter[str]()
     for w in WORDS:
         seen[w] += 1
