@@ -7,15 +7,15 @@ configuration the block changes is set back afterwards. README.md starts with th
 commands `.ci/run` runs, and every relative link of these pages points at a file that
 exists.
 
-A block that needs a service the tests cannot start is preceded by the line
-``<!-- readme-test: skip: <reason> -->``; it is reported as skipped with that reason. A block
-importing a third-party module that is not installed is skipped likewise (every such module
-is in the ``test`` extra)."""
+No block is skipped: a block that needs a service runs against one the tests start (Kafka's
+mock cluster, the shared SparkSession), and a block importing a third-party module that is
+not installed fails, naming it (every such module is in the ``test`` extra)."""
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import importlib.util
 import io
 import re
 import runpy
@@ -30,7 +30,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 PAGES = [README, ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").glob("*.md"))]
-SKIP = re.compile(r"<!--\s*readme-test:\s*skip:\s*(?P<reason>.*?)\s*-->")
 TIMEOUT = 600  # seconds per block run in its own process; most take a few
 SPARK = "reactive.connectors.spark"
 
@@ -39,12 +38,11 @@ SPARK = "reactive.connectors.spark"
 class Block:
     line: int  # of the opening fence, 1-based
     code: str
-    skip: str | None  # the reason given by a skip marker, else None
     page: str = "README.md"  # the page's path relative to the repository
 
 
 def python_blocks(text: str) -> list[Block]:
-    """The ```python blocks of a markdown text, with the skip marker each carries."""
+    """The ```python blocks of a markdown text."""
     lines = text.splitlines()
     blocks: list[Block] = []
     i = 0
@@ -52,11 +50,7 @@ def python_blocks(text: str) -> list[Block]:
         if lines[i].strip() == "```python":
             start = i
             end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
-            marker = SKIP.search(lines[start - 1]) if start > 0 else None
-            if marker is not None and not marker["reason"]:
-                raise ValueError(f"line {start}: a readme-test skip marker needs a reason")
-            blocks.append(Block(start + 1, "\n".join(lines[start + 1:end]) + "\n",
-                                marker["reason"] if marker else None))
+            blocks.append(Block(start + 1, "\n".join(lines[start + 1:end]) + "\n"))
             i = end
         i += 1
     return blocks
@@ -95,10 +89,10 @@ def test_the_readme_and_the_docs_have_python_blocks():
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"{b.page}:line{b.line}" for b in BLOCKS])
 def test_block_runs(block: Block, tmp_path: Path, request: pytest.FixtureRequest,
                     monkeypatch: pytest.MonkeyPatch) -> None:
-    if block.skip is not None:
-        pytest.skip(f"{block.page} line {block.line}: {block.skip}")
-    for module in sorted(third_party_imports(block.code)):
-        pytest.importorskip(module)
+    missing = [m for m in sorted(third_party_imports(block.code))
+               if importlib.util.find_spec(m) is None]
+    assert not missing, (f"{block.page}'s block at line {block.line} imports {missing}, "
+                         "not installed: install the test extra (pip install -e '.[test]')")
     script = tmp_path / "block.py"
     script.write_text(block.code)
     if SPARK in block.code:
@@ -161,11 +155,8 @@ def test_relative_links_point_at_files_that_exist():
     assert broken == []
 
 
-def test_a_skip_marker_is_honoured_and_needs_a_reason():
-    text = ("<!-- readme-test: skip: needs a Kafka cluster -->\n```python\nraise SystemExit(1)\n"
-            "```\n\n```python\nprint(1)\n```\n")
-    marked, plain = python_blocks(text)
-    assert (marked.line, marked.skip) == (2, "needs a Kafka cluster")
-    assert (plain.line, plain.skip, plain.code) == (6, None, "print(1)\n")
-    with pytest.raises(ValueError, match="needs a reason"):
-        python_blocks("<!-- readme-test: skip: -->\n```python\npass\n```\n")
+def test_python_blocks_are_found_with_their_lines_and_code():
+    text = "text\n```python\nx = 1\nprint(x)\n```\n\n```sh\nls\n```\n```python\npass\n```\n"
+    first, second = python_blocks(text)
+    assert (first.line, first.code) == (2, "x = 1\nprint(x)\n")
+    assert (second.line, second.code) == (10, "pass\n")
