@@ -19,6 +19,7 @@ kill point comes in ``REACTIVE_TEST_KILL_AFTER_COMMIT``).
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import random
@@ -351,12 +352,28 @@ def await_all(jobs: dict[str, Any], starts: dict[str, Any], restarts: int = 3) -
             finally:
                 job.stop()
             del pending[shape]
-        time.sleep(0.2)
+        # block until one still-active query ends (or 0.2 s, to look at the others): a
+        # query's own termination event, not a sleep
+        active = [q for job in pending.values() for q in set(job.queries.values())
+                  if q.isActive]
+        if active:
+            with contextlib.suppress(Exception):  # a failure: the loop's job.wait() raises it
+                active[0].awaitTermination(0.2)
 
 
 def sources_started(query: Any) -> bool:
-    """Wait until ``query`` has initialized its sources; False when it failed doing so."""
+    """Wait until ``query`` has initialized its sources; False when it failed doing so.
+
+    Spark posts no event for the end of a query's initialization, so its status is polled.
+
+    Raises:
+        RuntimeError: when it is still initializing after :data:`BARRIER_TIMEOUT` seconds.
+    """
+    deadline = time.monotonic() + BARRIER_TIMEOUT
     while query.isActive and query.status["message"].startswith("Initializing"):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"query {query.name} still initializing after "
+                               f"{BARRIER_TIMEOUT} s")
         time.sleep(0.05)
     return bool(query.isActive) or query.exception() is None
 
