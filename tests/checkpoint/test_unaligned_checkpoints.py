@@ -40,7 +40,7 @@ from tests.connectors.files.test_committing_file_sink import (
     hidden_files,
 )
 from tests.pipelines import committing_file_job as pipeline
-from tests.runtime.test_connected_streams import Enrich, _with_aborts, users_and_clicks
+from tests.runtime.test_connected_streams import Enrich, users_and_clicks
 from tests.support import Count, FailureInjector, checkpoint_state, paced, zipf_words
 
 #: CPU seconds the keyed count spends per record: slower than the source, so the channels in
@@ -245,22 +245,49 @@ def _burn() -> None:
 
 async def test_a_two_input_operator_replays_each_input_to_its_own_side(tmp_path) -> None:
     """In-flight records of both inputs of a keyed co-process are stored with their side and
-    replayed to it after the failures (a user replayed as a click would change the output)."""
+    replayed to it on restore (a user replayed as a click would change the output).
+
+    The join takes 40 us per record, so a batch of 512 takes it about ten time slices
+    (``TIME_SLICE``), while the source hands each channel a batch every two of its reads: the
+    source soon waits on full channels (two batches each). The checkpoint is triggered once
+    an enrich instance has joined 600 clicks, with 6,000 to read, so its overtaking barrier
+    passes queued batches on any machine: the order of the loop's steps decides that, not
+    their duration. The job is cancelled after that checkpoint, and a second run restores
+    it and finishes the input."""
     users, clicks = users_and_clicks(seed=4)
     expected = collections.Counter((f"user-{u}", url) for u, url in clicks)
-    flow = Dataflow("enrich", parallelism=2, batch_size=64)
-    user_stream = flow.source(TestingSource(_with_aborts(users, [200])), uid="users")
-    click_stream = flow.source(TestingSource(_with_aborts(clicks, [2500, 4500])), uid="clicks")
-    (user_stream.key_by(lambda u: u[0])
-        .connect(click_stream.key_by(lambda c: c[0]))
-        .process(SlowEnrich()).uid("enrich")
-        .sink(CommittingFileSink(tmp_path / "out")).uid("files"))
-    job = await flow.run(checkpoints=_config(tmp_path / "chk"),
-                         restart=RestartStrategy.fixed(5, 0.0))
-    assert job.metrics.restarts == 3
+    reached = asyncio.Event()
+
+    class SignallingEnrich(SlowEnrich):
+        def open(self, ctx: Any) -> None:
+            super().open(ctx)
+            self.joined = 0
+
+        def process_element2(self, click: tuple[int, str], ctx: Any) -> Any:
+            self.joined += 1
+            if self.joined == 600:
+                reached.set()
+            return super().process_element2(click, ctx)
+
+    def flow() -> Dataflow:
+        f = Dataflow("enrich", parallelism=2, batch_size=512, channel_capacity=2)
+        user_stream = f.source(TestingSource(users), uid="users")
+        click_stream = f.source(TestingSource(clicks), uid="clicks")
+        (user_stream.key_by(lambda u: u[0])
+            .connect(click_stream.key_by(lambda c: c[0]))
+            .process(SignallingEnrich()).uid("enrich")
+            .sink(CommittingFileSink(tmp_path / "out")).uid("files"))
+        return f
+
+    config = CheckpointConfig(interval=None, directory=tmp_path / "chk", unaligned=True)
+    job = await flow().start(checkpoints=config)
+    await reached.wait()
+    taken = await job.checkpoint()
+    await job.cancel()
     done = {c.checkpoint_id: c for c in CheckpointStorage(tmp_path / "chk", "enrich").completed()}
-    restored = [done[cid] for cid in job.metrics.restored_checkpoints if cid in done]
-    assert any("enrich" in _in_flight(c) for c in restored), [_in_flight(c) for c in restored]
+    assert "enrich" in _in_flight(done[taken.checkpoint_id]), _in_flight(done[taken.checkpoint_id])
+    resumed = await flow().run(checkpoints=config, restore_from=taken.path)
+    assert resumed.metrics.restored_checkpoints == [taken.checkpoint_id]
     assert committed_records(tmp_path / "out") == collections.Counter(
         tuple(r) for r in expected.elements())
 
