@@ -27,6 +27,11 @@ interleaved in the same session; ``--conf`` gives every Spark session more setti
 the table: local[2] against local[1] by the medians, and where each query's time went in the
 first repeat (Spark's ``durationMs`` phases summed over its micro-batches).
 
+Beside wall-clock seconds, each run's CPU seconds (the process tree's, from ``/proc``, by
+:func:`bench.spark_w1.tree_cpu_seconds`) and CPU seconds per wall-clock second: how many
+cores a run kept busy (``local[1]`` runs one task at a time, but its Python workers, the
+drivers of its queries and the JVM's own threads are processes and threads of their own).
+
 Every Spark run's committed results and dead letters are compared with the embedded run's,
 row for row (the embedded run with the same reader). Records/s counts the input lines.
 Ratios are to the embedded CSV run's median.
@@ -47,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import print_table
+from .spark_w1 import tree_cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -91,18 +97,18 @@ def _flights() -> Any:
     return flights
 
 
-def embedded_run(data: Path, work: Path, reader: str) -> float:
-    """One embedded run; returns its seconds."""
+def embedded_run(data: Path, work: Path, reader: str) -> tuple[float, float]:
+    """One embedded run; returns its wall-clock and CPU seconds."""
     from reactive import CheckpointConfig
     from reactive.backends.heap import HeapStateBackend
 
     flights = _flights()
     shutil.rmtree(work, ignore_errors=True)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), tree_cpu_seconds()
     asyncio.run(flights.build_flow(data, work / "out", reader=reader).run(
         checkpoints=CheckpointConfig(interval=1.0, directory=work / "chk"),
         state_backend=HeapStateBackend()))
-    return time.perf_counter() - started
+    return time.perf_counter() - started, tree_cpu_seconds() - cpu
 
 
 def spark_child(args: argparse.Namespace) -> None:
@@ -133,6 +139,7 @@ def spark_child(args: argparse.Namespace) -> None:
 
     variants = args.state_stores.split(",")
     by_variant: dict[str, list[float]] = {v: [] for v in variants}
+    cpu_by_variant: dict[str, list[float]] = {v: [] for v in variants}
     for i in range(args.repeats):
         for variant in variants:  # interleaved: a load change hits every variant alike
             out = work / f"spark-{i}-{variant}"
@@ -140,7 +147,7 @@ def spark_child(args: argparse.Namespace) -> None:
             store, conf = STATE_STORES[variant]
             for key, value in conf.items():  # a streaming query copies the session's conf
                 spark.conf.set(key, value)
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), tree_cpu_seconds()
             try:
                 job = SparkRunner(spark, out / "chk", max_records_per_batch=args.batch,
                                   native=not args.python_plan, state_store=store,
@@ -153,6 +160,7 @@ def spark_child(args: argparse.Namespace) -> None:
                 for key in conf:
                     spark.conf.unset(key)
             by_variant[variant].append(time.perf_counter() - started)
+            cpu_by_variant[variant].append(tree_cpu_seconds() - cpu)
             shapes = job.shapes
             if i == 0:
                 phases[variant] = _phases(job)
@@ -163,6 +171,7 @@ def spark_child(args: argparse.Namespace) -> None:
             shutil.rmtree(out, ignore_errors=True)
     runs = by_variant[variants[0]]
     print(json.dumps({"startup": startup, "runs": runs, "variants": by_variant,
+                      "cpu": cpu_by_variant,
                       "equal": equal, "shapes": shapes, "phases": phases}))
 
 
@@ -242,23 +251,29 @@ def main(argv: list[str] | None = None) -> None:
         medians: dict[tuple[str, str, bool, str], float] = {}  # Spark runs' median seconds
         notes: list[str] = []  # each Spark run's first repeat: where its queries' time went
 
-        def row(name: str, seconds: list[float], base: float | None, extra: str = "") -> None:
-            med = statistics.median(seconds)
+        def row(name: str, seconds: list[float], cpus: list[float], base: float | None,
+                extra: str = "") -> None:
+            med, cpu = statistics.median(seconds), statistics.median(cpus)
             table.append([name, f"{min(seconds):.1f} / {med:.1f} / {max(seconds):.1f}",
                           f"{records / max(seconds):,.0f} / {records / med:,.0f} / "
                           f"{records / min(seconds):,.0f}",
-                          "1.000" if base is None else f"{base / med:.3f}", extra])
+                          "1.000" if base is None else f"{base / med:.3f}",
+                          f"{cpu:.1f} ({cpu / med:.2f})", extra])
 
         # the line reader embedded only when Spark reads lines (its results to compare)
         embedded: dict[str, list[float]] = {r: [] for r in dict.fromkeys(["csv", args.reader])}
+        embedded_cpu: dict[str, list[float]] = {r: [] for r in embedded}
         for _ in range(args.repeats):
             for reader in embedded:
-                embedded[reader].append(embedded_run(data, work / f"embedded-{reader}", reader))
+                wall, cpu = embedded_run(data, work / f"embedded-{reader}", reader)
+                embedded[reader].append(wall)
+                embedded_cpu[reader].append(cpu)
         base = statistics.median(embedded["csv"])
-        row("embedded, CSV reader (p=2, heap)", embedded["csv"], None)
+        row("embedded, CSV reader (p=2, heap)", embedded["csv"], embedded_cpu["csv"], None)
         print(" | ".join(map(str, table[-1])), file=sys.stderr, flush=True)
         if "lines" in embedded:
-            row("embedded, line reader (p=2, heap)", embedded["lines"], base)
+            row("embedded, line reader (p=2, heap)", embedded["lines"], embedded_cpu["lines"],
+                base)
         for master, parts, one in [(m, n, o) for n in args.read_partitions.split(",")
                                    for m in args.masters.split(",")
                                    for o in ([False, True] if args.one_query
@@ -286,13 +301,13 @@ def main(argv: list[str] | None = None) -> None:
                           if "Error" in line or "Exception" in line]
                 why = (errors or ["?"])[-1][-160:]
                 table.append([f"Spark {master}, {args.reader} reader, read partitions "
-                              f"{parts}, {queries}", "failed", "-", "-", why])
+                              f"{parts}, {queries}", "failed", "-", "-", "-", why])
                 continue
             result = json.loads(done.stdout.strip().splitlines()[-1])
             for variant, runs in result["variants"].items():
                 medians[(master, parts, one, variant)] = statistics.median(runs)
                 row(f"Spark {master}, {args.reader} reader, read partitions {parts}, "
-                    f"{queries}, {variant} state store", runs, base,
+                    f"{queries}, {variant} state store", runs, result["cpu"][variant], base,
                     f"start-up {result['startup']:.1f} s; equal: {result['equal']}; "
                     f"{', '.join(sorted(set(result['shapes'].values())))}")
                 print(" | ".join(map(str, table[-1])), file=sys.stderr, flush=True)
@@ -306,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
               f"micro-batches of {args.batch:,}; machine shared with other jobs"
               + "".join(f"; {c}" for c in args.conf))
         print_table(["run", "seconds min / median / max", "records/s min / median / max",
-                     "vs embedded CSV (median)", "notes"], table)
+                     "vs embedded CSV (median)", "CPU s, median (per wall s)", "notes"], table)
         first = args.masters.split(",")[0]
         for (master, parts, one, variant), med in medians.items():
             if master != first and (first, parts, one, variant) in medians:
