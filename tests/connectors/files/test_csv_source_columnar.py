@@ -6,6 +6,7 @@ row and skips none."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from reactive import (
 )
 from reactive.connectors.collections import ListSink
 from reactive.connectors.files import CommittingFileSink, CsvFileSource, InvalidRow
+from reactive.sources import SourceReader
 
 TYPES = {"k": "string", "n": "int64", "x": "float64"}
 
@@ -145,27 +147,73 @@ def _chain(exc: BaseException | None) -> list[BaseException]:
     return out
 
 
+class FailingAfterCommit(CsvFileSource):
+    """The CSV source of :func:`test_a_restore_mid_file_reads_each_row_exactly_once`'s
+    first run: once its reader has read past byte 40,000 it reads no more until a
+    checkpoint's output is committed (a part file published when the checkpoint's completion
+    reached the sink; its metadata alone would leave nothing committed), then fails the job.
+    Holding the input makes that happen mid-file on any machine; a failure once some
+    checkpoint had committed, with the input read on meanwhile, could come after the end."""
+
+    def __init__(self, path: Path, *, out: Path, **options: Any) -> None:
+        super().__init__(path, **options)
+        self.out = out  # the committed output's directory
+
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+        return _FailingAfterCommitReader(super().create_reader(subtask, parallelism), self.out)
+
+
+class _FailingAfterCommitReader(SourceReader):
+    def __init__(self, reader: SourceReader, out: Path) -> None:
+        self.reader, self.out = reader, out
+        self.passed: int | None = None  # the offset of the first batch past byte 40,000
+
+    async def read_batch(self, max_records: int) -> list[Any] | None:
+        if self.passed is not None:
+            if any(self.out.glob("part-*")):
+                raise RuntimeError(f"injected failure after byte {self.passed}")
+            await asyncio.sleep(0.001)  # the task serves barriers meanwhile
+            return []
+        batch = await self.reader.read_batch(max_records)
+        for b in batch or ():
+            if isinstance(b, pa.RecordBatch):
+                where = b.schema.metadata[b"reactive.position"].decode()
+                offset = int(where.split(" byte ")[1].split()[0])
+                if offset > 40_000:
+                    self.passed = offset
+        return batch
+
+    def open(self, checkpointing: bool) -> None:
+        self.reader.open(checkpointing)
+
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
+        return self.reader.snapshot_state(checkpoint_id)
+
+    def restore_state(self, entries: list[Any]) -> None:
+        self.reader.restore_state(entries)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> Any:
+        return self.reader.notify_checkpoint_complete(checkpoint_id)
+
+    def describe_position(self) -> Any:
+        return self.reader.describe_position()
+
+    def close(self) -> Any:
+        return self.reader.close()
+
+
 async def test_a_restore_mid_file_reads_each_row_exactly_once(tmp_path):
     path, bad = write_csv(tmp_path / "in.csv", 6000, seed=4, bad_every=211)
     out, chk = tmp_path / "out", tmp_path / "chk"
 
     def job(fail: bool) -> Dataflow:
-        def crash(b: pa.RecordBatch) -> pa.RecordBatch:
-            where = b.schema.metadata[b"reactive.position"].decode()
-            offset = int(where.split(" byte ")[1].split()[0])
-            # once a checkpoint's output is committed (its part file published when the
-            # checkpoint's completion reached the sink), not once its metadata exists: the
-            # failure would then come between the two and leave nothing committed
-            if fail and offset > 40_000 and any(out.glob("part-*")):
-                raise RuntimeError(f"injected failure at byte {offset}")
-            return b
-
+        options: dict[str, Any] = {"columns": ["k", "n", "x"], "column_types": TYPES,
+                                   "errors": "dead_letter", "columnar": True,
+                                   "block_size": 1500}
         flow = Dataflow("csv-restore", parallelism=1)
-        stream = flow.columnar_source(CsvFileSource(
-            path, columns=["k", "n", "x"], column_types=TYPES, errors="dead_letter",
-            columnar=True, block_size=1500), uid="csv")
-        stream.map_batches(crash).uid("crash") \
-            .sink(CommittingFileSink(out, format="parquet")).uid("rows")
+        stream = flow.columnar_source(FailingAfterCommit(path, out=out, **options) if fail
+                                      else CsvFileSource(path, **options), uid="csv")
+        stream.sink(CommittingFileSink(out, format="parquet")).uid("rows")
         stream.dead_letters().map(lambda d: {"offset": d.offset}) \
             .sink(CommittingFileSink(out / "dead", format="jsonl")).uid("dead")
         return flow
