@@ -6,7 +6,6 @@ row and skips none."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from reactive import (
 from reactive.connectors.collections import ListSink
 from reactive.connectors.files import CommittingFileSink, CsvFileSource, InvalidRow
 from reactive.sources import SourceReader
+from tests.support import HoldThenFail
 
 TYPES = {"k": "string", "n": "int64", "x": "float64"}
 
@@ -151,55 +151,22 @@ class FailingAfterCommit(CsvFileSource):
     """The CSV source of :func:`test_a_restore_mid_file_reads_each_row_exactly_once`'s
     first run: once its reader has read past byte 40,000 it reads no more until a
     checkpoint's output is committed (a part file published when the checkpoint's completion
-    reached the sink; its metadata alone would leave nothing committed), then fails the job.
-    Holding the input makes that happen mid-file on any machine; a failure once some
-    checkpoint had committed, with the input read on meanwhile, could come after the end."""
+    reached the sink; its metadata alone would leave nothing committed), then fails the job
+    (:class:`HoldThenFail`): mid-file on any machine."""
 
     def __init__(self, path: Path, *, out: Path, **options: Any) -> None:
         super().__init__(path, **options)
         self.out = out  # the committed output's directory
 
     def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
-        return _FailingAfterCommitReader(super().create_reader(subtask, parallelism), self.out)
+        def past(b: Any) -> bool:  # a record batch (not a dead letter) past byte 40,000
+            if not isinstance(b, pa.RecordBatch):
+                return False
+            where = b.schema.metadata[b"reactive.position"].decode()
+            return int(where.split(" byte ")[1].split()[0]) > 40_000
 
-
-class _FailingAfterCommitReader(SourceReader):
-    def __init__(self, reader: SourceReader, out: Path) -> None:
-        self.reader, self.out = reader, out
-        self.passed: int | None = None  # the offset of the first batch past byte 40,000
-
-    async def read_batch(self, max_records: int) -> list[Any] | None:
-        if self.passed is not None:
-            if any(self.out.glob("part-*")):
-                raise RuntimeError(f"injected failure after byte {self.passed}")
-            await asyncio.sleep(0.001)  # the task serves barriers meanwhile
-            return []
-        batch = await self.reader.read_batch(max_records)
-        for b in batch or ():
-            if isinstance(b, pa.RecordBatch):
-                where = b.schema.metadata[b"reactive.position"].decode()
-                offset = int(where.split(" byte ")[1].split()[0])
-                if offset > 40_000:
-                    self.passed = offset
-        return batch
-
-    def open(self, checkpointing: bool) -> None:
-        self.reader.open(checkpointing)
-
-    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
-        return self.reader.snapshot_state(checkpoint_id)
-
-    def restore_state(self, entries: list[Any]) -> None:
-        self.reader.restore_state(entries)
-
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> Any:
-        return self.reader.notify_checkpoint_complete(checkpoint_id)
-
-    def describe_position(self) -> Any:
-        return self.reader.describe_position()
-
-    def close(self) -> Any:
-        return self.reader.close()
+        return HoldThenFail(super().create_reader(subtask, parallelism), past,
+                            lambda: any(self.out.glob("part-*")))
 
 
 async def test_a_restore_mid_file_reads_each_row_exactly_once(tmp_path):
