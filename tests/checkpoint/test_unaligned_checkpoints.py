@@ -44,7 +44,9 @@ from tests.runtime.test_connected_streams import Enrich, users_and_clicks
 from tests.support import Count, FailureInjector, checkpoint_state, paced, zipf_words
 
 #: CPU seconds the keyed count spends per record: slower than the source, so the channels in
-#: front of it stay full and every unaligned checkpoint has records in flight
+#: front of it stay full and every unaligned checkpoint has records in flight. Measured on the
+#: thread's CPU clock, not the wall clock: on a loaded machine a wall-clock wait ends while
+#: the process is descheduled, the count catches up with the source and drains its channels.
 RECORD_COST = 20e-6
 
 
@@ -55,8 +57,8 @@ def slow_count(injector: FailureInjector | None = None) -> Count:
         def process_element(self, value: Any, ctx: Any) -> Any:
             if self.inj is not None:
                 self.inj.tick()
-            end = time.perf_counter() + RECORD_COST
-            while time.perf_counter() < end:
+            end = time.thread_time() + RECORD_COST
+            while time.thread_time() < end:
                 pass
             return super().process_element(value, ctx)
 
@@ -135,17 +137,52 @@ def test_unaligned_checkpoints_are_exactly_once() -> None:
 
 # ---------------------------------------------------------------------- in process
 async def test_state_is_exact_after_failures_restored_from_unaligned_checkpoints(tmp_path) -> None:
+    """Two failovers, each restoring an unaligned checkpoint that holds records in flight
+    towards the count: the failover replays them (lost, the counts would be short; twice,
+    too high).
+
+    In each attempt the test triggers the checkpoint once the counts have taken 500 records
+    (their input channels full, as in
+    :func:`test_unaligned_checkpoints_complete_under_backpressure_and_are_marked`), then has
+    the next record fail; with no periodic checkpoints, that is the one restored."""
     words = zipf_words(40_000, 500, seed=3)
-    injector = FailureInjector([15_000, 30_000])
-    job = await _flow(words, slow_count(injector), 2).run(
-        checkpoints=_config(tmp_path), restart=RestartStrategy.fixed(3, 0.0))
-    assert injector.failures == 2
-    assert len(job.metrics.restored_checkpoints) == 2
-    # the restored checkpoints held records in flight towards the map and the count: the
-    # failover replayed them (lost, the counts would be short; twice, too high)
-    done = {c.checkpoint_id: c for c in CheckpointStorage(tmp_path, "unaligned").completed()}
-    restored = [done[cid] for cid in job.metrics.restored_checkpoints if cid in done]
-    assert any("count" in _in_flight(c) for c in restored), [_in_flight(c) for c in restored]
+
+    class FailingOnDemand(type(slow_count())):  # type: ignore[misc]
+        taken = 0  # records taken in this attempt by every instance (class attributes: shared)
+        fail_next = False
+        failures = 0
+
+        def process_element(self, value: Any, ctx: Any) -> Any:
+            cls = FailingOnDemand
+            if cls.fail_next:
+                cls.fail_next = False
+                cls.failures += 1
+                raise RuntimeError(f"injected failure #{cls.failures}")
+            cls.taken += 1
+            return super().process_element(value, ctx)
+
+    async def until(condition: Any, what: str) -> None:
+        for _ in range(12_000):  # 60 s
+            if condition():
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError(f"{what}: not within 60 s")
+
+    job = await _flow(words, FailingOnDemand(), 2, paced_every=None).start(
+        checkpoints=CheckpointConfig(interval=None, directory=tmp_path, unaligned=True),
+        restart=RestartStrategy.fixed(3, 0.0))
+    taken = []
+    for n in (1, 2):
+        await until(lambda: FailingOnDemand.taken >= 500, f"attempt {n} took 500 records")
+        taken.append(await job.checkpoint())
+        in_flight = _in_flight(CheckpointStorage.load(taken[-1].path))
+        assert "count" in in_flight, in_flight
+        FailingOnDemand.fail_next = True
+        await until(lambda: job.metrics.restarts == n, f"restart {n}")  # noqa: B023
+        FailingOnDemand.taken = 0
+    await job.wait()
+    assert FailingOnDemand.failures == 2
+    assert job.metrics.restored_checkpoints == [c.checkpoint_id for c in taken]
     assert checkpoint_state(tmp_path, "unaligned", "count", "count") == collections.Counter(words)
 
 
