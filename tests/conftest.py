@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.kafka_cluster import kafka_cluster  # noqa: F401 - the Kafka tests' fixture
 from tests.support import load_example, zipf_words
@@ -19,6 +20,14 @@ from tests.support import load_example, zipf_words
 # guard below refuses processes, so a trio test does not depend on which test imported it first
 with contextlib.suppress(ImportError):
     import trio  # noqa: F401
+
+# Property tests check results, never speed: hypothesis's per-example deadline (200 ms) and
+# its data-generation speed check fail a test whose example is merely slow on a loaded
+# machine (CI runs two workers beside Spark and Kafka on two cores). A test's own
+# ``@settings`` inherit these.
+settings.register_profile("reactive", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("reactive")
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 
 - :class:`Count`: the keyed count most jobs run; :func:`final_counts` reads its result.
 - :class:`FailureInjector` and :func:`failing_count`: a count that fails at given global
-  record numbers; :func:`paced`: a source that waits for completed checkpoints between them.
+  record numbers; :func:`paced`: a source that waits for completed checkpoints between them;
+  :class:`HoldThenFail`: a reader that fails once a checkpoint completed, mid-input.
 - :func:`checkpoint_state`, :func:`operator_state_entry`: state read from a checkpoint.
 - :func:`zipf_words`: skewed, seeded input; :func:`load_example`: an ``examples/`` module.
 - :func:`pickled_by_value`: a test module whose functions Spark's workers unpickle by value.
@@ -11,16 +12,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import random
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from reactive import KeyedProcessFunction, ValueStateDescriptor
+from reactive.sources import SourceReader
 from reactive.testing import TestingSource
 
 
@@ -69,6 +72,62 @@ def paced(items: Iterable[Any], every: int) -> TestingSource:
             out.append(TestingSource.CHECKPOINT)
         out.append(item)
     return TestingSource(out)
+
+
+class HoldThenFail(SourceReader):
+    """Wraps a connector's reader for a failure test: reads through ``reader`` until a record
+    (or record batch) satisfies ``past``; from then on it reads nothing more until
+    ``ready()`` is true (a checkpoint completed, its output committed...), then raises.
+
+    A test whose failure must come after a completed checkpoint and before the end of the
+    input gets it on any machine: the input waits for the checkpoint (as at a
+    :data:`TestingSource.CHECKPOINT` marker), instead of racing it to the end. Meanwhile
+    the reader returns empty batches every millisecond, so the task serves barriers.
+
+    Args:
+        reader: the connector's reader (its position is snapshotted and restored as is).
+        past: whether a record read is past the failure point.
+        ready: whether the failure may come now.
+    """
+
+    def __init__(self, reader: SourceReader, past: Callable[[Any], bool],
+                 ready: Callable[[], bool]) -> None:
+        self.reader, self.past, self.ready = reader, past, ready
+        self.passed = False
+
+    async def read_batch(self, max_records: int) -> list[Any] | None:
+        if self.passed:
+            if self.ready():
+                raise RuntimeError(f"injected failure at {self.reader.describe_position()}")
+            await asyncio.sleep(0.001)
+            return []
+        batch = await self.reader.read_batch(max_records)
+        self.passed = any(self.past(r) for r in batch or ())
+        return batch
+
+    def open(self, checkpointing: bool) -> None:
+        self.reader.open(checkpointing)
+
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
+        return self.reader.snapshot_state(checkpoint_id)
+
+    def restore_state(self, entries: list[Any]) -> None:
+        self.reader.restore_state(entries)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> Any:
+        return self.reader.notify_checkpoint_complete(checkpoint_id)
+
+    def describe_position(self) -> Any:
+        return self.reader.describe_position()
+
+    def current_watermark(self) -> float | None:
+        return self.reader.current_watermark()
+
+    def is_idle(self) -> bool:
+        return self.reader.is_idle()
+
+    def close(self) -> Any:
+        return self.reader.close()
 
 
 def failing_count(injector: FailureInjector) -> KeyedProcessFunction:

@@ -44,7 +44,9 @@ from tests.runtime.test_connected_streams import Enrich, users_and_clicks
 from tests.support import Count, FailureInjector, checkpoint_state, paced, zipf_words
 
 #: CPU seconds the keyed count spends per record: slower than the source, so the channels in
-#: front of it stay full and every unaligned checkpoint has records in flight
+#: front of it stay full and every unaligned checkpoint has records in flight. Measured on the
+#: thread's CPU clock, not the wall clock: on a loaded machine a wall-clock wait ends while
+#: the process is descheduled, the count catches up with the source and drains its channels.
 RECORD_COST = 20e-6
 
 
@@ -55,19 +57,38 @@ def slow_count(injector: FailureInjector | None = None) -> Count:
         def process_element(self, value: Any, ctx: Any) -> Any:
             if self.inj is not None:
                 self.inj.tick()
-            end = time.perf_counter() + RECORD_COST
-            while time.perf_counter() < end:
+            end = time.thread_time() + RECORD_COST
+            while time.thread_time() < end:
                 pass
             return super().process_element(value, ctx)
 
     return SlowCount()
 
 
-def _flow(words: list[str], fn: Count, parallelism: int, name: str = "unaligned") -> Dataflow:
+def _signalling_count(reached: asyncio.Event, at: int) -> Count:
+    """:func:`slow_count` that sets ``reached`` once its instances have taken ``at`` records
+    in all."""
+
+    class SignallingCount(type(slow_count())):  # type: ignore[misc]
+        taken = 0  # a class attribute: shared by every instance
+
+        def process_element(self, value: Any, ctx: Any) -> Any:
+            SignallingCount.taken += 1
+            if SignallingCount.taken == at:
+                reached.set()
+            return super().process_element(value, ctx)
+
+    return SignallingCount()
+
+
+def _flow(words: list[str], fn: Count, parallelism: int, name: str = "unaligned",
+          paced_every: int | None = 8_000) -> Dataflow:
     """One source (parallelism 1) -> a map at ``parallelism`` (a rebalance edge) -> key_by ->
-    a slow keyed count: both kinds of in-flight records, split and keyed."""
+    a slow keyed count: both kinds of in-flight records, split and keyed. The source waits
+    for a completed checkpoint every ``paced_every`` records (None: never)."""
     flow = Dataflow(name, parallelism=parallelism, max_parallelism=16, batch_size=128)
-    (flow.source(paced(words, every=8_000)).uid("src").set_parallelism(1)
+    source = paced(words, every=paced_every) if paced_every else TestingSource(words)
+    (flow.source(source).uid("src").set_parallelism(1)
          .map(lambda w: w).uid("map")
          .key_by(lambda w: w).process(fn).uid("count").sink(ListSink()))
     return flow
@@ -116,46 +137,100 @@ def test_unaligned_checkpoints_are_exactly_once() -> None:
 
 # ---------------------------------------------------------------------- in process
 async def test_state_is_exact_after_failures_restored_from_unaligned_checkpoints(tmp_path) -> None:
+    """Two failovers, each restoring an unaligned checkpoint that holds records in flight
+    towards the count: the failover replays them (lost, the counts would be short; twice,
+    too high).
+
+    In each attempt the test triggers the checkpoint once the counts have taken 500 records
+    (their input channels full, as in
+    :func:`test_unaligned_checkpoints_complete_under_backpressure_and_are_marked`), then has
+    the next record fail; with no periodic checkpoints, that is the one restored."""
     words = zipf_words(40_000, 500, seed=3)
-    injector = FailureInjector([15_000, 30_000])
-    job = await _flow(words, slow_count(injector), 2).run(
-        checkpoints=_config(tmp_path), restart=RestartStrategy.fixed(3, 0.0))
-    assert injector.failures == 2
-    assert len(job.metrics.restored_checkpoints) == 2
-    # the restored checkpoints held records in flight towards the map and the count: the
-    # failover replayed them (lost, the counts would be short; twice, too high)
-    done = {c.checkpoint_id: c for c in CheckpointStorage(tmp_path, "unaligned").completed()}
-    restored = [done[cid] for cid in job.metrics.restored_checkpoints if cid in done]
-    assert any("count" in _in_flight(c) for c in restored), [_in_flight(c) for c in restored]
+
+    class FailingOnDemand(type(slow_count())):  # type: ignore[misc]
+        taken = 0  # records taken in this attempt by every instance (class attributes: shared)
+        fail_next = False
+        failures = 0
+
+        def process_element(self, value: Any, ctx: Any) -> Any:
+            cls = FailingOnDemand
+            if cls.fail_next:
+                cls.fail_next = False
+                cls.failures += 1
+                raise RuntimeError(f"injected failure #{cls.failures}")
+            cls.taken += 1
+            return super().process_element(value, ctx)
+
+    async def until(condition: Any, what: str) -> None:
+        for _ in range(12_000):  # 60 s
+            if condition():
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError(f"{what}: not within 60 s")
+
+    job = await _flow(words, FailingOnDemand(), 2, paced_every=None).start(
+        checkpoints=CheckpointConfig(interval=None, directory=tmp_path, unaligned=True),
+        restart=RestartStrategy.fixed(3, 0.0))
+    taken = []
+    for n in (1, 2):
+        await until(lambda: FailingOnDemand.taken >= 500, f"attempt {n} took 500 records")
+        taken.append(await job.checkpoint())
+        in_flight = _in_flight(CheckpointStorage.load(taken[-1].path))
+        assert "count" in in_flight, in_flight
+        FailingOnDemand.fail_next = True
+        await until(lambda: job.metrics.restarts == n, f"restart {n}")  # noqa: B023
+        FailingOnDemand.taken = 0
+    await job.wait()
+    assert FailingOnDemand.failures == 2
+    assert job.metrics.restored_checkpoints == [c.checkpoint_id for c in taken]
     assert checkpoint_state(tmp_path, "unaligned", "count", "count") == collections.Counter(words)
 
 
 @pytest.mark.parametrize(("p", "p2"), [(2, 3), (3, 2)])
 async def test_in_flight_records_are_redistributed_on_a_restore_at_another_parallelism(
         tmp_path, p, p2) -> None:
+    """A checkpoint with records in flight towards the count, taken at parallelism ``p``
+    and restored at ``p2``: its in-flight records go to the instances owning their keys.
+
+    The first run takes no periodic checkpoint: the test triggers one once the counts have
+    taken 500 records (their input channels full, as in
+    :func:`test_unaligned_checkpoints_complete_under_backpressure_and_are_marked`), then
+    cancels the run."""
     words = zipf_words(40_000, 500, seed=5)
-    with pytest.raises(JobFailedError):
-        await _flow(words, slow_count(FailureInjector([25_000])), p).run(
-            checkpoints=_config(tmp_path), restart=RestartStrategy.none())
-    # the newest checkpoint with records in flight towards the count (the newest of all
-    # may have been taken while the paced source waited and the channels were empty)
-    done = CheckpointStorage(tmp_path, "unaligned").completed()
-    chosen = [c for c in done if "count" in _in_flight(c)]
-    assert chosen, [_in_flight(c) for c in done]
-    restored = chosen[-1]
-    job = await _flow(words, slow_count(), p2).run(checkpoints=_config(tmp_path),
-                                                   restore_from=restored.path)
+    reached = asyncio.Event()
+    first = await _flow(words, _signalling_count(reached, 500), p, paced_every=None).start(
+        checkpoints=CheckpointConfig(interval=None, directory=tmp_path, unaligned=True))
+    await reached.wait()
+    taken = await first.checkpoint()
+    await first.cancel()
+    restored = CheckpointStorage.load(taken.path)
+    assert "count" in _in_flight(restored), _in_flight(restored)
+    job = await _flow(words, slow_count(), p2, paced_every=None).run(
+        checkpoints=_config(tmp_path), restore_from=restored.path)
     assert job.metrics.restored_checkpoints == [restored.checkpoint_id]
     assert checkpoint_state(tmp_path, "unaligned", "count", "count") == collections.Counter(words)
 
 
 async def test_unaligned_checkpoints_complete_under_backpressure_and_are_marked(tmp_path) -> None:
-    """Periodic checkpoints are unaligned (records in flight stored); the final checkpoint is
-    aligned (it must cover every record: nothing in flight)."""
+    """A checkpoint taken under backpressure is unaligned (records in flight stored); the
+    final checkpoint is aligned (it must cover every record: nothing in flight).
+
+    The test triggers the checkpoint once the counts have taken 500 of the 20,000 records:
+    a count takes 20 us a record, so a batch of 128 outlasts its time slice
+    (``TIME_SLICE``) and between two of its batches the source and the maps hand on at least
+    one more. The channels before the counts are full then and stay full until the input
+    ends (the source is not paced: it never waits with channels the counts could drain), so
+    the overtaking barrier passes queued batches whatever the load."""
     words = zipf_words(20_000, 300, seed=9)
-    job = await _flow(words, slow_count(), 2).run(checkpoints=_config(tmp_path))
+    reached = asyncio.Event()
+    job = await _flow(words, _signalling_count(reached, 500), 2, paced_every=None).start(
+        checkpoints=CheckpointConfig(interval=None, directory=tmp_path, unaligned=True))
+    await reached.wait()
+    taken = await job.checkpoint()
+    assert "count" in _in_flight(CheckpointStorage.load(taken.path)), _in_flight(
+        CheckpointStorage.load(taken.path))
+    await job.wait()
     completed = CheckpointStorage(tmp_path, "unaligned").completed()
-    assert any(_in_flight(c) for c in completed[:-1])
     assert _in_flight(completed[-1]) == {}
     assert len(job.metrics.completed_checkpoints) == len(job.metrics.checkpoints)
     assert checkpoint_state(tmp_path, "unaligned", "count", "count") == collections.Counter(words)

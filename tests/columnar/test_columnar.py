@@ -32,6 +32,7 @@ from reactive.columnar.key_index import KeyIndex
 from reactive.columnar.partitioning import ColumnarKeyGroupPartitioner
 from reactive.connectors.collections import ListSink
 from reactive.connectors.files import CommittingFileSink
+from reactive.testing import AbortExecution, TestingSource
 
 
 def words_table(n: int = 2000, vocabulary: int = 50, seed: int = 1) -> pa.Table:
@@ -244,19 +245,24 @@ def committed_rows(directory: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def agg_job(name: str, table: pa.Table, parallelism: int, out: Path, fail_at: int | None,
-            checkpoints: Path, fmt: str = "jsonl") -> Dataflow:
-    def crash(b: pa.RecordBatch) -> pa.RecordBatch:
-        row = int(b.schema.metadata[b"reactive.position"].split()[1])
-        done = any(checkpoints.glob("*/chk-*/_metadata"))
-        if fail_at is not None and row >= fail_at and done:
-            raise RuntimeError(f"injected failure at row {row}")
-        return b
+def agg_job(name: str, table: pa.Table, parallelism: int, out: Path, fail_at: int,
+            fail: bool, fmt: str = "jsonl") -> Dataflow:
+    """The running count and sum per word of ``table``, read in batches of 50 rows by a
+    scripted source that holds at row ``fail_at // 2`` until a checkpoint completes. With
+    ``fail``, it fails the job at row ``fail_at`` (``TestingSource`` markers), so a
+    checkpoint lies between the start and the failure on any machine; without, a checkpoint
+    marker stands there instead, so that a resumed run (same ``fail_at``) reads the same
+    items at the same indices."""
+    batches = table.to_batches(max_chunksize=50)
+    at = fail_at // 50  # the index of the batch that starts at row fail_at
+    items: list[Any] = [*batches[:at // 2], TestingSource.CHECKPOINT, *batches[at // 2:at],
+                        TestingSource.ABORT if fail else TestingSource.CHECKPOINT,
+                        *batches[at:]]
+    source = TestingSource(items, batch_size=1)
+    source.schema = table.schema  # type: ignore[attr-defined]
 
-    # each record batch is a channel batch of its own (whatever the dataflow's batch_size):
-    # the channels' bounds pace the source, so checkpoints complete while it reads
     flow = Dataflow(name, parallelism=parallelism, max_parallelism=16)
-    counts = (flow.from_arrow(table, batch_size=50).uid("source").map_batches(crash)
+    counts = (flow.columnar_source(source, uid="source")
               .key_by("word").agg(count=("word", "count"), total=("n", "sum")).uid("agg"))
     if fmt == "parquet":  # the record batches themselves, no per-row conversion
         counts.sink(CommittingFileSink(out, format="parquet"), name="sink").uid("sink")
@@ -271,12 +277,12 @@ async def test_exactly_once_through_a_failure_and_a_restore_at_another_paralleli
     table = words_table(20_000, vocabulary=40)
     out, chk = tmp_path / "out", tmp_path / "chk"
     config = CheckpointConfig(interval=0.01, directory=chk)
-    first = agg_job("columnar-eo", table, 2, out, fail_at=10_000, checkpoints=chk, fmt=fmt)
+    first = agg_job("columnar-eo", table, 2, out, fail_at=10_000, fail=True, fmt=fmt)
     with pytest.raises(JobFailedError) as info:
         await first.run(checkpoints=config, restart=RestartStrategy.none())
-    assert any("injected failure" in str(e) for e in chain(info.value))
+    assert any(isinstance(e, AbortExecution) for e in chain(info.value))
     assert len(committed_rows(out)) < table.num_rows  # it failed part way
-    second = agg_job("columnar-eo", table, 3, out, fail_at=None, checkpoints=chk, fmt=fmt)
+    second = agg_job("columnar-eo", table, 3, out, fail_at=10_000, fail=False, fmt=fmt)
     await second.run(checkpoints=config, resume=True)
 
     rows = committed_rows(out)
@@ -470,11 +476,11 @@ async def test_exactly_once_with_the_heap_backend_full_and_incremental(tmp_path,
     out, chk = tmp_path / "out", tmp_path / "chk"
     config = CheckpointConfig(interval=0.01, directory=chk)
     backend = HeapStateBackend(incremental=incremental)
-    first = agg_job("columnar-eo-heap", table, 3, out, fail_at=10_000, checkpoints=chk)
+    first = agg_job("columnar-eo-heap", table, 3, out, fail_at=10_000, fail=True)
     with pytest.raises(JobFailedError):
         await first.run(checkpoints=config, restart=RestartStrategy.none(),
                         state_backend=backend)
-    second = agg_job("columnar-eo-heap", table, 1, out, fail_at=None, checkpoints=chk)
+    second = agg_job("columnar-eo-heap", table, 1, out, fail_at=10_000, fail=False)
     await second.run(checkpoints=config, resume=True, state_backend=backend)
     rows = committed_rows(out)
     assert len(rows) == table.num_rows

@@ -25,6 +25,7 @@ from reactive import (
 from reactive.columnar import VectorizedAggregateFunction
 from reactive.connectors.collections import ListSink
 from reactive.connectors.files import CommittingFileSink
+from reactive.testing import TestingSource
 from tests.columnar.test_columnar_windows import ASSIGNERS, DELAY, events, ordered
 
 
@@ -143,15 +144,17 @@ async def test_user_aggregate_windows_exact_through_a_failure_and_a_rescale(tmp_
     out, chk = tmp_path / "out", tmp_path / "chk"
 
     def job(parallelism: int, fail: bool) -> Dataflow:
-        def crash(b: pa.RecordBatch) -> pa.RecordBatch:
-            row = int(b.schema.metadata[b"reactive.position"].split()[1])
-            if fail and row >= 1500 and any(chk.glob("*/chk-*/_metadata")):
-                raise RuntimeError(f"injected failure at row {row}")
-            return b
+        # batches of 40 rows; the source holds at row 760 until a checkpoint completes and,
+        # with ``fail``, fails the job at row 1,520 (a checkpoint lies between on any
+        # machine); without, a checkpoint marker stands there: same items at same indices
+        batches = table.to_batches(max_chunksize=40)
+        source = TestingSource([*batches[:19], TestingSource.CHECKPOINT, *batches[19:38],
+                                TestingSource.ABORT if fail else TestingSource.CHECKPOINT,
+                                *batches[38:]], batch_size=1)
+        source.schema = table.schema  # type: ignore[attr-defined]
 
         flow = Dataflow("udaf-eo", parallelism=parallelism, max_parallelism=16)
-        (flow.from_arrow(table, batch_size=40).uid("source")
-             .map_batches(crash).set_parallelism(1).uid("crash")
+        (flow.columnar_source(source, uid="source")
              .assign_timestamps("ts", DELAY).set_parallelism(1).uid("stamps")
              .key_by("k").window(ASSIGNERS["session"], timestamp="ts").allowed_lateness(20)
              .agg(var=("v", Variance())).uid("windows")

@@ -45,6 +45,7 @@ from reactive.windowing.functions import ReduceAggregate
 from tests.support import Count, checkpoint_state, final_counts, zipf_words
 
 EOF, ABORT, HOLD = TestingSource.EOF, TestingSource.ABORT, TestingSource.HOLD
+CHECKPOINT = TestingSource.CHECKPOINT
 
 
 # ---------------------------------------------------------------------------- TestingSource
@@ -120,8 +121,10 @@ def _count_flow(source: TestingSource, sink: ListSink, name: str) -> Dataflow:
 async def test_abort_fails_once_and_the_restart_counts_exactly_once(tmp_path):
     before, after = zipf_words(3_000, 200, seed=1), zipf_words(3_000, 200, seed=2)
     truth = dict(collections.Counter(before + after))
-    source = TestingSource([*before, ABORT, *after], batch_size=20)
-    sink = ListSink(delay=0.002)  # a slow sink holds the source back: checkpoints come first
+    # the source waits for a completed checkpoint before the ABORT: one is there to restore
+    # on any machine
+    source = TestingSource([*before, CHECKPOINT, ABORT, *after], batch_size=20)
+    sink = ListSink()
     config = CheckpointConfig(interval=0.005, directory=tmp_path)
     job = await _count_flow(source, sink, "abort").run(
         checkpoints=config, restart=RestartStrategy.fixed(1, delay=0.0))

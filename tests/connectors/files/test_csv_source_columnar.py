@@ -26,6 +26,8 @@ from reactive import (
 )
 from reactive.connectors.collections import ListSink
 from reactive.connectors.files import CommittingFileSink, CsvFileSource, InvalidRow
+from reactive.sources import SourceReader
+from tests.support import HoldThenFail
 
 TYPES = {"k": "string", "n": "int64", "x": "float64"}
 
@@ -145,27 +147,40 @@ def _chain(exc: BaseException | None) -> list[BaseException]:
     return out
 
 
+class FailingAfterCommit(CsvFileSource):
+    """The CSV source of :func:`test_a_restore_mid_file_reads_each_row_exactly_once`'s
+    first run: once its reader has read past byte 40,000 it reads no more until a
+    checkpoint's output is committed (a part file published when the checkpoint's completion
+    reached the sink; its metadata alone would leave nothing committed), then fails the job
+    (:class:`HoldThenFail`): mid-file on any machine."""
+
+    def __init__(self, path: Path, *, out: Path, **options: Any) -> None:
+        super().__init__(path, **options)
+        self.out = out  # the committed output's directory
+
+    def create_reader(self, subtask: int, parallelism: int) -> SourceReader:
+        def past(b: Any) -> bool:  # a record batch (not a dead letter) past byte 40,000
+            if not isinstance(b, pa.RecordBatch):
+                return False
+            where = b.schema.metadata[b"reactive.position"].decode()
+            return int(where.split(" byte ")[1].split()[0]) > 40_000
+
+        return HoldThenFail(super().create_reader(subtask, parallelism), past,
+                            lambda: any(self.out.glob("part-*")))
+
+
 async def test_a_restore_mid_file_reads_each_row_exactly_once(tmp_path):
     path, bad = write_csv(tmp_path / "in.csv", 6000, seed=4, bad_every=211)
     out, chk = tmp_path / "out", tmp_path / "chk"
 
     def job(fail: bool) -> Dataflow:
-        def crash(b: pa.RecordBatch) -> pa.RecordBatch:
-            where = b.schema.metadata[b"reactive.position"].decode()
-            offset = int(where.split(" byte ")[1].split()[0])
-            # once a checkpoint's output is committed (its part file published when the
-            # checkpoint's completion reached the sink), not once its metadata exists: the
-            # failure would then come between the two and leave nothing committed
-            if fail and offset > 40_000 and any(out.glob("part-*")):
-                raise RuntimeError(f"injected failure at byte {offset}")
-            return b
-
+        options: dict[str, Any] = {"columns": ["k", "n", "x"], "column_types": TYPES,
+                                   "errors": "dead_letter", "columnar": True,
+                                   "block_size": 1500}
         flow = Dataflow("csv-restore", parallelism=1)
-        stream = flow.columnar_source(CsvFileSource(
-            path, columns=["k", "n", "x"], column_types=TYPES, errors="dead_letter",
-            columnar=True, block_size=1500), uid="csv")
-        stream.map_batches(crash).uid("crash") \
-            .sink(CommittingFileSink(out, format="parquet")).uid("rows")
+        stream = flow.columnar_source(FailingAfterCommit(path, out=out, **options) if fail
+                                      else CsvFileSource(path, **options), uid="csv")
+        stream.sink(CommittingFileSink(out, format="parquet")).uid("rows")
         stream.dead_letters().map(lambda d: {"offset": d.offset}) \
             .sink(CommittingFileSink(out / "dead", format="jsonl")).uid("dead")
         return flow
