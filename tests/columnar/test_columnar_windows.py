@@ -114,10 +114,10 @@ async def test_windows_equal_the_per_record_windows(kind, lateness):
 
 @pytest.mark.parametrize("kind", ["sliding", "session"])
 async def test_window_results_do_not_depend_on_the_batch_size(kind):
-    table = events(800, seed=5)
+    table = events(400, seed=5)
     one = await columnar_windows(table, ASSIGNERS[kind], 10, batch_size=1)
     assert await columnar_windows(table, ASSIGNERS[kind], 10, batch_size=13) == one
-    assert await columnar_windows(table, ASSIGNERS[kind], 10, batch_size=800,
+    assert await columnar_windows(table, ASSIGNERS[kind], 10, batch_size=400,
                             parallelism=3) == one
 
 
@@ -190,7 +190,7 @@ def window_job(table: pa.Table, assigner: Any, parallelism: int, out: Path,
     between the start and the failure on any machine. Without, a checkpoint marker stands
     where the failure was: a resumed run reads the same items at the same indices."""
     batches = table.to_batches(max_chunksize=40)
-    at = (fail_at or 2000) // 40  # the index of the batch that starts at row fail_at
+    at = (fail_at or 1000) // 40  # the index of the batch that starts at row fail_at
     items: list[Any] = [*batches[:at // 2], TestingSource.CHECKPOINT, *batches[at // 2:at],
                         TestingSource.ABORT if fail_at is not None else TestingSource.CHECKPOINT,
                         *batches[at:]]
@@ -212,11 +212,11 @@ async def test_exactly_once_through_a_failure_and_a_restore_at_another_paralleli
                                                                                    kind):
     import pyarrow.parquet as pq
 
-    table = events(4000, seed=11)
+    table = events(2000, seed=11)
     assigner = ASSIGNERS[kind]
     out, chk = tmp_path / "out", tmp_path / "chk"
     config = CheckpointConfig(interval=0.01, directory=chk)
-    first = window_job(table, assigner, 2, out, chk, fail_at=2000)
+    first = window_job(table, assigner, 2, out, chk, fail_at=1000)
     with pytest.raises(JobFailedError) as info:
         await first.run(checkpoints=config, restart=RestartStrategy.none())
     assert any(isinstance(e, AbortExecution) for e in _chain(info.value))

@@ -89,7 +89,7 @@ async def windows(table: pa.Table, assigner: Any, batch_size: int, parallelism: 
 
 @pytest.mark.parametrize("kind", ["tumbling", "sliding-gaps", "session"])
 async def test_panes_in_rocksdb_give_the_heap_results(tmp_path, counted, kind):
-    table = events(1000, seed=7, keys=30)
+    table = events(400, seed=7, keys=30)
     heap = await windows(table, ASSIGNERS[kind], 97, 2, None)
     assert heap[0] and (heap[1] or kind != "tumbling")  # windows fired, rows were late
     assert await windows(table, ASSIGNERS[kind], 97, 2, tmp_path / "a") == heap
@@ -98,18 +98,18 @@ async def test_panes_in_rocksdb_give_the_heap_results(tmp_path, counted, kind):
     # at the end every window is gone, and so is every key's row (deleted, not emptied)
     final = CheckpointStorage(tmp_path / "a" / "c", "windows-rocksdb").completed()[-1]
     assert stored_rows(final, "windows") == {}
-    assert await windows(table, ASSIGNERS[kind], 500, 3, tmp_path / "b") == heap
+    assert await windows(table, ASSIGNERS[kind], 200, 3, tmp_path / "b") == heap
 
 
 @pytest.mark.parametrize("kind", ["sliding", "session"])
 async def test_panes_in_rocksdb_exactly_once_through_a_failure_and_a_rescale(
         tmp_path, counted, kind):
-    table = events(3000, seed=11, keys=30)
+    table = events(1500, seed=11, keys=30)
     assigner = ASSIGNERS[kind]
     out, chk = tmp_path / "out", tmp_path / "chk"
     config = CheckpointConfig(interval=0.01, directory=chk)
     backend = RocksDBStateBackend(tmp_path / "work")
-    first = window_job(table, assigner, 2, out, chk, fail_at=2000)
+    first = window_job(table, assigner, 2, out, chk, fail_at=1000)
     with pytest.raises(JobFailedError) as info:
         await first.run(checkpoints=config, restart=RestartStrategy.none(),
                         state_backend=backend)

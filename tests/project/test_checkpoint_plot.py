@@ -52,8 +52,8 @@ def checkpoint_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A checkpoint root with one job that completed several checkpoints (keeps 5)."""
     root = tmp_path_factory.mktemp("plot") / "chk"
     flow = Dataflow("plot-job", parallelism=2)
-    # paced: a checkpoint completes every 10,000 records, on any machine
-    (flow.source(paced([f"k{i % 37}" for i in range(100_000)], every=10_000)).uid("src")
+    # paced: a checkpoint completes every 2,500 records, on any machine
+    (flow.source(paced([f"k{i % 37}" for i in range(25_000)], every=2_500)).uid("src")
          .key_by(lambda k: k).process(Count()).uid("count").sink(DiscardingSink()))
     job = flow.execute(checkpoints=CheckpointConfig(interval=0.01, directory=root,
                                                     retained=5))

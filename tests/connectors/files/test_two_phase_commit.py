@@ -34,7 +34,7 @@ from reactive import (
 )
 from reactive.sinks import SinkWriter
 from reactive.two_phase_commit import TwoPhaseCommitWriter
-from tests.support import Count, FailureInjector, failing_count, zipf_words
+from tests.support import Count, FailureInjector, failing_count, paced, zipf_words
 
 Txn = dict[str, Any]
 
@@ -394,23 +394,25 @@ async def test_commit_failure_after_completion_is_retried_after_recovery(tmp_pat
                                             (23, "synchronous")])
 async def test_exactly_once_output_under_failures_and_concurrent_checkpoints(tmp_path, seed,
                                                                              mode):
-    words = zipf_words(100_000, 3_000, seed=seed)
+    words = zipf_words(40_000, 3_000, seed=seed)
     rnd = random.Random(seed)
-    # far apart, so each failure is alone in its attempt (one restart per failure)
-    injector = FailureInjector([rnd.randint(10_000, 30_000), rnd.randint(40_000, 60_000),
-                                rnd.randint(70_000, 90_000)])
+    # far apart, so each failure is alone in its attempt (one restart per failure); the
+    # source waits for a completed checkpoint every 2,000 records, so each attempt restores
+    # one taken after the previous failure
+    injector = FailureInjector([rnd.randint(4_000, 12_000), rnd.randint(16_000, 24_000),
+                                rnd.randint(28_000, 36_000)])
     probe = Probe(tmp_path, "failures")
     flow = Dataflow("failures", parallelism=3, batch_size=256)
-    (flow.from_collection(words).uid("src").key_by(lambda w: w)
+    (flow.source(paced(words, every=2_000)).uid("src").key_by(lambda w: w)
          .process(failing_count(injector)).uid("count")
          .sink(RecordingSink(probe, asynchronous=seed % 2 == 0)).uid("sink"))
     # the synchronous baseline takes one checkpoint at a time and halts the sources for each:
-    # a longer interval still completes several checkpoints between failures (~20,000
-    # records apart) without the job spending its time halted
+    # a longer interval, so that the job does not spend its time halted
     synchronous = mode == "synchronous"
-    config = CheckpointConfig(interval=0.05 if synchronous else 0.01, directory=tmp_path,
+    config = CheckpointConfig(interval=0.02 if synchronous else 0.01, directory=tmp_path,
                               mode=mode, max_concurrent=1 if synchronous else 2)
     job = await flow.run(checkpoints=config, restart=RestartStrategy.fixed(10, 0.0))
     assert injector.failures == 3 and job.metrics.restarts == 3
+    assert len(set(job.metrics.restored_checkpoints)) == 3
     assert probe.visible() == expected(words)
     assert set(probe.staged) == set(probe.committed)

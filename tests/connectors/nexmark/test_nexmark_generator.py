@@ -130,14 +130,14 @@ async def _run(source: NexmarkSource, parallelism: int, tmp: Path, step: int,
 @pytest.mark.parametrize("parallelisms", [[2, 3], [3, 1, 4]])
 async def test_source_position_is_exact_across_savepoints_and_rescaling(
         tmp_path: Path, parallelisms: list[int]) -> None:
-    config = NexmarkConfig(num_events=60_000, first_event_rate=1_000)
+    config = NexmarkConfig(num_events=30_000, first_event_rate=1_000)
     source = NexmarkSource(config, splits=6, chunk=512)
     outputs: list[Any] = []
     restore = None
     for step, p in enumerate(parallelisms):
         last = step == len(parallelisms) - 1
         records, sp = await _run(source, p, tmp_path, step, restore,
-                                 None if last else 10_000 * (step + 1))
+                                 None if last else 5_000 * (step + 1))
         outputs.extend(records)
         if not last:
             assert sp is not None
