@@ -192,8 +192,8 @@ class KeyGroupProcessor(StatefulProcessor):
 
         frames = list(rows)
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        # the end-of-input marker (a null value, in the null key group; pandas gives that
-        # group's key as NaN, not None) moved the watermark and touches no state
+        # the end-of-input marker (a null value, in MARKER_KEY_GROUP) moved the watermark
+        # and touches no state
         frame = frame[frame["records"].notna()]
         if frame.empty:
             return iter(())

@@ -15,15 +15,18 @@ itself. Without one, it hands Spark the records pickled (:data:`SOURCE_SCHEMA`).
 
 The offsets live in Spark's offset log, so a query restarted on its checkpoint location
 continues after the last committed micro-batch. ``max_records_per_batch`` caps a
-micro-batch (Spark's ``ReadMaxRows``), also under ``Trigger.AvailableNow``. After the last
-record comes one more micro-batch with the end-of-input marker (see
-:mod:`.record_chain`). The input must not change while a query reads it.
+micro-batch (Spark's ``ReadMaxRows``), also under ``Trigger.AvailableNow``. The end-of-input
+marker (see :mod:`.record_chain`) follows the last record in the micro-batch that reads it:
+an offset is ``done`` as soon as it reaches the end of the input, so a bounded source costs
+no micro-batch of its own for the marker. The input must not change while a query reads
+it.
 """
 
 from __future__ import annotations
 
 import base64
 import itertools
+import os
 import pickle
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -209,10 +212,8 @@ class _CollectionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start
         n = len(self.items)
         rows = _max_rows(limit, self.limit)
-        if start["index"] >= n:
-            return {"index": n, "done": True}
         end = n if rows is None else min(n, start["index"] + rows)
-        return {"index": end, "done": rows is None}
+        return {"index": end, "done": end >= n}  # the marker rides with the last items
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, last = start["index"], end["index"]
@@ -292,10 +293,10 @@ class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 at_end = fh.read(1) == b""
             if at_end:
                 f, pos = f + 1, 0
-        if taken == 0 and f >= len(self.files):
-            return {"file": f, "pos": 0, "seq": seq, "done": True}
-        return {"file": f, "pos": pos, "seq": seq + taken,
-                "done": rows is None and f >= len(self.files)}
+        while pos == 0 and f < len(self.files) and os.path.getsize(self.files[f]) == 0:
+            f += 1  # empty files left: the input may end here already
+        # at the end of the last file, the marker rides with the micro-batch's last line
+        return {"file": f, "pos": pos, "seq": seq + taken, "done": f >= len(self.files)}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """The micro-batch's lines in ``parts`` consecutive ranges: the files are scanned
