@@ -125,3 +125,42 @@ def test_a_key_group_query_ends_with_its_last_records(spark: Any, tmp_path: Path
            for line in p.path.read_text(encoding="utf-8").splitlines()]
     assert sorted(got) == sorted(expected)
     assert spark.conf.get(NO_DATA_MICRO_BATCHES, None) == no_data  # the session as it was
+
+
+def embedded_records(source: LineFileSource) -> list[Any]:
+    """What the embedded line-file source reads from ``source`` (one subtask)."""
+    import asyncio
+
+    async def read() -> list[Any]:
+        reader, out = source.create_reader(0, 1), []
+        while (batch := await reader.read_batch(1000)) is not None:
+            out += batch
+        return out
+
+    return asyncio.run(read())
+
+
+@pytest.mark.parametrize("with_offsets", [False, True])
+@pytest.mark.parametrize("limit", [3, 64, 10_000])
+def test_line_files_read_by_spark_are_the_embedded_records(
+        tmp_path: Path, with_offsets: bool, limit: int) -> None:
+    from reactive.connectors.files import InvalidLine
+
+    # CRLF and LF line ends, an empty line, a line that is not UTF-8, non-ASCII text and a
+    # last line without its newline
+    (tmp_path / "a.txt").write_bytes(b"one\r\ntwo\n\nthr\xffee\n" + "vier\u00e9\n".encode()
+                                     + b"x" * 300 + b"\n")
+    (tmp_path / "b.txt").write_bytes(b"".join(b"b%d\n" % i for i in range(100)) + b"last")
+    source = LineFileSource(tmp_path, with_offsets=with_offsets, errors="dead_letter")
+    got = [r for b in records_of("lines", source, limit) for r in b]
+    assert got[-1] is None
+    expected = embedded_records(source)
+
+    def plain(r: Any) -> Any:
+        return (r.path, r.offset, r.raw, r.reason) if isinstance(r, InvalidLine) else r
+
+    assert [plain(r) for r in got[:-1]] == [plain(r) for r in expected]
+    assert sum(isinstance(r, InvalidLine) for r in got) == 1
+    failing = LineFileSource(tmp_path, with_offsets=with_offsets)  # errors="fail"
+    with pytest.raises(ValueError, match=r"a\.txt: the line at byte offset 10 is not valid"):
+        records_of("lines", failing, limit)
