@@ -125,13 +125,15 @@ class CsvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start
         rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end = start
-        for after in self._walk(start):
+        walk = self._walk(start)
+        for after in walk:
+            if rows is not None and end["seq"] - start["seq"] >= rows \
+                    and after["seq"] > end["seq"]:
+                break  # the limit is reached; only offsets without records (a file's
+                # end, empty files) are taken past it, so the input's end is seen here
             end = after
-            if rows is not None and after["seq"] - start["seq"] >= rows:
-                break
-        if end["file"] >= len(self.files) and (rows is None or end == start):
-            return {**end, "done": True}
-        return end
+        # at the end of the last file, the marker rides with the micro-batch's last rows
+        return {**end, "done": end["file"] >= len(self.files)}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """The micro-batch's blocks in ``parts`` consecutive ranges of about equal lines,

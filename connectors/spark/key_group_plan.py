@@ -50,7 +50,12 @@ from reactive.runtime.operators import (
 from reactive.time.clock import ProcessingClock
 from reactive.time.timers import Fire
 
-from .key_group_rows import KEY_GROUP_SCHEMA, key_group_records, unpack_records
+from .key_group_rows import (
+    KEY_GROUP_SCHEMA,
+    MARKER_KEY_GROUP,
+    key_group_records,
+    unpack_records,
+)
 from .key_group_state import KeyGroupStateBackend
 from .keyed_processor import PROFILE_ENV, watermark_seconds
 from .record_chain import SinkEncoder, run_steps
@@ -190,13 +195,10 @@ class KeyGroupProcessor(StatefulProcessor):
         order; returns the sink's rows (pandas DataFrames)."""
         import pandas as pd
 
+        if key[0] == MARKER_KEY_GROUP:  # the end-of-input marker (a null value), alone in
+            return iter(())  # its group, moved the watermark and touches no state
         frames = list(rows)
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        # the end-of-input marker (a null value, in the null key group; pandas gives that
-        # group's key as NaN, not None) moved the watermark and touches no state
-        frame = frame[frame["records"].notna()]
-        if frame.empty:
-            return iter(())
         records = unpack_records(frame["records"].to_numpy(), frame["seq"].to_numpy())
         if self.timers is not None:
             self.timers.watermark = watermark_seconds(timerValues.getCurrentWatermarkInMs())

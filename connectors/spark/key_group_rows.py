@@ -9,7 +9,8 @@ records' source positions as int64 bytes and the records themselves, in source o
 largest event time among its records (Spark's watermark is the largest event time seen,
 so it is the same as with a row per record), ``kg`` the key group
 (``murmur3(key bytes) mod max_parallelism``, :func:`reactive.keygroups.key_group_of_bytes`).
-The end-of-input marker is a row with null ``records`` and ``kg``.
+The end-of-input marker is a row with null ``records`` in a key group of its own,
+:data:`MARKER_KEY_GROUP`.
 
 Per record, the work left in Python is what the embedded runtime does too (the key
 selector, the key's bytes and their hash) plus one pickle of a list; Spark's per-row costs
@@ -27,10 +28,18 @@ from typing import Any
 
 from .translation import QueryPlan
 
-__all__ = ["FLUSH_RECORDS", "KEY_GROUP_SCHEMA", "key_group_records", "unpack_records"]
+__all__ = ["FLUSH_RECORDS", "KEY_GROUP_SCHEMA", "MARKER_KEY_GROUP", "key_group_records",
+           "unpack_records"]
 
 KEY_GROUP_SCHEMA = "records binary, ts timestamp, seq bigint, kg int"
 """The reader's rows (see the module docstring)."""
+
+MARKER_KEY_GROUP = -1
+"""The end-of-input marker's ``kg``: no key's group. Not null: the marker shares its
+micro-batch with the last records, and pyspark hands ``transformWithStateInPandas`` each
+grouping key from a pandas conversion of a whole Arrow batch, where one null turns the
+batch's int32 keys into floats, under which Spark's state store finds no key group's
+state."""
 
 FLUSH_RECORDS = 1 << 18
 """Records a reader task packs at most before it hands the packed rows to Spark: bounds
@@ -148,7 +157,8 @@ def key_group_records(plan: QueryPlan, flush_records: int = FLUSH_RECORDS
                     yield rows()
                 yield pa.RecordBatch.from_arrays(
                     [pa.array([None], pa.binary()), pa.array([marker[0]], ts_type),
-                     pa.array([marker[1]], pa.int64()), pa.array([None], pa.int32())],
+                     pa.array([marker[1]], pa.int64()),
+                     pa.array([MARKER_KEY_GROUP], pa.int32())],
                     schema=schema)
         if held_records:
             yield rows()

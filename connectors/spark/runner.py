@@ -47,6 +47,9 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 STATE_STORE_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 WATERMARK_POLICY = "spark.sql.streaming.multipleWatermarkPolicy"
+NO_DATA_MICRO_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+"""Spark's micro-batches without input rows, run when the watermark moved (to fire timers
+and emit windows): a key-group query has no timers, so it starts with them off."""
 #: the shuffle partitions :func:`~.session.local_session` set when its caller chose none:
 #: while the session still has that value, the runner sizes the queries as in a session
 #: where nobody set them
@@ -533,7 +536,11 @@ class SparkRunner:
                   .trigger(availableNow=True))
         log.info("starting the Spark query of sink %r (%s; checkpoint location %s)",
                  plan.sink.uid, shape, location)
-        return writer.start(), shape
+        # a key-group query keeps no timers: after its last micro-batch with records, the
+        # watermark the end-of-input marker moved has nothing left to fire or emit
+        with _session_conf(self.spark, {NO_DATA_MICRO_BATCHES: "false"}
+                           if shape == KEY_GROUP_SHAPE else {}):
+            return writer.start(), shape
 
 
 def _map_batches(step: Any) -> Any:

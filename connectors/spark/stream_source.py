@@ -15,15 +15,18 @@ itself. Without one, it hands Spark the records pickled (:data:`SOURCE_SCHEMA`).
 
 The offsets live in Spark's offset log, so a query restarted on its checkpoint location
 continues after the last committed micro-batch. ``max_records_per_batch`` caps a
-micro-batch (Spark's ``ReadMaxRows``), also under ``Trigger.AvailableNow``. After the last
-record comes one more micro-batch with the end-of-input marker (see
-:mod:`.record_chain`). The input must not change while a query reads it.
+micro-batch (Spark's ``ReadMaxRows``), also under ``Trigger.AvailableNow``. The end-of-input
+marker (see :mod:`.record_chain`) follows the last record in the micro-batch that reads it:
+an offset is ``done`` as soon as it reaches the end of the input, so a bounded source costs
+no micro-batch of its own for the marker. The input must not change while a query reads
+it.
 """
 
 from __future__ import annotations
 
 import base64
 import itertools
+import os
 import pickle
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -36,7 +39,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from .record_chain import END_OF_INPUT, END_OF_INPUT_TIME, Chunk, row_chunks
+from .record_chain import _CHUNK_ROWS, END_OF_INPUT, END_OF_INPUT_TIME, Chunk, row_chunks
 
 __all__ = ["SOURCE_FORMAT", "SOURCE_SCHEMA", "ReactiveSource", "source_options"]
 
@@ -127,7 +130,8 @@ class ReactiveSource(DataSource):
                 return then(row_chunks(rows))  # type: ignore[no-any-return]
 
         if spec["kind"] == "lines":
-            return _LinesReader(spec, limit, parts, emit)
+            # the line reader hands the chain whole chunks of lines (no tuple per line)
+            return _LinesReader(spec, limit, parts, emit, then)
         if spec["kind"] == "arrow":
             return _ArrowTableReader(spec, limit, parts)
         if spec["kind"] == "csv":
@@ -209,10 +213,8 @@ class _CollectionReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start
         n = len(self.items)
         rows = _max_rows(limit, self.limit)
-        if start["index"] >= n:
-            return {"index": n, "done": True}
         end = n if rows is None else min(n, start["index"] + rows)
-        return {"index": end, "done": rows is None}
+        return {"index": end, "done": end >= n}  # the marker rides with the last items
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, last = start["index"], end["index"]
@@ -254,17 +256,28 @@ class _ArrowTableReader(_CollectionReader):
                 max_chunksize=self.batch_size)
 
 
+_READ_BYTES = 1 << 20
+"""Bytes of whole lines a line reader takes from a file at a time (``readlines``' hint)."""
+
+
 class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets ``{"file": i, "pos": byte, "seq": lines before, "done": bool}``."""
+    """Offsets ``{"file": i, "pos": byte, "seq": lines before, "done": bool}``.
+
+    Given ``then`` (the first chain of steps), a partition's lines reach it as
+    :data:`~.record_chain.Chunk` s read a block of lines at a time; else as rows, through
+    ``emit``.
+    """
 
     def __init__(self, spec: dict[str, Any], limit: int, parts: int = 1,
-                 emit: Emit = _as_arrow) -> None:
+                 emit: Emit = _as_arrow,
+                 then: Callable[[Iterator[Chunk]], Iterator[Any]] | None = None) -> None:
         self.files: list[str] = spec["files"]
         self.with_offsets: bool = spec["with_offsets"]
         self.errors: str = spec["errors"]
         self.limit = limit
         self.parts = parts
         self.emit = emit
+        self.then = then
 
     def initialOffset(self) -> dict[str, Any]:
         return {"file": 0, "pos": 0, "seq": 0, "done": False}
@@ -292,10 +305,10 @@ class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 at_end = fh.read(1) == b""
             if at_end:
                 f, pos = f + 1, 0
-        if taken == 0 and f >= len(self.files):
-            return {"file": f, "pos": 0, "seq": seq, "done": True}
-        return {"file": f, "pos": pos, "seq": seq + taken,
-                "done": rows is None and f >= len(self.files)}
+        while pos == 0 and f < len(self.files) and os.path.getsize(self.files[f]) == 0:
+            f += 1  # empty files left: the input may end here already
+        # at the end of the last file, the marker rides with the micro-batch's last line
+        return {"file": f, "pos": pos, "seq": seq + taken, "done": f >= len(self.files)}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """The micro-batch's lines in ``parts`` consecutive ranges: the files are scanned
@@ -324,41 +337,73 @@ class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [_Span(a, b) for a, b in itertools.pairwise(bounds)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if self.then is not None:
+            return self.then(self._chunks(partition))
         return self.emit(self._rows(partition))
 
     def _rows(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        from reactive.connectors.files import InvalidLine
+        for records, tss, seqs in self._chunks(partition):
+            yield from zip(records, tss, seqs, strict=True)
 
+    def _chunks(self, partition: InputPartition, size: int = _CHUNK_ROWS) -> Iterator[Chunk]:
+        """The partition's records as :data:`~.record_chain.Chunk` s of at most ``size``,
+        then the end-of-input marker in a chunk of its own when the partition ends the
+        input. The lines are read as the embedded source reads them (``readlines``, each
+        line without its line end, decoded as UTF-8), a block at a time."""
         assert isinstance(partition, _Span)
         start, end = partition.start, partition.end
         f, pos, seq = start["file"], start["pos"], start["seq"]
-        while seq < end["seq"]:
+        while seq < end["seq"] and f < len(self.files):
             path = self.files[f]
             with open(path, "rb") as fh:
                 fh.seek(pos)
-                for raw in fh:
-                    if seq >= end["seq"]:
-                        break
-                    offset = pos
-                    pos += len(raw)
-                    line = raw.rstrip(b"\r\n")
-                    try:
-                        text = line.decode("utf-8")
-                        record: Any = (offset, text) if self.with_offsets else text
-                    except UnicodeDecodeError as exc:
-                        reason = (f"invalid UTF-8 at byte offset {offset + exc.start} "
-                                  f"({exc.reason}: {line[exc.start:exc.end]!r})")
-                        if self.errors == "fail":
-                            raise ValueError(
-                                f"{path}: the line at byte offset {offset} is not valid UTF-8: "
-                                f"{reason}; fix the file, or read it with errors='dead_letter' "
-                                "to route such lines to a dead-letter output") from None
-                        record = InvalidLine(path, offset, line, reason)
-                    yield (record, None, seq)
-                    seq += 1
+                while seq < end["seq"] and (lines := fh.readlines(_READ_BYTES)):
+                    del lines[end["seq"] - seq:]  # past the partition's last line
+                    records = self._records(path, pos, lines)
+                    for i in range(0, len(records), size):
+                        part = records[i:i + size]
+                        yield part, [None] * len(part), list(range(seq + i, seq + i
+                                                                   + len(part)))
+                    seq += len(lines)
+                    pos += sum(map(len, lines))
             f, pos = f + 1, 0
         if end["done"] and not start["done"]:
-            yield (END_OF_INPUT, END_OF_INPUT_TIME, seq)
+            yield [END_OF_INPUT], [END_OF_INPUT_TIME], [seq]
+
+    def _records(self, path: str, pos: int, lines: list[bytes]) -> list[Any]:
+        """The records of ``lines`` (read from ``path`` at byte ``pos``): the line, or
+        ``(byte offset, line)`` with offsets, or an ``InvalidLine`` for a line that is not
+        UTF-8 under ``errors="dead_letter"``.
+
+        Raises:
+            ValueError: naming the file and the line's byte offset, for a line that is not
+                UTF-8 under ``errors="fail"``.
+        """
+        if not self.with_offsets:
+            try:
+                return [raw.rstrip(b"\r\n").decode("utf-8") for raw in lines]
+            except UnicodeDecodeError:
+                pass  # line by line, for the invalid ones
+        from reactive.connectors.files import InvalidLine
+
+        out: list[Any] = []
+        offset = pos
+        for raw in lines:
+            line = raw.rstrip(b"\r\n")
+            try:
+                text = line.decode("utf-8")
+                out.append((offset, text) if self.with_offsets else text)
+            except UnicodeDecodeError as exc:
+                reason = (f"invalid UTF-8 at byte offset {offset + exc.start} "
+                          f"({exc.reason}: {line[exc.start:exc.end]!r})")
+                if self.errors == "fail":
+                    raise ValueError(
+                        f"{path}: the line at byte offset {offset} is not valid UTF-8: "
+                        f"{reason}; fix the file, or read it with errors='dead_letter' "
+                        "to route such lines to a dead-letter output") from None
+                out.append(InvalidLine(path, offset, line, reason))
+            offset += len(raw)
+        return out
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release."""

@@ -14,6 +14,7 @@ import pytest
 from reactive import Dataflow
 from reactive.connectors.files import CommittingFileSink
 from reactive.connectors.spark.key_group_rows import (
+    MARKER_KEY_GROUP,
     key_group_records,
     unpack_records,
 )
@@ -65,8 +66,8 @@ def test_packed_rows_give_each_key_group_its_records_in_source_order(
         tmp_path: Any, flush: int) -> None:
     words = [f"w{i % 7}" for i in range(40)]
     rows = rows_of(plan_of(tmp_path, words), words, flush)
-    # the marker is the last row, alone, in the null key group, with the marker's time
-    assert rows[-1]["records"] is None and rows[-1]["kg"] is None
+    # the marker is the last row, alone, in a key group of its own, with the marker's time
+    assert rows[-1]["records"] is None and rows[-1]["kg"] == MARKER_KEY_GROUP
     assert rows[-1]["ts"] == END_OF_INPUT_TIME and rows[-1]["seq"] == len(words)
     assert all(r["records"] is not None for r in rows[:-1])
     expected: dict[int, list[Any]] = {}
