@@ -117,14 +117,14 @@ async def test_key_group_shape_equals_embedded_row_for_row_in_key_order(
         spark: Any, tmp_path: Path) -> None:
     await purchases("embedded", tmp_path / "embedded").run(
         checkpoints=CheckpointConfig(interval=0.05, directory=tmp_path / "chk"))
-    job = SparkRunner(spark, tmp_path / "chk-spark", max_records_per_batch=250).run(
+    job = SparkRunner(spark, tmp_path / "chk-spark", max_records_per_batch=450).run(
         purchases("spark", tmp_path / "spark"))
     assert job.shapes == {"profiles": KEY_GROUP_SHAPE, "sums-out": KEY_GROUP_SHAPE}
     for sink in ("profiles", "sums"):
         embedded = in_commit_order(tmp_path / "embedded" / sink)
         assert len(embedded) == 2 * len(PURCHASES)
-        # every key's rows in the embedded order (micro-batches of 250 source records: four
-        # of them, so each key's state crossed micro-batches)
+        # every key's rows in the embedded order (micro-batches of 450 source records: two
+        # of them, so each key's state crossed a micro-batch)
         assert per_key(in_commit_order(tmp_path / "spark" / sink)) == per_key(embedded)
 
 

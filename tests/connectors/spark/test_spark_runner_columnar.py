@@ -55,7 +55,7 @@ def scaled(name: str, out: Path) -> Dataflow:
 
 async def test_map_batches_run_as_map_in_arrow_equal_embedded_and_a_python_loop(
         spark: Any, tmp_path: Path) -> None:
-    embedded, on_spark = await run_both(scaled, tmp_path, spark, batch=150)
+    embedded, on_spark = await run_both(scaled, tmp_path, spark, batch=350)
     expected = [{"id": i, "y": x * 2 + i} for i, x in
                 zip(TABLE.column("id").to_pylist(), TABLE.column("x").to_pylist(), strict=True)
                 if x * 2 + i > 300]
@@ -76,7 +76,7 @@ def as_records(name: str, out: Path) -> Dataflow:
 
 async def test_to_records_then_per_record_steps_equal_embedded(
         spark: Any, tmp_path: Path) -> None:
-    embedded, on_spark = await run_both(as_records, tmp_path, spark, batch=200)
+    embedded, on_spark = await run_both(as_records, tmp_path, spark, batch=350)
     expected = [[i, round(x * 2 + i, 3)] for i, x in
                 zip(TABLE.column("id").to_pylist(), TABLE.column("x").to_pylist(), strict=True)
                 if i % 3 == 0]

@@ -71,7 +71,7 @@ async def test_flights_on_spark_equal_the_embedded_run_row_for_row(
         spark: Any, tmp_path: Path, flights: ModuleType, data: Path,
         embedded_run: Callable[[str], Awaitable[Path]], reader: str, one_query: bool) -> None:
     embedded, on_spark = await embedded_run(reader), tmp_path / "spark"
-    job = SparkRunner(spark, tmp_path / "spark-chk", max_records_per_batch=1_000,
+    job = SparkRunner(spark, tmp_path / "spark-chk", max_records_per_batch=1_500,
                       one_query=one_query).run(
                           flights.build_flow(data, on_spark, reader=reader))
     # the hourly windows (built-in aggregations) run as Spark SQL

@@ -32,9 +32,10 @@ def spark(spark: Any) -> Iterator[Any]:
 
 
 BOUND = 4.0  # seconds: each input's max_out_of_orderness
-#: records of each input a micro-batch: the orders in four, the shipments in three, then the
-#: end-of-input markers' and the final watermark's micro-batches
-BATCH = 60
+#: records of each input a micro-batch: the orders and the shipments in two each (so the
+#: join's state crosses a micro-batch), then the end-of-input markers' and the final
+#: watermark's micro-batches; each micro-batch is a fixed cost of about a second
+BATCH = 120
 
 
 def shuffled(rows: list[tuple[str, float, int]], seed: int) -> list[tuple[str, float, int]]:
@@ -138,7 +139,8 @@ def interval_process_function(name: str, out: Path) -> Dataflow:
 
 async def test_process_join_function_sees_both_timestamps_and_the_key(
         spark: Any, tmp_path: Path) -> None:
-    embedded, on_spark = await run_both(interval_process_function, tmp_path, spark, batch=50)
+    embedded, on_spark = await run_both(interval_process_function, tmp_path, spark,
+                                          batch=BATCH)
     expected = []
     for o in ORDERS:
         for s in SHIPMENTS:

@@ -55,7 +55,7 @@ async def test_union_of_three_inputs_equals_embedded_and_a_python_loop(
         spark: Any, tmp_path: Path) -> None:
     data = tmp_path / "lines.txt"
     data.write_text("\n".join(LINES) + "\n")
-    embedded, on_spark = await run_both(three_inputs(data), tmp_path, spark, batch=120)
+    embedded, on_spark = await run_both(three_inputs(data), tmp_path, spark, batch=250)
     values = ([v for line in LINES for v in parse(line)]
               + [x for x in NUMBERS if x % 3 != 0] + [-x for x in range(50)])
     expected = sorted(({"v": v, "odd": v % 2} for v in values if v % 5 != 1),
@@ -103,7 +103,7 @@ def windows_after_union(name: str, out: Path) -> Dataflow:
 
 async def test_event_time_windows_after_a_union_equal_embedded(
         spark: Any, tmp_path: Path) -> None:
-    embedded, on_spark = await run_both(windows_after_union, tmp_path, spark, batch=100)
+    embedded, on_spark = await run_both(windows_after_union, tmp_path, spark, batch=300)
     acc: dict[tuple[str, float], list[float]] = {}
     for key, ts, value in FAST + SLOW:
         a = acc.setdefault((key, ts - ts % 20), [0, 0.0])
@@ -125,7 +125,7 @@ def counts_after_union(name: str, out: Path) -> Dataflow:
 
 
 async def test_keyed_count_after_a_union_equals_embedded(spark: Any, tmp_path: Path) -> None:
-    embedded, on_spark = await run_both(counts_after_union, tmp_path, spark, batch=80)
+    embedded, on_spark = await run_both(counts_after_union, tmp_path, spark, batch=150)
     totals = collections.Counter([f"w{i % 7}" for i in range(300)]
                                  + [f"W{i % 5}" for i in range(120)])
     expected = sorted([k, n] for k, c in totals.items() for n in range(1, c + 1))
