@@ -44,6 +44,48 @@ InvalidLine.__module__ = "reactive.connectors.files"
 _LINE_ERRORS = ("fail", "dead_letter")
 
 
+def decode_lines(path: str, offset: int, lines: list[bytes], errors: str,
+                 with_offsets: bool) -> tuple[list[Any], int]:
+    """Decode ``lines`` (as read by ``readlines``, with their line breaks) read from ``path``
+    at byte ``offset``, one by one: what the line source emits for them, wherever it runs
+    (embedded, or in a Spark read task).
+
+    Args:
+        path: the file (named in errors and dead letters).
+        offset: the byte offset of the first line in the file.
+        lines: the raw lines.
+        errors: ``"fail"`` or ``"dead_letter"`` (:class:`LineFileSource`'s ``errors``).
+        with_offsets: emit ``(byte offset, line)`` instead of the line.
+
+    Returns:
+        the records (an :class:`InvalidLine` for each invalid line under
+        ``"dead_letter"``) and the offset after the last line.
+
+    Raises:
+        ValueError: naming the file and the line's byte offset, at the first line that is
+            not UTF-8 under ``errors="fail"``.
+    """
+    out: list[Any] = []
+    for raw in lines:
+        line = raw.rstrip(b"\r\n")
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            reason = (f"invalid UTF-8 at byte offset {offset + exc.start} ({exc.reason}: "
+                      f"{line[exc.start:exc.end]!r})")
+            if errors == "fail":
+                raise ValueError(
+                    f"{path}: the line at byte offset {offset} is not valid UTF-8: "
+                    f"{reason}; fix the file, or read it with errors='dead_letter' to "
+                    "route such lines to a dead-letter output"
+                ) from None
+            out.append(InvalidLine(path, offset, line, reason))
+        else:
+            out.append((offset, text) if with_offsets else text)
+        offset += len(raw)
+    return out, offset
+
+
 class LineFileSource(Source):
     """Lines of a file, or of every file of a directory (sorted by name), as ``str``
     without the line ending (UTF-8).
@@ -134,25 +176,7 @@ class _LineReader(FileSplitsReader):
             ValueError: at the first invalid line when ``errors`` is ``"fail"`` (the
                 position is not advanced, so a restore meets the line again).
         """
-        out: list[Any] = []
-        for raw in lines:
-            line = raw.rstrip(b"\r\n")
-            try:
-                text = line.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                reason = (f"invalid UTF-8 at byte offset {offset + exc.start} ({exc.reason}: "
-                          f"{line[exc.start:exc.end]!r})")
-                if self.errors == "fail":
-                    raise ValueError(
-                        f"{path}: the line at byte offset {offset} is not valid UTF-8: "
-                        f"{reason}; fix the file, or read it with errors='dead_letter' to "
-                        "route such lines to a dead-letter output"
-                    ) from None
-                out.append(InvalidLine(path, offset, line, reason))
-            else:
-                out.append((offset, text) if self.with_offsets else text)
-            offset += len(raw)
-        return out, offset
+        return decode_lines(path, offset, lines, self.errors, self.with_offsets)
 
     def describe_position(self) -> Any:
         if self._current < len(self.splits):

@@ -384,26 +384,10 @@ class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return [raw.rstrip(b"\r\n").decode("utf-8") for raw in lines]
             except UnicodeDecodeError:
                 pass  # line by line, for the invalid ones
-        from reactive.connectors.files import InvalidLine
+        from reactive.connectors.files.line_source import decode_lines
 
-        out: list[Any] = []
-        offset = pos
-        for raw in lines:
-            line = raw.rstrip(b"\r\n")
-            try:
-                text = line.decode("utf-8")
-                out.append((offset, text) if self.with_offsets else text)
-            except UnicodeDecodeError as exc:
-                reason = (f"invalid UTF-8 at byte offset {offset + exc.start} "
-                          f"({exc.reason}: {line[exc.start:exc.end]!r})")
-                if self.errors == "fail":
-                    raise ValueError(
-                        f"{path}: the line at byte offset {offset} is not valid UTF-8: "
-                        f"{reason}; fix the file, or read it with errors='dead_letter' "
-                        "to route such lines to a dead-letter output") from None
-                out.append(InvalidLine(path, offset, line, reason))
-            offset += len(raw)
-        return out
+        records: list[Any] = decode_lines(path, pos, lines, self.errors, self.with_offsets)[0]
+        return records
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release."""
