@@ -643,7 +643,7 @@ class HeapSnapshot(KeyedStateSnapshot):
             else:
                 writer.abort()  # nothing changed: no file
         except BaseException as exc:
-            writer.abort()
+            await writer.discard()
             if isinstance(exc, OSError) and self._on_failed is not None and \
                     not self.incremental and base is not None:
                 self._on_failed()
