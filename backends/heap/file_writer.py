@@ -32,9 +32,10 @@ import uuid
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from reactive.checkpoint.durable_files import fsync_dir
+from reactive.checkpoint.off_loop import through_cancellation
 
 from .changelog import Entry
 from .format import encode_frame
@@ -42,8 +43,6 @@ from .format import encode_frame
 __all__ = ["SnapshotFileWriter", "SnapshotOutput"]
 
 _FLUSH = 1 << 20  # bytes buffered on the loop before they go to the writer thread
-
-_T = TypeVar("_T")
 
 _COPY_CHUNK = 1 << 20  # bytes read per pread of a copy
 _pool: ThreadPoolExecutor | None = None
@@ -59,26 +58,6 @@ def _worker() -> ThreadPoolExecutor:
             _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="heap-snapshot-writer")
             _pool_pid = os.getpid()
         return _pool
-
-
-async def _through_cancellation(fut: Future[_T]) -> _T:
-    """The result of the worker's job ``fut``. A thread cannot be stopped: if the caller is
-    cancelled meanwhile, the job is still waited for, and the cancellation raised after it.
-
-    Raises:
-        Exception: what the job raised.
-        asyncio.CancelledError: when the caller was cancelled (after the job ended).
-    """
-    waited = asyncio.wrap_future(fut)
-    try:
-        return await asyncio.shield(waited)
-    except asyncio.CancelledError:
-        while not waited.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(waited)
-        if not waited.cancelled():
-            waited.exception()  # retrieved: the cancellation is what the caller gets
-        raise
 
 
 class SnapshotFileWriter:
@@ -214,7 +193,7 @@ class SnapshotFileWriter:
             self._used = True
             _worker().submit(self._write, b"")
         try:
-            sha = await _through_cancellation(_worker().submit(self._finish))
+            sha = await through_cancellation(asyncio.wrap_future(_worker().submit(self._finish)))
         except BaseException:
             await self.discard()
             raise
@@ -237,7 +216,7 @@ class SnapshotFileWriter:
             fut = _worker().submit(self._abort)
         except RuntimeError:  # the interpreter is shutting down
             return
-        await _through_cancellation(fut)
+        await through_cancellation(asyncio.wrap_future(fut))
 
     def abort(self) -> None:
         """Drop the file: the worker removes the temporary file after the jobs handed over

@@ -24,7 +24,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import ParamSpec, TypeVar
 
-__all__ = ["chunks", "in_thread", "wait_all"]
+__all__ = ["chunks", "in_thread", "through_cancellation", "wait_all"]
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -43,7 +43,19 @@ async def in_thread(fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs
             had run inline).
         asyncio.CancelledError: when the caller was cancelled (after ``fn`` returned).
     """
-    future = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    return await through_cancellation(asyncio.ensure_future(asyncio.to_thread(fn, *args,
+                                                                              **kwargs)))
+
+
+async def through_cancellation(future: asyncio.Future[_T]) -> _T:
+    """The result of ``future``, work that cannot be stopped (a thread's job, wrapped with
+    ``asyncio.wrap_future``): if the caller is cancelled meanwhile, ``future`` is still waited
+    for, and the cancellation raised after it.
+
+    Raises:
+        Exception: what ``future`` raised.
+        asyncio.CancelledError: when the caller was cancelled (after ``future`` ended).
+    """
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
