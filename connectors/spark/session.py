@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from reactive.extras import require
 
 from .errors import JavaNotFoundError
+from .spark_home import workers_import_installed_pyspark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -70,8 +71,10 @@ def local_session(
     Defaults suit a small machine and small-to-medium data: 4 shuffle partitions instead of
     Spark's 200 (each is a task; 200 tiny tasks cost more than the work), no web UI, no
     console progress bar, quiet logs, and Python workers running this interpreter (so
-    ``reactive`` is importable in UDFs). Arrow-optimized Python UDFs are turned off because
-    they need pandas, which the bridge does not require.
+    ``reactive`` is importable in UDFs) and, with a pip-installed PySpark and no
+    ``SPARK_HOME`` set, importing PySpark from the installed package rather than from
+    Spark's zip of its sources (:mod:`.spark_home`). Arrow-optimized Python UDFs are turned
+    off because they need pandas, which the bridge does not require.
 
     Args:
         master: the Spark master URL (``local[*]``: one worker thread per core).
@@ -120,11 +123,14 @@ def local_session(
         "spark.python.authenticate.socketTimeout": "120s",
         **(extra_conf or {}),
     }
-    output = _start_jvm(master, app_name, conf) if filter_output else None
-    builder = SparkSession.builder.master(master).appName(app_name)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    # a JVM started here gives its Python workers PySpark's installed, compiled package to
+    # import, not Spark's zip of its sources (about 1 CPU s per worker process)
+    with workers_import_installed_pyspark():
+        output = _start_jvm(master, app_name, conf) if filter_output else None
+        builder = SparkSession.builder.master(master).appName(app_name)
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     if output is not None:
         output.session_started()
