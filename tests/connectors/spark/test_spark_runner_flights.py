@@ -65,8 +65,10 @@ def embedded_run(flights: ModuleType, data: Path, tmp_path_factory: pytest.TempP
     return run
 
 
-@pytest.mark.parametrize(("reader", "one_query"),
-                         [("lines", False), ("lines", True), ("csv", False), ("csv", True)])
+# both readers with a query per sink, as the example runs on Spark; one query for both sinks
+# (a parse, dead letters and a native window) is validated through a driver kill with either
+# reader in test_spark_runner_restart ("csv" and "sinks-between")
+@pytest.mark.parametrize(("reader", "one_query"), [("lines", False), ("csv", False)])
 async def test_flights_on_spark_equal_the_embedded_run_row_for_row(
         spark: Any, tmp_path: Path, flights: ModuleType, data: Path,
         embedded_run: Callable[[str], Awaitable[Path]], reader: str, one_query: bool) -> None:
