@@ -26,6 +26,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -149,8 +150,8 @@ def build(data: Path, out: Path, shape: str = "python",
         # that got there first waits here, its task holding one of the driver's task slots,
         # so none runs to the end of its input before the slowest is mid-way).
         wait_for(every)
-        if killed_between:  # wait inside this micro-batch for the kill
-            wait_for([str(started) + ".never"])
+        if killed_between:  # block inside this micro-batch until the kill ends the process
+            threading.Event().wait()
         # This runs in a Python worker, whose daemon has a process group of its own: the
         # driver's group (Python and the JVM) first, then the workers'
         os.killpg(driver_group, signal.SIGKILL)
@@ -232,7 +233,10 @@ def malformed_lines(lines: int) -> list[str]:
 
 
 def wait_for(paths: Sequence[str]) -> None:
-    """Return once every file of ``paths`` exists.
+    """Return once every file of ``paths`` exists: a barrier between processes (the driver,
+    its JVM and the Python workers of every query's tasks) on files the JVM writes (Spark's
+    commit-log entries) or the driver does, so it looks every 50 ms, up to a deadline; no
+    process it waits on can signal the waiting one otherwise.
 
     Raises:
         RuntimeError: when some are missing after :data:`BARRIER_TIMEOUT` seconds.
@@ -367,7 +371,8 @@ def await_all(jobs: dict[str, Any], starts: dict[str, Any], restarts: int = 3) -
 def sources_started(query: Any) -> bool:
     """Wait until ``query`` has initialized its sources; False when it failed doing so.
 
-    Spark posts no event for the end of a query's initialization, so its status is polled.
+    Spark posts no event for the end of a query's initialization, so its status is looked
+    at every 50 ms, in a wait that ends at once when the query terminates.
 
     Raises:
         RuntimeError: when it is still initializing after :data:`BARRIER_TIMEOUT` seconds.
@@ -377,7 +382,8 @@ def sources_started(query: Any) -> bool:
         if time.monotonic() > deadline:
             raise RuntimeError(f"query {query.name} still initializing after "
                                f"{BARRIER_TIMEOUT} s")
-        time.sleep(0.05)
+        with contextlib.suppress(Exception):  # a failure: query.exception() below has it
+            query.awaitTermination(0.05)
     return bool(query.isActive) or query.exception() is None
 
 
