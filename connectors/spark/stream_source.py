@@ -39,6 +39,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from reactive.connectors.files.line_source import decode_block
+
 from .record_chain import _CHUNK_ROWS, END_OF_INPUT, END_OF_INPUT_TIME, Chunk, row_chunks
 
 __all__ = ["SOURCE_FORMAT", "SOURCE_SCHEMA", "ReactiveSource", "source_options"]
@@ -359,35 +361,16 @@ class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 fh.seek(pos)
                 while seq < end["seq"] and (lines := fh.readlines(_READ_BYTES)):
                     del lines[end["seq"] - seq:]  # past the partition's last line
-                    records = self._records(path, pos, lines)
+                    records, pos = decode_block(path, pos, lines, self.errors,
+                                                self.with_offsets)
                     for i in range(0, len(records), size):
                         part = records[i:i + size]
                         yield part, [None] * len(part), list(range(seq + i, seq + i
                                                                    + len(part)))
                     seq += len(lines)
-                    pos += sum(map(len, lines))
             f, pos = f + 1, 0
         if end["done"] and not start["done"]:
             yield [END_OF_INPUT], [END_OF_INPUT_TIME], [seq]
-
-    def _records(self, path: str, pos: int, lines: list[bytes]) -> list[Any]:
-        """The records of ``lines`` (read from ``path`` at byte ``pos``): the line, or
-        ``(byte offset, line)`` with offsets, or an ``InvalidLine`` for a line that is not
-        UTF-8 under ``errors="dead_letter"``.
-
-        Raises:
-            ValueError: naming the file and the line's byte offset, for a line that is not
-                UTF-8 under ``errors="fail"``.
-        """
-        if not self.with_offsets:
-            try:
-                return [raw.rstrip(b"\r\n").decode("utf-8") for raw in lines]
-            except UnicodeDecodeError:
-                pass  # line by line, for the invalid ones
-        from reactive.connectors.files.line_source import decode_lines
-
-        records: list[Any] = decode_lines(path, pos, lines, self.errors, self.with_offsets)[0]
-        return records
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release."""
