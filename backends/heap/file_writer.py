@@ -24,7 +24,6 @@ the frames a snapshot serializes and merges adjacent copied ranges before handin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import os
 import threading
@@ -216,15 +215,8 @@ class SnapshotFileWriter:
             fut = _worker().submit(self._abort)
         except RuntimeError:  # the interpreter is shutting down
             return
+        self._used = False  # a second call (close() failed, then its caller discards) is a no-op
         await through_cancellation(asyncio.wrap_future(fut))
-
-    def abort(self) -> None:
-        """Drop the file: the worker removes the temporary file after the jobs handed over
-        before (returns at once; safe to call more than once, and after :meth:`close`)."""
-        self._pending.clear()
-        if self._used:
-            with contextlib.suppress(RuntimeError):  # the interpreter is shutting down
-                _worker().submit(self._abort)
 
 
 class SnapshotOutput:

@@ -638,10 +638,8 @@ class HeapSnapshot(KeyedStateSnapshot):
             self._check()
             out.flush()
             self.serialized_bytes = out.serialized
-            if writer.size:
+            if writer.size:  # else nothing changed: no file was started
                 ref["size"], ref["sha256"] = await writer.close()
-            else:
-                writer.abort()  # nothing changed: no file
         except BaseException as exc:
             await writer.discard()
             if isinstance(exc, OSError) and self._on_failed is not None and \
