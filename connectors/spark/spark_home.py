@@ -35,8 +35,9 @@ __all__ = ["installed_spark_home", "workers_import_installed_pyspark"]
 _PYTHON_DIR = "python"
 
 
-def _pyspark_dir() -> Path | None:
-    """The directory of the installed ``pyspark`` package, when it carries Spark's zips."""
+def _pyspark_install() -> tuple[Path, str] | None:
+    """The directory and version of the installed ``pyspark`` package, when it carries
+    Spark's zips (a pip install)."""
     try:
         import pyspark
     except ImportError:
@@ -44,13 +45,18 @@ def _pyspark_dir() -> Path | None:
     home = Path(pyspark.__file__).resolve().parent
     if not (home / _PYTHON_DIR / "lib" / "pyspark.zip").is_file() or not (home / "jars").is_dir():
         return None
-    return home
+    return home, pyspark.__version__
 
 
 def _cache_root() -> Path:
     """Where the mirror is kept: ``$XDG_CACHE_HOME/reactive`` (``~/.cache/reactive``)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "reactive"
+
+
+def _complete(mirror: Path, entries: list[str]) -> bool:
+    """Whether ``mirror`` links every entry of the install (a stale or partial one does not)."""
+    return mirror.is_dir() and all((mirror / name).exists() for name in entries)
 
 
 def installed_spark_home(cache: Path | None = None) -> Path | None:
@@ -63,16 +69,15 @@ def installed_spark_home(cache: Path | None = None) -> Path | None:
         the mirror's path, or None where it does not apply: no pip-installed PySpark with its
         zips, or no writable cache directory.
     """
-    home = _pyspark_dir()
-    if home is None:
+    install = _pyspark_install()
+    if install is None:
         return None
-    import pyspark
-
-    digest = hashlib.sha256(f"{home}\0{pyspark.__version__}".encode()).hexdigest()[:16]
+    home, version = install
+    digest = hashlib.sha256(str(home).encode()).hexdigest()[:16]
     root = cache if cache is not None else _cache_root()
-    mirror = root / f"spark-home-{pyspark.__version__}-{digest}"
+    mirror = root / f"spark-home-{version}-{digest}"
     entries = sorted(p.name for p in home.iterdir() if p.name != _PYTHON_DIR)
-    if mirror.is_dir() and all((mirror / name).exists() for name in entries):
+    if _complete(mirror, entries):
         return mirror
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -85,7 +90,7 @@ def installed_spark_home(cache: Path | None = None) -> Path | None:
         try:
             staged.rename(mirror)
         except OSError:  # another process made it first, or a stale one is in the way
-            if not all((mirror / name).exists() for name in entries):
+            if not _complete(mirror, entries):
                 shutil.rmtree(mirror, ignore_errors=True)
                 staged.rename(mirror)
     except OSError:
