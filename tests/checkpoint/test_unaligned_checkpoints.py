@@ -147,41 +147,46 @@ async def test_state_is_exact_after_failures_restored_from_unaligned_checkpoints
     the next record fail; with no periodic checkpoints, that is the one restored."""
     words = zipf_words(40_000, 500, seed=3)
 
+    reached = asyncio.Event()  # the current attempt's counts took 500 records
+
     class FailingOnDemand(type(slow_count())):  # type: ignore[misc]
-        taken = 0  # records taken in this attempt by every instance (class attributes: shared)
+        # class attributes, shared by every instance of every attempt
+        attempt = 0  # bumped by each injected failure
+        taken = 0  # records taken by the current attempt's instances
         fail_next = False
         failures = 0
+
+        def open(self, ctx: Any) -> None:
+            super().open(ctx)
+            self.opened_in = FailingOnDemand.attempt  # instances of a failed attempt stop counting
 
         def process_element(self, value: Any, ctx: Any) -> Any:
             cls = FailingOnDemand
             if cls.fail_next:
                 cls.fail_next = False
                 cls.failures += 1
+                cls.attempt += 1
+                cls.taken = 0
                 raise RuntimeError(f"injected failure #{cls.failures}")
-            cls.taken += 1
+            if self.opened_in == cls.attempt:
+                cls.taken += 1
+                if cls.taken == 500:
+                    reached.set()
             return super().process_element(value, ctx)
-
-    async def until(condition: Any, what: str) -> None:
-        for _ in range(12_000):  # 60 s
-            if condition():
-                return
-            await asyncio.sleep(0.005)
-        raise AssertionError(f"{what}: not within 60 s")
 
     job = await _flow(words, FailingOnDemand(), 2, paced_every=None).start(
         checkpoints=CheckpointConfig(interval=None, directory=tmp_path, unaligned=True),
         restart=RestartStrategy.fixed(3, 0.0))
     taken = []
-    for n in (1, 2):
-        await until(lambda: FailingOnDemand.taken >= 500, f"attempt {n} took 500 records")
+    for _ in (1, 2):
+        await reached.wait()  # in the second round: 500 records into the restarted attempt
         taken.append(await job.checkpoint())
         in_flight = _in_flight(CheckpointStorage.load(taken[-1].path))
         assert "count" in in_flight, in_flight
+        reached.clear()
         FailingOnDemand.fail_next = True
-        await until(lambda: job.metrics.restarts == n, f"restart {n}")  # noqa: B023
-        FailingOnDemand.taken = 0
     await job.wait()
-    assert FailingOnDemand.failures == 2
+    assert FailingOnDemand.failures == 2 and job.metrics.restarts == 2
     assert job.metrics.restored_checkpoints == [c.checkpoint_id for c in taken]
     assert checkpoint_state(tmp_path, "unaligned", "count", "count") == collections.Counter(words)
 
