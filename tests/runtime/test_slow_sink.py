@@ -45,6 +45,7 @@ class RemoteWriter(SinkWriter):
     async def write(self, batch: list[Any]) -> None:
         self.sink.calls.append(len(batch))
         self.sink.records.extend(batch)
+        self.sink.writing.set()
         CLOCK.work(LATENCY)  # the round trip, on the tasks' clock
         await asyncio.sleep(LATENCY)
 
@@ -53,6 +54,7 @@ class RemoteSink(Sink):
     def __init__(self) -> None:
         self.calls: list[int] = []
         self.records: list[Any] = []
+        self.writing = asyncio.Event()  # set at the first write
 
     def create_writer(self, subtask: int, parallelism: int) -> SinkWriter:
         return RemoteWriter(self)
@@ -69,10 +71,7 @@ async def test_a_sink_awaiting_io_gets_whole_batches_and_checkpoints_complete(
     # a checkpoint triggered once the sink writes its first batch: the source, held back by
     # the full channel, still has batches to emit behind its barrier (a periodic trigger
     # could come after the last one on a loaded machine)
-    for _ in range(30_000):
-        if sink.calls:
-            break
-        await asyncio.sleep(0.001)
+    await sink.writing.wait()
     taken = await job.checkpoint()
     await job.wait()
     assert final_counts(sink.records) == dict(collections.Counter(words))
