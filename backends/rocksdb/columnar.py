@@ -24,6 +24,7 @@ initial values.
 
 from __future__ import annotations
 
+import functools
 import pickle
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -561,8 +562,15 @@ def _canonical_parts() -> tuple[list[bytes], bytes] | None:
 
 
 _CANONICAL = _canonical_parts()
-_STR_HEADS = None if _CANONICAL is None else pa.array(_CANONICAL[0], pa.binary())
 _INT_RECORD = np.dtype([("tag", "u1"), ("value", ">i8")])
+
+
+@functools.cache
+def _str_heads() -> Any:
+    """:data:`_CANONICAL`'s string heads as a ``pyarrow`` binary array; made at first use,
+    not on import: ``pa.array`` of a list imports pandas (~0.3 CPU s), which a job with the
+    RocksDB backend and no columnar operator never needs."""
+    return pa.array(cast(tuple[list[bytes], bytes], _CANONICAL)[0], pa.binary())
 
 
 def stored_keys(prefixes: Any, keys: Any) -> Any:
@@ -600,7 +608,7 @@ def stored_keys(prefixes: Any, keys: Any) -> Any:
         lengths = pc.binary_length(array).to_numpy()
         if int(lengths.max()) >= len(_CANONICAL[0]):
             return None
-        heads = cast(Any, _STR_HEADS).take(pa.array(lengths))
+        heads = _str_heads().take(pa.array(lengths))
         return pc.binary_join_element_wise(prefixes, heads, array.cast(pa.binary()), b"")
     if pa.types.is_int64(array.type):
         record = np.empty(len(array), _INT_RECORD)

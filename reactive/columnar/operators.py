@@ -24,9 +24,6 @@ __all__ = [
     "ToRecordsOperator",
 ]
 
-acero: Any = require("pyarrow.acero", "columnar", "columnar projections")
-
-
 class ColumnarFilterOperator(StreamOperator):
     """``filter(expr)``: keep the rows where a boolean ``pyarrow.compute.Expression`` is
     true (null counts as false, as SQL's WHERE).
@@ -68,11 +65,17 @@ class ProjectOperator(StreamOperator):
         super().__init__(name, uid)
         self.names = names
         self.expressions = expressions
+        # imported here, not with this module: pyarrow.acero imports pyarrow.dataset, which
+        # imports pandas (~0.3 CPU s), and every job with the RocksDB backend imports this
+        # module (its columnar state) whether or not it projects
+        self._acero: Any = (None if expressions is None else
+                            require("pyarrow.acero", "columnar", "columnar projections"))
 
     def _project(self, b: Any) -> Any:
         if self.expressions is None:
             return b.select(self.names)
         table = pa.Table.from_batches([b])
+        acero = self._acero
         decl = acero.Declaration.from_sequence([
             acero.Declaration("table_source", acero.TableSourceNodeOptions(table)),
             acero.Declaration("project", acero.ProjectNodeOptions(self.expressions, self.names)),

@@ -141,6 +141,20 @@ def test_importing_reactive_imports_no_backend_or_connector():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.e2e
+@pytest.mark.parametrize("module", ["reactive", "reactive.backends.rocksdb",
+                                    "reactive.connectors.files", "reactive.columnar"])
+def test_importing_the_record_path_imports_no_pandas(module: str) -> None:
+    """pandas costs ~0.3 CPU s to import, in every process that runs a job (a restarted
+    job's too); only a user's own code or a conversion to pandas may need it."""
+    import subprocess
+    import sys
+    code = f"import sys, {module}; print('pandas' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"
+
+
 def test_backends_are_independent_of_each_other_and_of_connectors():
     bad = []
     for name, deps in GRAPH.items():
