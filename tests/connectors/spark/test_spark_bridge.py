@@ -51,7 +51,7 @@ from reactive.connectors.spark import (
     validate_exactly_once,
 )
 from reactive.connectors.spark.__main__ import main as cli_main
-from tests.support import Count, checkpoint_state, final_counts, zipf_words
+from tests.support import Count, checkpoint_state, final_counts, paced, zipf_words
 
 WORDS = zipf_words(40_000, 800, seed=11)
 MAXP = 128
@@ -72,10 +72,11 @@ class Run:
 def _run_count_job(root: Path, job: str, fmt: str = "jsonl", schema: Any = None,
                    backend: StateBackend | None = None, words: list[str] = WORDS) -> Run:
     """``words -> key_by -> Count -> CommittingFileSink``, parallelism 2, checkpoints every
-    20 ms (so the output spans several checkpoints)."""
+    20 ms; the source waits for a completed checkpoint after each quarter of ``words``, so
+    the output spans at least four checkpoints however fast the machine is."""
     run = Run(root / "out", root / "chk", job)
     flow = Dataflow(job, parallelism=2, batch_size=256)
-    (flow.from_collection(words).uid("src").key_by(lambda w: w)
+    (flow.source(paced(words, every=-(-len(words) // 4))).uid("src").key_by(lambda w: w)
          .process(Count()).uid("count")
          .sink(CommittingFileSink(run.out, format=fmt, schema=schema)).uid("files"))
     asyncio.run(flow.run(checkpoints=CheckpointConfig(interval=0.02, directory=run.checkpoints,
