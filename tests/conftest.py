@@ -6,6 +6,7 @@ import collections
 import compileall
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.kafka_cluster import kafka_cluster  # noqa: F401 - the Kafka tests' fixture
-from tests.support import load_example, zipf_words
+from tests.support import SPARK_GROUP, load_example, zipf_words
 
 # trio's first import runs `ldconfig` (ctypes.util.find_library): imported here, before the
 # guard below refuses processes, so a trio test does not depend on which test imported it first
@@ -151,15 +152,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark ``e2e`` every test that uses a fixture of :data:`E2E_FIXTURES`; leave out the
-    ``slow`` tests unless the ``-m`` expression names them (``-m slow`` runs them, and
-    ``-m "not e2e"`` is the fast run without them); order the modules longest first (see
-    :func:`longest_modules_first`)."""
+    """Mark ``e2e`` every test that uses a fixture of :data:`E2E_FIXTURES`, and put every
+    test using the ``spark`` fixture in the :data:`~tests.support.SPARK_GROUP` xdist group
+    (:func:`write_units`); leave out the ``slow`` tests unless the ``-m`` expression names
+    them (``-m slow`` runs them, and ``-m "not e2e"`` is the fast run without them); order
+    the work units longest first (see :func:`longest_units_first`)."""
     for item in items:
-        if E2E_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        fixtures = getattr(item, "fixturenames", ())
+        if E2E_FIXTURES.intersection(fixtures):
             item.add_marker(pytest.mark.e2e)
+        if "spark" in fixtures:
+            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
+    write_units(config, items)
     cache = getattr(config, "cache", None)
-    items[:] = longest_modules_first(
+    items[:] = longest_units_first(
         items, cache.get(MODULE_SECONDS_KEY, {}) if cache is not None else {})
     if "slow" in (config.option.markexpr or ""):
         return
@@ -169,30 +175,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item.get_closest_marker("slow") is None]
 
 
-def longest_modules_first(items: list[pytest.Item], seconds: dict[str, float]
-                          ) -> list[pytest.Item]:
-    """``items`` with their modules in the order pytest-xdist should hand them out: the
-    longest first, each module's tests in their own order. ``--dist loadfile`` gives each
-    worker the next module when it runs out, so starting the long ones first (Graham's
-    longest-processing-time-first rule) leaves short modules to even out the workers' ends
-    instead of one worker running a long module alone at the end; ``--no-loadscope-reorder``
-    keeps this order (xdist orders by test count otherwise).
+def module_of(item: pytest.Item) -> str:
+    """The path of ``item``'s module, as in its node id."""
+    return item.nodeid.split("::", 1)[0]
+
+
+def work_unit(item: pytest.Item) -> str:
+    """The unit of work ``item`` is handed out in: its xdist group, else its module."""
+    group = item.get_closest_marker("xdist_group")
+    return str(group.args[0]) if group is not None else module_of(item)
+
+
+def longest_units_first(items: list[pytest.Item], seconds: dict[str, float]
+                        ) -> list[pytest.Item]:
+    """``items`` with their work units (:func:`work_unit`: a module, or the tests sharing
+    the Spark session) in the order pytest-xdist should hand them out: the longest first,
+    each unit's modules longest first, each module's tests in their own order.
+    :class:`ModuleOrGroupScheduling` gives each worker the next unit when it runs out, so
+    starting the long ones first (Graham's longest-processing-time-first rule) leaves short
+    modules to even out the workers' ends instead of one worker running a long module alone
+    at the end; ``--no-loadscope-reorder`` keeps this order (xdist orders by test count
+    otherwise).
 
     Args:
         items: the collected tests.
         seconds: a module's seconds in the runs that measured it (:data:`MODULE_SECONDS_KEY`),
             by module path. A module without a figure is estimated by what it starts
-            (:data:`UNMEASURED_SECONDS`).
+            (:data:`UNMEASURED_SECONDS`); a module split between units counts whole in each.
 
     Returns:
         the same tests, reordered.
     """
-    modules: dict[str, list[pytest.Item]] = {}
+    units: dict[str, dict[str, list[pytest.Item]]] = {}
     for item in items:
-        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+        units.setdefault(work_unit(item), {}).setdefault(module_of(item), []).append(item)
 
-    def estimate(module: str) -> float:
-        tests = modules[module]
+    def estimate(module: str, tests: list[pytest.Item]) -> float:
         if module in seconds:
             return seconds[module]
         if any("spark" in getattr(item, "fixturenames", ()) for item in tests):
@@ -201,8 +219,79 @@ def longest_modules_first(items: list[pytest.Item], seconds: dict[str, float]
             return UNMEASURED_SECONDS["e2e"]
         return UNMEASURED_SECONDS["in-process"]
 
-    return [item for module in sorted(modules, key=estimate, reverse=True)
-            for item in modules[module]]
+    def total(unit: dict[str, list[pytest.Item]]) -> float:
+        return sum(estimate(module, tests) for module, tests in unit.items())
+
+    return [item for unit in sorted(units.values(), key=total, reverse=True)
+            for module, tests in sorted(unit.items(), key=lambda m: estimate(*m), reverse=True)
+            for item in tests]
+
+
+#: the key of the xdist workers' input naming the file where they write the xdist group of
+#: each test that has one (:func:`write_units`), for the controller's scheduler
+UNITS_KEY = "reactive_work_units"
+_units_file = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Name the file of the grouped modules (:data:`UNITS_KEY`) in each xdist worker's
+    input, in a directory of the controller's that :func:`pytest_unconfigure` removes."""
+    config = node.config
+    if _units_file not in config.stash:
+        config.stash[_units_file] = Path(tempfile.mkdtemp(prefix="reactive-units-")) / "units"
+    node.workerinput[UNITS_KEY] = str(config.stash[_units_file])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _units_file in config.stash:
+        shutil.rmtree(config.stash[_units_file].parent, ignore_errors=True)
+
+
+def write_units(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker, write the xdist group of each test that has one, by node id, to
+    the file the controller named, for :class:`ModuleOrGroupScheduling`: xdist's own
+    ``loadgroup`` marks the group in the tests' node ids, which pytest 9 no longer lets a
+    plugin change. Every worker collects the same tests and writes the same map (each under
+    a name of its own, renamed into place)."""
+    path = getattr(config, "workerinput", {}).get(UNITS_KEY)
+    if path is None:
+        return
+    units = {item.nodeid: unit for item in items if (unit := work_unit(item)) != module_of(item)}
+    mine = f"{path}.{config.workerinput['workerid']}"  # type: ignore[attr-defined]
+    Path(mine).write_text(json.dumps(units))
+    os.replace(mine, path)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadgroup`` (``pyproject.toml``), hand out the tests of an xdist group
+    (:data:`~tests.support.SPARK_GROUP`) to one worker, and each module's other tests to one
+    worker, as ``--dist loadfile`` does (:class:`ModuleOrGroupScheduling`); other modes are
+    xdist's own."""
+    if config.getvalue("dist") != "loadgroup" or _units_file not in config.stash:
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    units_file = config.stash[_units_file]
+
+    class ModuleOrGroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        """xdist's ``loadscope`` with a test's xdist group as its scope, or its module when
+        it has none. The workers wrote the groups (:func:`write_units`) before they
+        reported their collection, and the scheduler asks for scopes only once every
+        worker has."""
+
+        units: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.units is None:
+                try:
+                    self.units = json.loads(units_file.read_text())
+                except FileNotFoundError:  # no worker wrote one: no groups
+                    self.units = {}
+            return self.units.get(nodeid, nodeid.split("::", 1)[0])
+
+    return ModuleOrGroupScheduling(config, log)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

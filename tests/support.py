@@ -8,6 +8,8 @@
 - :func:`zipf_words`: skewed, seeded input; :func:`load_example`: an ``examples/`` module.
 - :func:`pickled_by_value`: a test module whose functions Spark's workers unpickle by value.
 - :class:`TaskClock`: a fake clock for the tasks' time slices.
+- :data:`ON_THE_SPARK_SESSION`: the mark of a test that runs on the tests' Spark session
+  without asking for the ``spark`` fixture by name.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import pytest
 
 from reactive import KeyedProcessFunction, ValueStateDescriptor
 from reactive.sources import SourceReader
@@ -234,6 +238,14 @@ class TaskClock:
         yield self
         assert self.reads > 0, "the tasks did not read reactive.runtime.task.time.monotonic()"
 
+
+#: the xdist group of the tests that run on the tests' one Spark session (the ``spark``
+#: fixture): they run on one xdist worker, so a run starts one session JVM (~10 CPU s, and
+#: its first queries' JIT compilation) rather than one per worker
+SPARK_GROUP = "spark"
+#: the mark of a test that gets the ``spark`` fixture through ``request.getfixturevalue``
+#: (tests that name it are in the group already, see tests/conftest.py)
+ON_THE_SPARK_SESSION = pytest.mark.xdist_group(SPARK_GROUP)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

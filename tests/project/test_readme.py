@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from tests.support import ON_THE_SPARK_SESSION
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 PAGES = [README, ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -86,7 +88,10 @@ def test_the_readme_and_the_docs_have_python_blocks():
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"{b.page}:line{b.line}" for b in BLOCKS])
+@pytest.mark.parametrize("block", [
+    pytest.param(b, id=f"{b.page}:line{b.line}",
+                 marks=[ON_THE_SPARK_SESSION] if SPARK in b.code else [])
+    for b in BLOCKS])
 def test_block_runs(block: Block, tmp_path: Path, request: pytest.FixtureRequest,
                     monkeypatch: pytest.MonkeyPatch) -> None:
     missing = [m for m in sorted(third_party_imports(block.code))
