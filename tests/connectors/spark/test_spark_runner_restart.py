@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import json
 import os
 import random
@@ -61,8 +62,8 @@ ONE_QUERY = ("two-sinks", "csv", BETWEEN)
 #: the ``"join"`` shape's interval: a record of the first file joins those of the second
 #: ``[JOIN_LOWER, JOIN_UPPER]`` seconds after it
 JOIN_LOWER, JOIN_UPPER = -1.0, 1.5
-#: how long a query that committed the kill batch waits for the others to commit it, seconds
-BARRIER_TIMEOUT = 600.0
+#: how long a query's initialization may take (:func:`sources_started`), seconds
+INIT_TIMEOUT = 600.0
 
 
 def write_input(path: Path, seed: int, lines: int = LINES) -> list[tuple[str, float, int]]:
@@ -82,7 +83,7 @@ def write_input(path: Path, seed: int, lines: int = LINES) -> list[tuple[str, fl
 
 
 def build(data: Path, out: Path, shape: str = "python",
-          kill_entries: tuple[str, Sequence[str]] | None = None,
+          kill_entries: tuple[str, str] | None = None,
           started: Path | None = None) -> Any:
     """The dataflow; ``shape`` ``"native"`` aggregates with built-in aggregations (a native
     Spark SQL plan), ``"python"`` with a user function (``transformWithState``), and
@@ -98,10 +99,11 @@ def build(data: Path, out: Path, shape: str = "python",
     stream-stream join: both offsets in one offset log, the join's state in its state store;
     a bound of 2 s, the input's disorder stays under 1 s).
 
-    ``kill_entries``: this query's commit-log entry of the kill batch and every query's
-    (of all dataflows the driver runs): the first record parsed once this query's entry
-    exists waits for every entry, then SIGKILLs the driver. ``started``: a file the driver
-    writes once every query's sources are running; no record is parsed before it exists."""
+    ``kill_entries``: this query's commit-log entry of the kill batch and the kill gate (a
+    :func:`pass_gate` file the driver opens once every query, of all dataflows it runs,
+    committed that batch): the first record parsed once this query's entry exists waits at
+    the gate, then SIGKILLs the driver. ``started``: a gate the driver opens once every
+    query's sources are running; no record is parsed before."""
     from reactive import (
         AggregateFunction,
         Dataflow,
@@ -135,21 +137,21 @@ def build(data: Path, out: Path, shape: str = "python",
             key, start = ctx.current_key
             return [{"key": key, "start": start, "n": n + 1, "total": total + r[2]}]
 
-    own, every = kill_entries if kill_entries is not None else (None, ())
+    own, kill_gate = kill_entries if kill_entries is not None else (None, None)
     driver_group = os.getpgrp()  # read where build() runs: in the driver
     # the kill comes from the writer of BETWEEN's query, between its sinks (kill_between_sinks)
     killed_between = os.environ.get(KILL_BETWEEN_ENV) is not None
 
     def crash_point() -> None:
         if started is not None:
-            wait_for([str(started)])
-        if own is None or not os.path.exists(own):
+            pass_gate(started)
+        if own is None or kill_gate is None or not os.path.exists(own):
             return
         # a later micro-batch of this query is being processed: crash inside it, before its
         # commit, once every other query committed the kill batch too (a barrier: a query
         # that got there first waits here, its task holding one of the driver's task slots,
         # so none runs to the end of its input before the slowest is mid-way).
-        wait_for(every)
+        pass_gate(kill_gate)
         if killed_between:  # block inside this micro-batch until the kill ends the process
             threading.Event().wait()
         # This runs in a Python worker, whose daemon has a process group of its own: the
@@ -232,21 +234,36 @@ def malformed_lines(lines: int) -> list[str]:
     return [f"malformed {i}" for i in range(lines) if i % 997 == 5]
 
 
-def wait_for(paths: Sequence[str]) -> None:
-    """Return once every file of ``paths`` exists: a barrier between processes (the driver,
-    its JVM and the Python workers of every query's tasks) on files the JVM writes (Spark's
-    commit-log entries) or the driver does, so it looks every 50 ms, up to a deadline; no
-    process it waits on can signal the waiting one otherwise.
+def pass_gate(path: str | Path) -> None:
+    """Return once the gate at ``path`` is open: a barrier between processes (the driver and
+    the Python workers of every query's tasks). The driver keeps it shut by holding an
+    exclusive ``flock`` on the file (:class:`Gate`); this blocks in ``flock`` for a shared
+    lock, so the kernel wakes every waiter when the driver lets go (or dies)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    finally:
+        os.close(fd)
 
-    Raises:
-        RuntimeError: when some are missing after :data:`BARRIER_TIMEOUT` seconds.
-    """
-    deadline = time.monotonic() + BARRIER_TIMEOUT
-    while not all(os.path.exists(path) for path in paths):
-        if time.monotonic() > deadline:
-            missing = [p for p in paths if not os.path.exists(p)]
-            raise RuntimeError(f"no files {missing} after {BARRIER_TIMEOUT} s")
-        time.sleep(0.05)
+
+class Gate:
+    """The driver's side of a :func:`pass_gate` gate at ``path``: shut from :meth:`shut` to
+    :meth:`open`. The descriptor holding the lock is not inherited by the processes the
+    driver starts (Python's default), so only this process holds the gate shut."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def shut(self) -> Gate:
+        self._fd = os.open(self.path, os.O_CREAT | os.O_RDWR)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return self
+
+    def open(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock
+            self._fd = None
 
 
 #: the shapes whose lines are split between two files (:func:`split_input`)
@@ -278,41 +295,74 @@ def commits_of(base: Path, shape: str) -> Path:
 def driver(base: Path, shapes: Sequence[str]) -> None:
     """The driver process: run each shape's dataflow on Spark side by side (one runner
     each, one session) to the end of its input. With :data:`KILL_ENV` set to a micro-batch
-    id, the first record parsed once every query's commit log has that entry SIGKILLs the
+    id, the first record parsed once every query has committed that micro-batch SIGKILLs the
     driver's process group (Python and the JVM), then its Python workers': a crash inside
     the next micro-batch, at a known point (a query that gets there first waits for the
-    others inside its next micro-batch, see :func:`build`). Spark's progress events are
-    delivered asynchronously, so a kill from its listener came after every batch had
-    committed on a fast run."""
+    others at the kill gate inside its next micro-batch, see :func:`build`; a listener of
+    the queries' progress opens the gate). Spark's progress events are delivered
+    asynchronously, so a kill from the listener itself came after every batch had committed
+    on a fast run: it only opens the gate, and a waiting record kills."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
     from reactive.connectors.spark import SparkRunner, local_session
     from reactive.connectors.spark.key_group_plan import KEY_GROUP_SHAPE
 
     kill_after = os.environ.get(KILL_ENV)
-    every = [str(commits_of(base, shape) / kill_after) for shape in shapes] if kill_after else []
+    # shut until every query committed the kill batch; open at once without one
+    kill_gate = Gate(base / "kill-gate").shut()
+    if kill_after is None:
+        kill_gate.open()
     between = os.environ.get(KILL_BETWEEN_ENV)
     if between is not None:
-        kill_between_sinks(int(between), every)
+        kill_between_sinks(int(between), kill_gate.path)
+    started = Gate(base / "started").shut()  # opened once every query's sources run
+
+    class KillBatchCommitted(StreamingQueryListener):  # type: ignore[misc]
+        """Opens the kill gate once every query reported micro-batch ``kill_after``'s
+        progress, which Spark posts after the batch's commit-log entry (queries that did
+        wait inside their next micro-batch, at the gate)."""
+
+        def __init__(self) -> None:
+            self.committed: set[str] = set()
+
+        def onQueryProgress(self, event: Any) -> None:
+            if kill_after is not None and event.progress.batchId >= int(kill_after):
+                self.committed.add(str(event.progress.id))  # the id survives restarts
+                if len(self.committed) == len(shapes):
+                    kill_gate.open()
+
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            pass
+
+    listener = KillBatchCommitted()
     # two task slots per query: those waiting at the kill barrier hold theirs (a union's
     # two reads hold two) while the last gets to it
-    started = base / "started"
-    started.unlink(missing_ok=True)
     spark = local_session(f"local[{2 * len(shapes)}]", app_name="reactive-restart",
                           shuffle_partitions=2)
     jobs, starts = {}, {}
     for shape in shapes:
         data, out, checkpoints = shape_paths(base, shape)
         # BETWEEN's records pass: its writer is where the kill comes from
-        entries = (every[shapes.index(shape)], every) if kill_after and shape != BETWEEN else None
+        entries = ((str(commits_of(base, shape) / kill_after), str(kill_gate.path))
+                   if kill_after and shape != BETWEEN else None)
         # a session each (one SparkContext): a query's name (its sink's uid) is unique
         # among a session's active queries
         # the union's and the join's two files hold half the lines each: half the records
         # a micro-batch (from each) keeps their input three micro-batches, as the others'
-        runner = SparkRunner(spark.newSession(), checkpoints,
+        session = spark.newSession()
+        session.streams.addListener(listener)  # listeners are a session's
+        runner = SparkRunner(session, checkpoints,
                              max_records_per_batch=BATCH // 2 if shape in SPLIT else BATCH,
                              one_query=shape in ONE_QUERY)
         starts[shape] = (lambda runner=runner, data=data, out=out, shape=shape,
                          entries=entries: runner.start(build(data, out, shape, entries,
-                                                             started)))
+                                                             started.path)))
         # one query's start at a time, while no records are processed (they wait for
         # `started`): a query starts its sources' Python workers, which Spark gives a fixed
         # 10 s to connect back; on a busy machine one can miss it, and the query, which has
@@ -322,7 +372,7 @@ def driver(base: Path, shapes: Sequence[str]) -> None:
             if all(sources_started(q) for q in set(jobs[shape].queries.values())):
                 break
             jobs[shape].stop()
-    started.touch()
+    started.open()
     # two restarts per query: on a busy machine each query's first micro-batch starts Python
     # workers at once with the others'
     await_all(jobs, starts, restarts=2 * len(shapes))
@@ -375,24 +425,24 @@ def sources_started(query: Any) -> bool:
     at every 50 ms, in a wait that ends at once when the query terminates.
 
     Raises:
-        RuntimeError: when it is still initializing after :data:`BARRIER_TIMEOUT` seconds.
+        RuntimeError: when it is still initializing after :data:`INIT_TIMEOUT` seconds.
     """
-    deadline = time.monotonic() + BARRIER_TIMEOUT
+    deadline = time.monotonic() + INIT_TIMEOUT
     while query.isActive and query.status["message"].startswith("Initializing"):
         if time.monotonic() > deadline:
             raise RuntimeError(f"query {query.name} still initializing after "
-                               f"{BARRIER_TIMEOUT} s")
+                               f"{INIT_TIMEOUT} s")
         with contextlib.suppress(Exception):  # a failure: query.exception() below has it
             query.awaitTermination(0.05)
     return bool(query.isActive) or query.exception() is None
 
 
-def kill_between_sinks(batch_id: int, every: Sequence[str] = ()) -> None:
+def kill_between_sinks(batch_id: int, kill_gate: Path) -> None:
     """Make the one-query writers SIGKILL the driver's process group once the first sink
-    committed micro-batch ``batch_id``, before the second sink writes it, and once every
-    file of ``every`` exists (the commit-log entries of the kill barrier, see :func:`build`:
-    the other queries wait for the kill inside their next micro-batch, before their writer,
-    so only :data:`BETWEEN`'s writer gets to ``batch_id``)."""
+    committed micro-batch ``batch_id``, before the second sink writes it, and once the
+    kill gate is open (every query committed the kill batch, see :func:`build`: the other
+    queries wait for the kill inside their next micro-batch, before their writer, so only
+    :data:`BETWEEN`'s writer gets to ``batch_id``)."""
     from reactive.connectors.spark import one_query
 
     class Killing:
@@ -402,7 +452,7 @@ def kill_between_sinks(batch_id: int, every: Sequence[str] = ()) -> None:
         def addBatch(self, n: int, rows: Any) -> None:
             self.sink.addBatch(n, rows)
             if n == batch_id:
-                wait_for(every)
+                pass_gate(kill_gate)
                 os.killpg(os.getpgrp(), signal.SIGKILL)
 
     file_sinks = one_query._SinkWriter._file_sinks
