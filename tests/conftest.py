@@ -175,15 +175,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item.get_closest_marker("slow") is None]
 
 
-def module_of(item: pytest.Item) -> str:
-    """The path of ``item``'s module, as in its node id."""
-    return item.nodeid.split("::", 1)[0]
+def module_of(nodeid: str) -> str:
+    """The path of the module of the test ``nodeid`` names."""
+    return nodeid.split("::", 1)[0]
 
 
 def work_unit(item: pytest.Item) -> str:
     """The unit of work ``item`` is handed out in: its xdist group, else its module."""
     group = item.get_closest_marker("xdist_group")
-    return str(group.args[0]) if group is not None else module_of(item)
+    return str(group.args[0]) if group is not None else module_of(item.nodeid)
 
 
 def longest_units_first(items: list[pytest.Item], seconds: dict[str, float]
@@ -208,7 +208,7 @@ def longest_units_first(items: list[pytest.Item], seconds: dict[str, float]
     """
     units: dict[str, dict[str, list[pytest.Item]]] = {}
     for item in items:
-        units.setdefault(work_unit(item), {}).setdefault(module_of(item), []).append(item)
+        units.setdefault(work_unit(item), {}).setdefault(module_of(item.nodeid), []).append(item)
 
     def estimate(module: str, tests: list[pytest.Item]) -> float:
         if module in seconds:
@@ -235,7 +235,7 @@ _units_file = pytest.StashKey[Path]()
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """Name the file of the grouped modules (:data:`UNITS_KEY`) in each xdist worker's
+    """Name the file of the grouped tests (:data:`UNITS_KEY`) in each xdist worker's
     input, in a directory of the controller's that :func:`pytest_unconfigure` removes."""
     config = node.config
     if _units_file not in config.stash:
@@ -244,6 +244,7 @@ def pytest_configure_node(node: Any) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the directory of :func:`pytest_configure_node`'s file (in the controller)."""
     if _units_file in config.stash:
         shutil.rmtree(config.stash[_units_file].parent, ignore_errors=True)
 
@@ -257,7 +258,7 @@ def write_units(config: pytest.Config, items: list[pytest.Item]) -> None:
     path = getattr(config, "workerinput", {}).get(UNITS_KEY)
     if path is None:
         return
-    units = {item.nodeid: unit for item in items if (unit := work_unit(item)) != module_of(item)}
+    units = {item.nodeid: unit for item in items if (unit := work_unit(item)) != module_of(item.nodeid)}
     mine = f"{path}.{config.workerinput['workerid']}"  # type: ignore[attr-defined]
     Path(mine).write_text(json.dumps(units))
     os.replace(mine, path)
@@ -289,7 +290,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
                     self.units = json.loads(units_file.read_text())
                 except FileNotFoundError:  # no worker wrote one: no groups
                     self.units = {}
-            return self.units.get(nodeid, nodeid.split("::", 1)[0])
+            return self.units.get(nodeid, module_of(nodeid))
 
     return ModuleOrGroupScheduling(config, log)
 
@@ -297,7 +298,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Add each test phase's seconds to its module's (in the process that reports: the
     xdist controller, or the one process under ``-n 0``)."""
-    _seconds[report.nodeid.split("::", 1)[0]] += report.duration
+    _seconds[module_of(report.nodeid)] += report.duration
 
 
 #: this run's seconds per module (:func:`pytest_runtest_logreport`)
