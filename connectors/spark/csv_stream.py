@@ -22,7 +22,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from .record_chain import _CHUNK_ROWS, END_OF_INPUT, END_OF_INPUT_TIME, Chunk
+from .record_chain import _CHUNK_ROWS, END_OF_INPUT, END_OF_INPUT_TIME, Chunk, ChunkedRead
 
 __all__ = ["CsvStreamReader"]
 
@@ -66,7 +66,7 @@ class _Span(InputPartition):
         self.end = end
 
 
-class CsvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class CsvStreamReader(ChunkedRead, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """A ``CsvFileSource`` read by Spark (built by :class:`.stream_source.ReactiveSource`).
 
     Args:
@@ -74,19 +74,19 @@ class CsvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         limit: records per micro-batch at most, counted as lines and rounded up to a block
             (a checkpoint never falls inside a block).
         parts: Spark tasks per micro-batch (consecutive ranges of blocks).
-        as_arrow: turns ``(record, ts, seq)`` rows (the end-of-input marker's record is
+        emit: turns ``(record, ts, seq)`` rows (the end-of-input marker's record is
             :data:`~.record_chain.END_OF_INPUT`) into the Arrow record batches of the
             source's schema (the reactive data source's own, shared by its readers).
         then: the first chain of steps, given the records as
             :data:`~.record_chain.Chunk` s of whole blocks (no tuple per record), instead
-            of ``as_arrow``.
+            of ``emit`` (:class:`~.record_chain.ChunkedRead`).
     """
 
     def __init__(self, source: Any, limit: int, parts: int,
-                 as_arrow: Callable[[Iterator[tuple[Any, ...]]], Iterator[Any]],
+                 emit: Callable[[Iterator[tuple[Any, ...]]], Iterator[Any]],
                  then: Callable[[Iterator[Chunk]], Iterator[Any]] | None = None) -> None:
         self.source = source
-        self.as_arrow = as_arrow
+        self.emit = emit
         self.then = then
         self.files: list[str] = source.splits()
         self.limit = limit
@@ -154,15 +154,6 @@ class CsvStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 target = after["seq"] + per
         bounds = [start, *cuts, end]
         return [_Span(a, b) for a, b in itertools.pairwise(bounds)]
-
-    def read(self, partition: InputPartition) -> Iterator[Any]:
-        if self.then is not None:
-            return self.then(self._chunks(partition))
-        return self.as_arrow(self._rows(partition))
-
-    def _rows(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        for records, tss, seqs in self._chunks(partition):
-            yield from zip(records, tss, seqs, strict=True)
 
     def _chunks(self, partition: InputPartition, size: int = _CHUNK_ROWS) -> Iterator[Chunk]:
         """The partition's records as :data:`~.record_chain.Chunk` s of whole blocks, at

@@ -59,6 +59,28 @@ def row_chunks(rows: Iterator[tuple[Any, Any, int]], size: int = _CHUNK_ROWS
         yield list(records), list(tss), list(seqs)
 
 
+class ChunkedRead:
+    """``read`` for a stream reader whose partitions it reads as :data:`Chunk` s
+    (``_chunks``): handed to the first chain of steps (``then``) when the plan has one, else
+    as ``(record, ts, seq)`` rows to ``emit`` (the data source's Arrow record batches).
+    Listed before ``DataSourceStreamReader`` among a reader's bases."""
+
+    emit: Callable[[Iterator[tuple[Any, ...]]], Iterator[Any]]
+    then: Callable[[Iterator[Chunk]], Iterator[Any]] | None
+
+    def _chunks(self, partition: Any) -> Iterator[Chunk]:
+        raise NotImplementedError
+
+    def read(self, partition: Any) -> Iterator[Any]:
+        if self.then is not None:
+            return self.then(self._chunks(partition))
+        return self.emit(self._rows(partition))
+
+    def _rows(self, partition: Any) -> Iterator[tuple[Any, ...]]:
+        for records, tss, seqs in self._chunks(partition):
+            yield from zip(records, tss, seqs, strict=True)
+
+
 def _subtask() -> int:
     from pyspark import TaskContext
 

@@ -41,7 +41,7 @@ from pyspark.sql.streaming.datasource import (
 
 from reactive.connectors.files.line_source import decode_block
 
-from .record_chain import _CHUNK_ROWS, END_OF_INPUT, END_OF_INPUT_TIME, Chunk, row_chunks
+from .record_chain import _CHUNK_ROWS, END_OF_INPUT, END_OF_INPUT_TIME, Chunk, ChunkedRead, row_chunks
 
 __all__ = ["SOURCE_FORMAT", "SOURCE_SCHEMA", "ReactiveSource", "source_options"]
 
@@ -262,7 +262,7 @@ _READ_BYTES = 1 << 20
 """Bytes of whole lines a line reader takes from a file at a time (``readlines``' hint)."""
 
 
-class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class _LinesReader(ChunkedRead, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets ``{"file": i, "pos": byte, "seq": lines before, "done": bool}``.
 
     Given ``then`` (the first chain of steps), a partition's lines reach it as
@@ -337,15 +337,6 @@ class _LinesReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f, pos = f + 1, 0
         bounds = [start, *cuts, end]
         return [_Span(a, b) for a, b in itertools.pairwise(bounds)]
-
-    def read(self, partition: InputPartition) -> Iterator[Any]:
-        if self.then is not None:
-            return self.then(self._chunks(partition))
-        return self.emit(self._rows(partition))
-
-    def _rows(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        for records, tss, seqs in self._chunks(partition):
-            yield from zip(records, tss, seqs, strict=True)
 
     def _chunks(self, partition: InputPartition, size: int = _CHUNK_ROWS) -> Iterator[Chunk]:
         """The partition's records as :data:`~.record_chain.Chunk` s of at most ``size``,
